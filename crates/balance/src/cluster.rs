@@ -1,0 +1,242 @@
+//! A cluster: one immutable snapshot of endpoints with its algorithm, plus
+//! the live state shared with every other snapshot of the same cluster.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use meshless_model::{Endpoint, EndpointId, routable_endpoints};
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::{BalancerConfig, ClusterConfig, ConfigError, HashKind, PolicyKind};
+use crate::context::PickContext;
+use crate::locality::{Locality, Tier};
+use crate::policy::{
+    Balancer, BoundedLoad, Filter, HashTable, LeastRequest, Maglev, PowerOfChoices, Random,
+    RingHash, RoundRobin, View, auto_ring_size, next_prime,
+};
+use crate::set::{AvailabilityCache, EndpointSet};
+use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight};
+
+/// One cluster snapshot: endpoints, the algorithm built over them and, with
+/// locality, one prebuilt algorithm per node and per zone.
+///
+/// Snapshots are immutable; a change of endpoints or settings builds a new
+/// one with [`Cluster::rebuild`], which keeps the load, health and outlier
+/// state of every endpoint whose id stays. Picking takes no lock and
+/// allocates nothing.
+///
+/// Only routable endpoints enter the set (kube-proxy's rule: ready ones, or
+/// serving-and-terminating ones when none is ready).
+#[derive(Debug)]
+pub struct Cluster {
+    set: EndpointSet,
+    all: Box<dyn Balancer>,
+    locality: Option<Locality>,
+    config: ClusterConfig,
+}
+
+impl Cluster {
+    /// A new cluster with fresh state and the monotonic clock.
+    pub fn new(endpoints: &[Endpoint], config: ClusterConfig) -> Result<Self, ConfigError> {
+        Self::with_clock(endpoints, config, Arc::new(MonotonicClock::new()))
+    }
+
+    /// A new cluster with fresh state and the given clock.
+    pub fn with_clock(
+        endpoints: &[Endpoint],
+        config: ClusterConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ConfigError> {
+        let shared = Arc::new(ClusterShared::new(clock, config.outlier, config.health));
+        Self::build(endpoints, config, shared, &HashMap::new())
+    }
+
+    /// The next snapshot: new endpoints and settings, same live state for
+    /// endpoints that stay. On error nothing changes.
+    pub fn rebuild(
+        &self,
+        endpoints: &[Endpoint],
+        config: ClusterConfig,
+    ) -> Result<Self, ConfigError> {
+        let previous: HashMap<&EndpointId, &Arc<EndpointState>> =
+            self.set.states.iter().map(|s| (&s.id, s)).collect();
+        Self::build(endpoints, config, Arc::clone(&self.set.shared), &previous)
+    }
+
+    fn build(
+        endpoints: &[Endpoint],
+        config: ClusterConfig,
+        shared: Arc<ClusterShared>,
+        previous: &HashMap<&EndpointId, &Arc<EndpointState>>,
+    ) -> Result<Self, ConfigError> {
+        let mut seen = HashSet::new();
+        for e in endpoints {
+            e.validate()?;
+            if !seen.insert(&e.id) {
+                return Err(ConfigError::DuplicateEndpoint(e.id.to_string()));
+            }
+        }
+        let routable: Vec<Endpoint> = routable_endpoints(endpoints).into_iter().cloned().collect();
+        config.validate(routable.len())?;
+        let states: Vec<Arc<EndpointState>> = routable
+            .iter()
+            .map(|e| match previous.get(&e.id) {
+                Some(s) => Arc::clone(s),
+                None => Arc::new(EndpointState::new(
+                    e.id.clone(),
+                    config.health.initially_healthy,
+                )),
+            })
+            .collect();
+        {
+            let mut inner = shared.lock();
+            inner.members = states.clone();
+            shared.configure(&mut inner, config.outlier, config.health);
+        }
+        let weights: Vec<u32> = routable.iter().map(|e| e.weight).collect();
+        let set = EndpointSet {
+            total_weight: weights.iter().map(|&w| u64::from(w)).sum(),
+            endpoints: routable,
+            states,
+            weights,
+            shared,
+            availability: AvailabilityCache::new(),
+        };
+        let everyone: Vec<u32> = (0..set.len() as u32).collect();
+        let all = build_balancer(&config.balancer, &set, &everyone, false);
+        let locality = config.locality.map(|lc| {
+            let (nodes, zones) = Locality::groups(&set);
+            let tiers = |groups: Vec<crate::locality::Group>| {
+                groups
+                    .into_iter()
+                    .map(|(name, members)| {
+                        let b = build_balancer(&config.balancer, &set, &members, true);
+                        (name, Tier::new(members, b))
+                    })
+                    .collect()
+            };
+            Locality {
+                nodes: tiers(nodes),
+                zones: tiers(zones),
+                config: lc,
+            }
+        });
+        Ok(Self {
+            set,
+            all,
+            locality,
+            config,
+        })
+    }
+
+    /// Chooses an endpoint and starts a request on it. `None` when the
+    /// cluster has no endpoint, or none is available and panic mode is off.
+    #[inline]
+    pub fn pick(&self, ctx: &PickContext<'_>) -> Option<InFlight> {
+        let i = self.pick_index(ctx)?;
+        Some(InFlight::start(&self.set.states[i], &self.set.shared, i))
+    }
+
+    /// Chooses an endpoint without starting a request (lookaside: the caller
+    /// connects itself).
+    pub fn pick_index(&self, ctx: &PickContext<'_>) -> Option<usize> {
+        let view = View {
+            set: &self.set,
+            filter: Filter::Available,
+        };
+        if let Some(loc) = &self.locality
+            && let Some(e) = loc.pick(&view, ctx)
+        {
+            return Some(e as usize);
+        }
+        if let Some(e) = self.all.pick(&view, ctx) {
+            return Some(e as usize);
+        }
+        if self.config.panic_when_all_unavailable {
+            let any = View {
+                set: &self.set,
+                filter: Filter::Any,
+            };
+            return self.all.pick(&any, ctx).map(|e| e as usize);
+        }
+        None
+    }
+
+    /// The endpoints of this snapshot.
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.set.endpoints
+    }
+
+    /// The endpoint set the algorithms read.
+    pub fn set(&self) -> &EndpointSet {
+        &self.set
+    }
+
+    /// The settings this snapshot was built with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// Live state of the endpoint at `index`.
+    pub fn stats(&self, index: usize) -> Option<EndpointStats> {
+        self.set.states.get(index).map(|s| s.snapshot())
+    }
+
+    /// Applies an active health-check result to the endpoint at `index`.
+    pub fn record_health_check(&self, index: usize, passed: bool) {
+        if let Some(s) = self.set.states.get(index) {
+            self.set.shared.record_check(s, passed);
+        }
+    }
+
+    /// Periodic housekeeping, every `outlier.interval`: returns endpoints
+    /// whose ejection time is up and decays ejection multipliers.
+    pub fn tick(&self) {
+        self.set.shared.tick();
+    }
+}
+
+/// Builds the configured algorithm over `members` of `set`. Tiers (`strict`)
+/// get hash tables sized for their own member count.
+fn build_balancer(
+    cfg: &BalancerConfig,
+    set: &EndpointSet,
+    members: &[u32],
+    strict: bool,
+) -> Box<dyn Balancer> {
+    let weight_of = |m: u32| set.weight(m as usize);
+    let id_of = |m: u32| set.endpoints[m as usize].id.as_str();
+    let ring = || {
+        let auto = auto_ring_size(members.len());
+        let size = match cfg.ring_size {
+            Some(s) if strict => s.min(auto),
+            Some(s) => s,
+            None => auto,
+        };
+        RingHash::new(members, id_of, weight_of, size)
+    };
+    let maglev = || {
+        let size = if strict {
+            cfg.table_size
+                .min(next_prime((members.len() * 101).max(1009)))
+        } else {
+            cfg.table_size
+        };
+        Maglev::new(members, id_of, weight_of, size)
+    };
+    match cfg.policy {
+        PolicyKind::RoundRobin => Box::new(RoundRobin::new(members, weight_of)),
+        PolicyKind::Random => Box::new(Random::new(members, weight_of)),
+        PolicyKind::LeastRequest => Box::new(LeastRequest::new(members)),
+        PolicyKind::PowerOfChoices => Box::new(PowerOfChoices::new(members, cfg.choices)),
+        PolicyKind::RingHash => Box::new(ring()),
+        PolicyKind::Maglev => Box::new(maglev()),
+        PolicyKind::BoundedLoad => {
+            let table: Box<dyn HashTable> = match cfg.over {
+                HashKind::RingHash => Box::new(ring()),
+                HashKind::Maglev => Box::new(maglev()),
+            };
+            Box::new(BoundedLoad::new(table, members, cfg.load_factor, strict))
+        }
+    }
+}

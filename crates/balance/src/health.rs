@@ -1,0 +1,75 @@
+//! Active health-check state: rise/fall thresholds, as HAProxy does them.
+
+use std::time::Duration;
+
+/// Thresholds for active health checks (HAProxy defaults `rise 2`, `fall 3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Consecutive passed checks that make an unhealthy endpoint healthy. >= 1.
+    pub rise: u32,
+    /// Consecutive failed checks that make a healthy endpoint unhealthy. >= 1.
+    pub fall: u32,
+    /// Whether an endpoint new to the cluster starts healthy (true) or must
+    /// first pass `rise` checks (false).
+    pub initially_healthy: bool,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            rise: 2,
+            fall: 3,
+            initially_healthy: true,
+        }
+    }
+}
+
+/// Passive outlier detection, with Envoy's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutlierConfig {
+    /// Consecutive 5xx (including gateway errors) that eject; 0 disables.
+    pub consecutive_5xx: u32,
+    /// Consecutive 502/503/504, connect errors, resets or timeouts that eject; 0 disables.
+    pub consecutive_gateway_errors: u32,
+    /// How often [`crate::Cluster::tick`] is expected to run (Envoy `interval`).
+    pub interval: Duration,
+    /// Ejection lasts `base_ejection_time x times ejected`, capped by `max_ejection_time`.
+    pub base_ejection_time: Duration,
+    /// Upper bound of one ejection.
+    pub max_ejection_time: Duration,
+    /// At most this share of the cluster (0..=100) is ejected at once; at
+    /// least one endpoint may be ejected in a cluster of two or more, and the
+    /// last available endpoint never is.
+    pub max_ejection_percent: u8,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_5xx: 5,
+            consecutive_gateway_errors: 5,
+            interval: Duration::from_secs(10),
+            base_ejection_time: Duration::from_secs(30),
+            max_ejection_time: Duration::from_secs(300),
+            max_ejection_percent: 10,
+        }
+    }
+}
+
+impl OutlierConfig {
+    /// Outlier detection switched off.
+    pub fn disabled() -> Self {
+        Self {
+            consecutive_5xx: 0,
+            consecutive_gateway_errors: 0,
+            ..Self::default()
+        }
+    }
+
+    /// The ejection length after the `times`-th ejection, in nanoseconds.
+    pub(crate) fn ejection_nanos(&self, times: u32) -> u64 {
+        let base = u64::try_from(self.base_ejection_time.as_nanos()).unwrap_or(u64::MAX);
+        let max = u64::try_from(self.max_ejection_time.as_nanos()).unwrap_or(u64::MAX);
+        base.saturating_mul(u64::from(times.max(1))).min(max)
+    }
+}

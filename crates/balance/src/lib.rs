@@ -1,0 +1,31 @@
+//! Every meshless load-balancing algorithm, with per-endpoint load, health
+//! and outlier state. No I/O and no async runtime: the proxy feeds it
+//! endpoints, request contexts and outcomes.
+//!
+//! Build a [`Cluster`] from endpoints and a [`ClusterConfig`], then call
+//! [`Cluster::pick`] per request: it returns an [`InFlight`] guard that
+//! counts as load until dropped, and records the request's [`Outcome`] for
+//! outlier detection when it is.
+
+mod clock;
+mod cluster;
+mod config;
+mod context;
+mod health;
+mod locality;
+mod outcome;
+pub mod policy;
+mod rng;
+mod set;
+mod state;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use cluster::Cluster;
+pub use config::{BalancerConfig, ClusterConfig, ConfigError, HashKind, PolicyKind};
+pub use context::{PickContext, hash_key};
+pub use health::{HealthConfig, OutlierConfig};
+pub use locality::LocalityConfig;
+pub use outcome::Outcome;
+pub use policy::{Balancer, Filter, View};
+pub use set::EndpointSet;
+pub use state::{EndpointStats, InFlight};

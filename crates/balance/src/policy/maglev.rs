@@ -1,0 +1,143 @@
+//! Maglev consistent hashing (Eisenbud et al., NSDI 2016), weighted.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::{Balancer, HashTable, View, pick_hashed};
+use crate::context::PickContext;
+
+/// Default lookup-table size: prime, as in the paper and Envoy.
+pub const DEFAULT_TABLE_SIZE: usize = 65_537;
+
+const OFFSET_SEED: u64 = 0x6d61_676c_6576_6f66; // "maglevof"
+const SKIP_SEED: u64 = 0x6d61_676c_6576_736b; // "maglevsk"
+const EMPTY: u32 = u32::MAX;
+
+/// A Maglev lookup table of prime size M: `table[key % M]` is the endpoint.
+///
+/// Invariants: the table depends only on the set of (id, weight) pairs, not
+/// their order (members are placed in id order); with equal weights each
+/// endpoint owns `floor(M/N)` or `ceil(M/N)` entries; removing one endpoint
+/// of N moves about 1/N of keys (a little more than a ring: the paper's
+/// trade for an even spread and O(1) lookups).
+#[derive(Debug)]
+pub struct Maglev {
+    table: Vec<u32>,
+    members: Vec<u32>,
+}
+
+impl Maglev {
+    /// Builds a table of `size` entries (must be prime and at least the
+    /// number of members; checked by the caller's config validation).
+    pub fn new<'a>(
+        members: &[u32],
+        id_of: impl Fn(u32) -> &'a str,
+        weight_of: impl Fn(u32) -> u32,
+        size: usize,
+    ) -> Self {
+        let m = size as u64;
+        let mut order: Vec<(&str, u32)> = members.iter().map(|&i| (id_of(i), i)).collect();
+        order.sort_unstable();
+        // Per member: offset, skip, next permutation index, weight, filled.
+        let max_w = members
+            .iter()
+            .map(|&i| weight_of(i).max(1))
+            .max()
+            .unwrap_or(1);
+        let mut perm: Vec<(u64, u64, u64, u64, u64)> = order
+            .iter()
+            .map(|&(id, i)| {
+                let offset = xxh3_64_with_seed(id.as_bytes(), OFFSET_SEED) % m;
+                let skip = xxh3_64_with_seed(id.as_bytes(), SKIP_SEED) % (m - 1) + 1;
+                (offset, skip, 0, u64::from(weight_of(i).max(1)), 0)
+            })
+            .collect();
+        let mut table = vec![EMPTY; size];
+        let mut filled = 0usize;
+        if !order.is_empty() {
+            let mut round: u64 = 0;
+            'fill: loop {
+                round += 1;
+                for (k, p) in perm.iter_mut().enumerate() {
+                    // Weighted turns: a member of weight w fills on w of every max_w rounds.
+                    if p.4 * u64::from(max_w) >= round * p.3 {
+                        continue;
+                    }
+                    loop {
+                        let c = ((p.0 + p.2 * p.1) % m) as usize;
+                        p.2 += 1;
+                        if table[c] == EMPTY {
+                            table[c] = order[k].1;
+                            p.4 += 1;
+                            filled += 1;
+                            break;
+                        }
+                    }
+                    if filled == size {
+                        break 'fill;
+                    }
+                }
+            }
+        }
+        Self {
+            table,
+            members: members.to_vec(),
+        }
+    }
+
+    /// The lookup table (endpoint index per entry).
+    pub fn table(&self) -> &[u32] {
+        &self.table
+    }
+}
+
+impl HashTable for Maglev {
+    fn positions(&self) -> usize {
+        if self.members.is_empty() {
+            0
+        } else {
+            self.table.len()
+        }
+    }
+
+    #[inline]
+    fn home_position(&self, key: u64) -> usize {
+        (key % self.table.len() as u64) as usize
+    }
+
+    #[inline]
+    fn endpoint_at(&self, position: usize) -> u32 {
+        self.table[position]
+    }
+}
+
+impl Balancer for Maglev {
+    fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
+        pick_hashed(self, &self.members, view, ctx.key.unwrap_or(ctx.entropy))
+    }
+}
+
+/// Trial-division primality test (table sizes are at most a few million).
+pub fn is_prime(n: usize) -> bool {
+    if n < 2 {
+        return false;
+    }
+    if n.is_multiple_of(2) {
+        return n == 2;
+    }
+    let mut d = 3;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            return false;
+        }
+        d += 2;
+    }
+    true
+}
+
+/// The smallest prime at or above `n`.
+pub fn next_prime(mut n: usize) -> usize {
+    while !is_prime(n) {
+        n += 1;
+    }
+    n
+}

@@ -1,0 +1,193 @@
+//! The load-balancing algorithms. Each is built once from an endpoint set
+//! (or a subset of it, for locality tiers) and then picks many times without
+//! locking or allocating.
+
+mod bounded;
+mod least_request;
+mod maglev;
+pub(crate) mod p2c;
+mod random;
+mod ring_hash;
+mod round_robin;
+
+use std::fmt;
+
+pub use bounded::BoundedLoad;
+pub use least_request::LeastRequest;
+pub use maglev::{DEFAULT_TABLE_SIZE, Maglev, is_prime, next_prime};
+pub use p2c::PowerOfChoices;
+pub use random::Random;
+pub use ring_hash::{MAX_RING_SIZE, RingHash, auto_ring_size};
+pub use round_robin::RoundRobin;
+
+use crate::context::PickContext;
+use crate::rng::SplitMix64;
+use crate::set::EndpointSet;
+
+/// Which endpoints a pick may return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// Only endpoints that are healthy and not ejected.
+    Available,
+    /// Every endpoint: panic mode, when none is available.
+    Any,
+}
+
+/// An endpoint set seen through a filter: what a [`Balancer`] picks from.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    /// The snapshot being picked from.
+    pub set: &'a EndpointSet,
+    /// Which endpoints qualify.
+    pub filter: Filter,
+}
+
+impl View<'_> {
+    /// Whether endpoint `i` may be returned.
+    #[inline]
+    pub fn eligible(&self, i: u32) -> bool {
+        match self.filter {
+            Filter::Available => self.set.is_available(i as usize),
+            Filter::Any => true,
+        }
+    }
+
+    /// Requests in flight at endpoint `i`.
+    #[inline]
+    pub fn load(&self, i: u32) -> u32 {
+        self.set.load(i as usize)
+    }
+
+    /// Weight of endpoint `i`.
+    #[inline]
+    pub fn weight(&self, i: u32) -> u32 {
+        self.set.weight(i as usize)
+    }
+}
+
+/// Chooses one endpoint of a set for one request.
+///
+/// Invariant for every implementation: the result is a member the algorithm
+/// was built over and is eligible under `view.filter`; `None` only when no
+/// member is eligible (or, for bounded load in a locality tier, when every
+/// eligible member is at its bound).
+pub trait Balancer: Send + Sync + fmt::Debug {
+    /// The endpoint index (into `view.set`) for this request.
+    fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32>;
+}
+
+/// Weighted random choice among the eligible `members`, by scanning: the
+/// fallback of every algorithm whose fast path met ineligible endpoints.
+pub(crate) fn pick_eligible_weighted(
+    view: &View<'_>,
+    members: &[u32],
+    rng: &mut SplitMix64,
+) -> Option<u32> {
+    let total: u64 = members
+        .iter()
+        .filter(|&&m| view.eligible(m))
+        .map(|&m| u64::from(view.weight(m)))
+        .sum();
+    if total == 0 {
+        return None;
+    }
+    let mut x = rng.next_u64() % total;
+    for &m in members {
+        if view.eligible(m) {
+            let w = u64::from(view.weight(m));
+            if x < w {
+                return Some(m);
+            }
+            x -= w;
+        }
+    }
+    None
+}
+
+/// `a` is less loaded than `b`, relative to weight: `(load_a + 1) / w_a <
+/// (load_b + 1) / w_b`, compared exactly in integers. `Equal` on a tie.
+#[inline]
+pub(crate) fn compare_relative_load(view: &View<'_>, a: u32, b: u32) -> std::cmp::Ordering {
+    let la = u64::from(view.load(a)) + 1;
+    let lb = u64::from(view.load(b)) + 1;
+    (la * u64::from(view.weight(b))).cmp(&(lb * u64::from(view.weight(a))))
+}
+
+/// A consistent-hash table: positions that map to endpoints.
+pub(crate) trait HashTable: fmt::Debug + Send + Sync {
+    /// Number of positions.
+    fn positions(&self) -> usize;
+    /// The position a key hash lands on.
+    fn home_position(&self, key: u64) -> usize;
+    /// The endpoint owning a position.
+    fn endpoint_at(&self, position: usize) -> u32;
+}
+
+/// Walk budget along a hash table before falling back to a scan.
+const HASH_WALK_LIMIT: usize = 64;
+
+/// Plain consistent-hash pick: the home endpoint of `key`, or, when it is
+/// not eligible, the next eligible one along the table (neighbours on a ring
+/// or Maglev table belong to pseudo-random endpoints, so an ejected
+/// endpoint's keys spread out); deterministic for a given key and state.
+pub(crate) fn pick_hashed(
+    table: &dyn HashTable,
+    members: &[u32],
+    view: &View<'_>,
+    key: u64,
+) -> Option<u32> {
+    let n = table.positions();
+    if n == 0 {
+        return None;
+    }
+    let mut pos = table.home_position(key);
+    for _ in 0..HASH_WALK_LIMIT.min(n) {
+        let e = table.endpoint_at(pos);
+        if view.eligible(e) {
+            return Some(e);
+        }
+        pos += 1;
+        if pos == n {
+            pos = 0;
+        }
+    }
+    pick_eligible_weighted(view, members, &mut SplitMix64::new(key))
+}
+
+/// Greatest common divisor.
+pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The eligible candidate with the lowest relative load; ties broken
+/// uniformly at random by reservoir sampling, so no position is favoured.
+pub(crate) fn least_loaded(
+    view: &View<'_>,
+    candidates: impl IntoIterator<Item = u32>,
+    rng: &mut SplitMix64,
+) -> Option<u32> {
+    let mut best: Option<u32> = None;
+    let mut ties = 0usize;
+    for m in candidates {
+        if !view.eligible(m) {
+            continue;
+        }
+        match best.map(|b| compare_relative_load(view, m, b)) {
+            None | Some(std::cmp::Ordering::Less) => {
+                best = Some(m);
+                ties = 1;
+            }
+            Some(std::cmp::Ordering::Equal) => {
+                ties += 1;
+                if rng.below(ties) == 0 {
+                    best = Some(m);
+                }
+            }
+            Some(std::cmp::Ordering::Greater) => {}
+        }
+    }
+    best
+}

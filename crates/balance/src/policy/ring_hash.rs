@@ -1,0 +1,85 @@
+//! Ketama-style consistent hashing on a ring, hashed with xxh3.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::{Balancer, HashTable, View, pick_hashed};
+use crate::context::PickContext;
+
+/// Smallest automatic ring (Envoy's `minimum_ring_size` default).
+pub const MIN_AUTO_RING: usize = 1024;
+/// Largest configurable ring (Envoy's `maximum_ring_size` default).
+pub const MAX_RING_SIZE: usize = 1 << 23;
+/// Largest automatic ring.
+pub const MAX_AUTO_RING: usize = 1 << 20;
+/// Points per endpoint of weight 1 in an automatic ring (as Ketama).
+pub const POINTS_PER_ENDPOINT: usize = 160;
+
+/// A hash ring: each endpoint owns points in proportion to its weight (at
+/// least one); a key belongs to the first point clockwise of its hash.
+///
+/// Invariants: the ring depends only on the set of (id, weight) pairs, not
+/// their order; removing an endpoint moves only the keys it owned.
+#[derive(Debug)]
+pub struct RingHash {
+    hashes: Vec<u64>,
+    owners: Vec<u32>,
+    members: Vec<u32>,
+}
+
+/// The ring size used when none is configured: `160 x endpoints`, clamped
+/// to `MIN_AUTO_RING..=MAX_AUTO_RING`.
+pub fn auto_ring_size(endpoints: usize) -> usize {
+    (POINTS_PER_ENDPOINT * endpoints).clamp(MIN_AUTO_RING, MAX_AUTO_RING)
+}
+
+impl RingHash {
+    /// Builds a ring of about `size` points over `members`, given each
+    /// member's identity and weight.
+    pub fn new<'a>(
+        members: &[u32],
+        id_of: impl Fn(u32) -> &'a str,
+        weight_of: impl Fn(u32) -> u32,
+        size: usize,
+    ) -> Self {
+        let total: u64 = members
+            .iter()
+            .map(|&m| u64::from(weight_of(m).max(1)))
+            .sum();
+        let mut points: Vec<(u64, &str, u32)> = Vec::with_capacity(size + members.len());
+        for &m in members {
+            let id = id_of(m);
+            let w = u64::from(weight_of(m).max(1));
+            let count = ((size as u64 * w + total / 2) / total.max(1)).max(1);
+            for j in 0..count {
+                points.push((xxh3_64_with_seed(id.as_bytes(), j), id, m));
+            }
+        }
+        points.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        Self {
+            hashes: points.iter().map(|p| p.0).collect(),
+            owners: points.iter().map(|p| p.2).collect(),
+            members: members.to_vec(),
+        }
+    }
+}
+
+impl HashTable for RingHash {
+    fn positions(&self) -> usize {
+        self.hashes.len()
+    }
+
+    fn home_position(&self, key: u64) -> usize {
+        let p = self.hashes.partition_point(|&h| h < key);
+        if p == self.hashes.len() { 0 } else { p }
+    }
+
+    fn endpoint_at(&self, position: usize) -> u32 {
+        self.owners[position]
+    }
+}
+
+impl Balancer for RingHash {
+    fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
+        pick_hashed(self, &self.members, view, ctx.key.unwrap_or(ctx.entropy))
+    }
+}
