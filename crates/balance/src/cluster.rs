@@ -137,6 +137,13 @@ impl Cluster {
         Some(InFlight::start(&self.set.states[i], &self.set.shared, i))
     }
 
+    /// Starts a request on the endpoint at `index` (after a lookaside pick,
+    /// or to retry on a chosen endpoint). `None` if out of range.
+    pub fn start(&self, index: usize) -> Option<InFlight> {
+        let state = self.set.states.get(index)?;
+        Some(InFlight::start(state, &self.set.shared, index))
+    }
+
     /// Chooses an endpoint without starting a request (lookaside: the caller
     /// connects itself).
     pub fn pick_index(&self, ctx: &PickContext<'_>) -> Option<usize> {

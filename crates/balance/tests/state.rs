@@ -1,0 +1,321 @@
+//! Health, outlier ejection, panic mode, locality and rebuilds.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use meshless_balance::{
+    Cluster, ClusterConfig, HealthConfig, LocalityConfig, Outcome, OutlierConfig, PickContext,
+    PolicyKind,
+};
+use meshless_model::{Conditions, Endpoint};
+use proptest::prelude::*;
+
+fn with_outlier(policy: PolicyKind) -> ClusterConfig {
+    let mut c = ClusterConfig::new(policy);
+    c.outlier = OutlierConfig {
+        max_ejection_percent: 50,
+        ..OutlierConfig::default()
+    };
+    c
+}
+
+/// Sends `count` requests to endpoint `i` that end with `outcome`.
+fn fail(c: &Cluster, i: usize, count: usize, outcome: Outcome) {
+    for _ in 0..count {
+        c.start(i).expect("in range").finish(outcome);
+    }
+}
+
+#[test]
+fn consecutive_5xx_eject_for_base_time_times_ejections() {
+    let (c, clock) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    fail(&c, 0, 4, Outcome::Status(500));
+    assert!(!c.stats(0).expect("stats").ejected, "4 < 5 consecutive");
+    fail(&c, 0, 1, Outcome::Status(503));
+    let s = c.stats(0).expect("stats");
+    assert!(s.ejected && s.times_ejected == 1);
+    for k in 0..100 {
+        assert_ne!(c.pick_index(&PickContext::new().with_entropy(k)), Some(0));
+    }
+    clock.advance(Duration::from_secs(29));
+    c.tick();
+    assert!(c.stats(0).expect("stats").ejected, "30 s not over");
+    clock.advance(Duration::from_secs(1));
+    c.tick();
+    assert!(!c.stats(0).expect("stats").ejected);
+    // Second ejection lasts 2 x base.
+    fail(&c, 0, 5, Outcome::ConnectFailed);
+    clock.advance(Duration::from_secs(59));
+    c.tick();
+    assert!(
+        c.stats(0).expect("stats").ejected,
+        "second ejection is 60 s"
+    );
+    clock.advance(Duration::from_secs(1));
+    c.tick();
+    assert!(!c.stats(0).expect("stats").ejected);
+}
+
+#[test]
+fn a_success_resets_the_consecutive_count() {
+    let (c, _) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    for _ in 0..3 {
+        fail(&c, 1, 4, Outcome::Status(500));
+        fail(&c, 1, 1, Outcome::Status(200));
+    }
+    assert!(!c.stats(1).expect("stats").ejected);
+    // 4xx is the client's fault: it counts as a response that works.
+    fail(&c, 1, 4, Outcome::Status(500));
+    fail(&c, 1, 1, Outcome::Status(404));
+    fail(&c, 1, 4, Outcome::Status(500));
+    assert!(!c.stats(1).expect("stats").ejected);
+    // Cancelled requests say nothing.
+    fail(&c, 1, 1, Outcome::Cancelled);
+    fail(&c, 1, 1, Outcome::Status(500));
+    assert!(c.stats(1).expect("stats").ejected);
+}
+
+#[test]
+fn gateway_errors_eject_on_their_own_threshold() {
+    let mut cfg = with_outlier(PolicyKind::RoundRobin);
+    cfg.outlier.consecutive_5xx = 0;
+    cfg.outlier.consecutive_gateway_errors = 3;
+    let (c, _) = manual(&endpoints(4), cfg);
+    fail(&c, 2, 5, Outcome::Status(500));
+    assert!(
+        !c.stats(2).expect("stats").ejected,
+        "500 is not a gateway error"
+    );
+    fail(&c, 2, 3, Outcome::Timeout);
+    assert!(c.stats(2).expect("stats").ejected);
+}
+
+#[test]
+fn a_single_endpoint_cluster_is_never_ejected() {
+    // envoyproxy/envoy #17504
+    let (c, _) = manual(&endpoints(1), with_outlier(PolicyKind::RoundRobin));
+    fail(&c, 0, 50, Outcome::Status(500));
+    assert!(!c.stats(0).expect("stats").ejected);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// However endpoints fail, ejections stay within max(1, pct) and at
+    /// least one endpoint stays available (envoy #26877, #3263).
+    #[test]
+    fn ejection_limit_never_strands_the_cluster(
+        n in 1usize..25,
+        pct in 0u8..=100,
+        failures in prop::collection::vec(0usize..25, 0..200),
+    ) {
+        let mut cfg = ClusterConfig::new(PolicyKind::RoundRobin);
+        cfg.outlier.max_ejection_percent = pct;
+        cfg.outlier.consecutive_5xx = 1;
+        let (c, _) = manual(&endpoints(n), cfg);
+        for f in failures {
+            fail(&c, f % n, 1, Outcome::Status(500));
+        }
+        let ejected = (0..n).filter(|&i| c.stats(i).expect("stats").ejected).count();
+        let allowed = (n * usize::from(pct) / 100).max(1).min(n - 1);
+        prop_assert!(ejected <= allowed, "{} ejected of {}, allowed {}", ejected, n, allowed);
+        prop_assert!(ejected < n);
+    }
+}
+
+#[test]
+fn ejection_spares_the_last_healthy_endpoint() {
+    let mut cfg = with_outlier(PolicyKind::RoundRobin);
+    cfg.outlier.max_ejection_percent = 100;
+    cfg.health.fall = 1;
+    let (c, _) = manual(&endpoints(3), cfg);
+    c.record_health_check(0, false);
+    c.record_health_check(1, false);
+    fail(&c, 2, 10, Outcome::Status(500));
+    assert!(
+        !c.stats(2).expect("stats").ejected,
+        "the only available endpoint stays"
+    );
+}
+
+#[test]
+fn health_checks_follow_rise_and_fall() {
+    let mut cfg = ClusterConfig::new(PolicyKind::RoundRobin);
+    cfg.health = HealthConfig {
+        rise: 2,
+        fall: 3,
+        initially_healthy: true,
+    };
+    let c = Cluster::new(&endpoints(2), cfg).expect("valid");
+    c.record_health_check(0, false);
+    c.record_health_check(0, false);
+    assert!(c.stats(0).expect("stats").healthy);
+    c.record_health_check(0, false);
+    assert!(!c.stats(0).expect("stats").healthy);
+    c.record_health_check(0, true);
+    assert!(!c.stats(0).expect("stats").healthy);
+    c.record_health_check(0, true);
+    assert!(c.stats(0).expect("stats").healthy);
+    // New endpoints can be made to earn their place first.
+    cfg.health.initially_healthy = false;
+    let c = Cluster::new(&endpoints(2), cfg).expect("valid");
+    assert!(!c.stats(1).expect("stats").healthy);
+}
+
+#[test]
+fn panic_mode_picks_among_all_when_none_is_available() {
+    let mut cfg = ClusterConfig::new(PolicyKind::LeastRequest);
+    cfg.health.fall = 1;
+    let c = Cluster::new(&endpoints(3), cfg).expect("valid");
+    (0..3).for_each(|i| c.record_health_check(i, false));
+    assert!(c.pick(&PickContext::new()).is_some());
+    cfg.panic_when_all_unavailable = false;
+    let c = Cluster::new(&endpoints(3), cfg).expect("valid");
+    (0..3).for_each(|i| c.record_health_check(i, false));
+    assert!(c.pick(&PickContext::new()).is_none());
+}
+
+#[test]
+fn rebuild_keeps_state_of_endpoints_that_stay() {
+    let (c, _) = manual(&endpoints(5), with_outlier(PolicyKind::LeastRequest));
+    let _held = hold(&c, &[3, 0, 1, 0, 0]);
+    fail(&c, 4, 5, Outcome::Status(500));
+    assert!(c.stats(4).expect("stats").ejected);
+    // Drop ep-1, reweight ep-0, add ep-9, reorder.
+    let next = vec![
+        endpoint(4),
+        endpoint(9),
+        endpoint(2),
+        endpoint(0).with_weight(3),
+        endpoint(3),
+    ];
+    let c2 = c.rebuild(&next, *c.config()).expect("valid");
+    let by_id = |id: &str| {
+        let i = c2
+            .endpoints()
+            .iter()
+            .position(|e| e.id.as_str() == id)
+            .expect("present");
+        c2.stats(i).expect("stats")
+    };
+    assert_eq!(by_id("ep-0").in_flight, 3);
+    assert_eq!(by_id("ep-2").in_flight, 1);
+    assert!(by_id("ep-4").ejected);
+    assert_eq!(by_id("ep-9").in_flight, 0);
+    assert_eq!(c2.set().total_in_flight(), 4);
+    // A rejected rebuild changes nothing.
+    let mut bad = next.clone();
+    bad[1].port = 0;
+    assert!(c2.rebuild(&bad, *c2.config()).is_err());
+}
+
+#[test]
+fn only_routable_endpoints_are_picked() {
+    let terminating = Conditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+    let eps = vec![endpoint(0).with_conditions(terminating), endpoint(1)];
+    let c = cluster(&eps, PolicyKind::RoundRobin);
+    assert_eq!(c.endpoints().len(), 1);
+    assert_eq!(c.endpoints()[0].id.as_str(), "ep-1");
+    // With none ready, serving+terminating endpoints still answer.
+    let c = cluster(&eps[..1], PolicyKind::RoundRobin);
+    assert_eq!(c.endpoints().len(), 1);
+}
+
+fn placed(i: usize, node: &str, zone: &str) -> Endpoint {
+    endpoint(i).with_node(node).with_zone(zone)
+}
+
+fn local_cluster(policy: PolicyKind, min_healthy_share: f64) -> Cluster {
+    let eps = vec![
+        placed(0, "n1", "z1"),
+        placed(1, "n1", "z1"),
+        placed(2, "n2", "z1"),
+        placed(3, "n3", "z2"),
+        placed(4, "n4", "z2"),
+    ];
+    let mut cfg = ClusterConfig::new(policy);
+    cfg.locality = Some(LocalityConfig { min_healthy_share });
+    cfg.health.fall = 1;
+    Cluster::new(&eps, cfg).expect("valid")
+}
+
+#[test]
+fn locality_prefers_node_then_zone_then_anywhere() {
+    for policy in PolicyKind::ALL {
+        let c = local_cluster(policy, 0.3);
+        let at = |node, zone, k: u64| {
+            c.pick_index(
+                &PickContext::new()
+                    .with_locality(node, zone)
+                    .with_entropy(k)
+                    .with_key(k),
+            )
+            .expect("pick")
+        };
+        for k in 0..50 {
+            assert!(at(Some("n1"), Some("z1"), k) <= 1, "{policy}: node first");
+            assert!(at(Some("n9"), Some("z1"), k) <= 2, "{policy}: then zone");
+            assert!(
+                at(Some("n9"), Some("z9"), k) <= 4,
+                "{policy}: then anywhere"
+            );
+        }
+        // One of two on n1 down: share 0.5 is not under 0.5, stay on the node.
+        c.record_health_check(0, false);
+        for k in 0..50 {
+            assert_eq!(at(Some("n1"), Some("z1"), k), 1, "{policy}");
+        }
+        // Both down: spill to the zone (1 of 3 up: share 0.33 >= 0.3).
+        c.record_health_check(1, false);
+        for k in 0..50 {
+            assert_eq!(at(Some("n1"), Some("z1"), k), 2, "{policy}");
+        }
+        // With a 0.5 threshold the same zone is too degraded: anywhere healthy.
+        let strict = local_cluster(policy, 0.5);
+        strict.record_health_check(0, false);
+        strict.record_health_check(1, false);
+        for k in 0..50 {
+            let ctx = PickContext::new()
+                .with_locality(Some("n1"), Some("z1"))
+                .with_entropy(k)
+                .with_key(k);
+            assert!(strict.pick_index(&ctx).expect("pick") >= 2, "{policy}");
+        }
+        // Zone z1 entirely down: anywhere.
+        c.record_health_check(2, false);
+        for k in 0..50 {
+            assert!(at(Some("n1"), Some("z1"), k) >= 3, "{policy}");
+        }
+    }
+}
+
+#[test]
+fn locality_spills_when_the_tier_is_at_its_bound() {
+    let c = local_cluster(PolicyKind::BoundedLoad, 0.5);
+    let local = |k: u64| {
+        PickContext::new()
+            .with_locality(Some("n1"), Some("z1"))
+            .with_key(k)
+            .with_entropy(k)
+    };
+    // Load the node's two endpoints: with 5 endpoints and c = 1.25, their
+    // bound soon falls below their load and requests leave the node.
+    let mut held = Vec::new();
+    let mut off_node = 0;
+    for k in 0..40 {
+        let g = c.pick(&local(k)).expect("pick");
+        if g.index() > 1 {
+            off_node += 1;
+        }
+        held.push(g);
+    }
+    assert!(off_node > 0, "requests spill off the node once it is full");
+    let max = (0..5).map(|i| c.set().load(i)).max().unwrap_or(0);
+    assert!(max <= (1.25f64 * 40.0 / 5.0).ceil() as u32);
+}
