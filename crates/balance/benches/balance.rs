@@ -1,1 +1,93 @@
-fn main() {}
+//! Pick cost per algorithm and endpoint count; Maglev and ring build cost.
+//!
+//! Run: `cargo bench -p meshless-balance --bench balance`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use meshless_balance::policy::{Maglev, RingHash, auto_ring_size};
+use meshless_balance::{Cluster, ClusterConfig, OutlierConfig, PickContext, PolicyKind};
+use meshless_model::Endpoint;
+
+fn endpoints(n: usize) -> Vec<Endpoint> {
+    (0..n)
+        .map(|i| {
+            let ip = std::net::Ipv4Addr::from(0x0A00_0000 + i as u32);
+            Endpoint::new(format!("ep-{i}"), std::net::SocketAddr::from((ip, 8080)))
+        })
+        .collect()
+}
+
+fn picks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pick");
+    for policy in PolicyKind::ALL {
+        for n in [10usize, 100, 1_000, 10_000] {
+            let mut cfg = ClusterConfig::new(policy);
+            cfg.outlier = OutlierConfig::disabled();
+            let cluster = Cluster::new(&endpoints(n), cfg).expect("valid cluster");
+            // Some load so load-aware policies have work to compare.
+            let _held: Vec<_> = (0..n / 2)
+                .filter_map(|i| cluster.start((i * 7) % n))
+                .collect();
+            let mut k = 0u64;
+            group.bench_with_input(BenchmarkId::new(policy.name(), n), &n, |b, _| {
+                b.iter(|| {
+                    k = k.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    let ctx = PickContext {
+                        key: Some(k),
+                        node: None,
+                        zone: None,
+                        entropy: k,
+                    };
+                    black_box(cluster.pick_index(black_box(&ctx)))
+                })
+            });
+        }
+    }
+    group.finish();
+
+    // The full request bookkeeping: pick, take the in-flight guard, drop it.
+    let mut group = c.benchmark_group("pick_and_guard");
+    for policy in [PolicyKind::PowerOfChoices, PolicyKind::BoundedLoad] {
+        let mut cfg = ClusterConfig::new(policy);
+        cfg.outlier = OutlierConfig::disabled();
+        let cluster = Cluster::new(&endpoints(1_000), cfg).expect("valid cluster");
+        let mut k = 0u64;
+        group.bench_function(BenchmarkId::new(policy.name(), 1_000), |b| {
+            b.iter(|| {
+                k = k.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let ctx = PickContext::new().with_key(k).with_entropy(k);
+                black_box(cluster.pick(&ctx))
+            })
+        });
+    }
+    group.finish();
+}
+
+fn builds(c: &mut Criterion) {
+    let eps = endpoints(1_000);
+    let members: Vec<u32> = (0..eps.len() as u32).collect();
+    let id_of = |m: u32| eps[m as usize].id.as_str();
+    let mut group = c.benchmark_group("build");
+    group.sample_size(20);
+    for m in [65_537usize, 655_373] {
+        group.bench_with_input(BenchmarkId::new("maglev_n1000", m), &m, |b, &m| {
+            b.iter(|| black_box(Maglev::new(&members, id_of, |_| 1, m)))
+        });
+    }
+    let size = auto_ring_size(members.len());
+    group.bench_with_input(BenchmarkId::new("ring_n1000", size), &size, |b, &size| {
+        b.iter(|| black_box(RingHash::new(&members, id_of, |_| 1, size)))
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = picks, builds
+}
+criterion_main!(benches);

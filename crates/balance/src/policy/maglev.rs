@@ -37,18 +37,29 @@ impl Maglev {
         let m = size as u64;
         let mut order: Vec<(&str, u32)> = members.iter().map(|&i| (id_of(i), i)).collect();
         order.sort_unstable();
-        // Per member: offset, skip, next permutation index, weight, filled.
-        let max_w = members
+        // Per member: the next position of its permutation, its skip, its
+        // weight and how many entries it owns. Positions advance by adding
+        // `skip` modulo M, with no division in the loop.
+        struct Cursor {
+            position: u64,
+            skip: u64,
+            weight: u64,
+            owned: u64,
+        }
+        let max_w = u64::from(
+            members
+                .iter()
+                .map(|&i| weight_of(i).max(1))
+                .max()
+                .unwrap_or(1),
+        );
+        let mut cursors: Vec<Cursor> = order
             .iter()
-            .map(|&i| weight_of(i).max(1))
-            .max()
-            .unwrap_or(1);
-        let mut perm: Vec<(u64, u64, u64, u64, u64)> = order
-            .iter()
-            .map(|&(id, i)| {
-                let offset = xxh3_64_with_seed(id.as_bytes(), OFFSET_SEED) % m;
-                let skip = xxh3_64_with_seed(id.as_bytes(), SKIP_SEED) % (m - 1) + 1;
-                (offset, skip, 0, u64::from(weight_of(i).max(1)), 0)
+            .map(|&(id, i)| Cursor {
+                position: xxh3_64_with_seed(id.as_bytes(), OFFSET_SEED) % m,
+                skip: xxh3_64_with_seed(id.as_bytes(), SKIP_SEED) % (m - 1) + 1,
+                weight: u64::from(weight_of(i).max(1)),
+                owned: 0,
             })
             .collect();
         let mut table = vec![EMPTY; size];
@@ -57,17 +68,20 @@ impl Maglev {
             let mut round: u64 = 0;
             'fill: loop {
                 round += 1;
-                for (k, p) in perm.iter_mut().enumerate() {
-                    // Weighted turns: a member of weight w fills on w of every max_w rounds.
-                    if p.4 * u64::from(max_w) >= round * p.3 {
+                for (k, c) in cursors.iter_mut().enumerate() {
+                    // Weighted turns: weight w fills on w of every max_w rounds.
+                    if c.owned * max_w >= round * c.weight {
                         continue;
                     }
                     loop {
-                        let c = ((p.0 + p.2 * p.1) % m) as usize;
-                        p.2 += 1;
-                        if table[c] == EMPTY {
-                            table[c] = order[k].1;
-                            p.4 += 1;
+                        let slot = c.position as usize;
+                        c.position += c.skip;
+                        if c.position >= m {
+                            c.position -= m;
+                        }
+                        if table[slot] == EMPTY {
+                            table[slot] = order[k].1;
+                            c.owned += 1;
                             filled += 1;
                             break;
                         }

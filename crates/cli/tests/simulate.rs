@@ -1,0 +1,88 @@
+//! Runs the real `meshless` binary and reads its JSON, as a script would.
+
+use std::process::Command;
+
+fn simulate(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
+        .args(["simulate", "balance"])
+        .args(args)
+        .output()
+        .expect("run meshless");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stderr.is_empty(), "no progress when piped");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+const WORKLOAD: [&str; 14] = [
+    "--endpoints",
+    "10",
+    "--keys",
+    "zipf:1.1",
+    "--distinct-keys",
+    "10000",
+    "--requests",
+    "200000",
+    "--concurrency",
+    "100",
+    "--remove",
+    "1",
+    "--json",
+    "--load-factor",
+];
+
+#[test]
+fn bounded_load_meets_its_bound_and_beats_p2c_on_affinity() {
+    let mut args = vec!["--policy", "bounded_load"];
+    args.extend_from_slice(&WORKLOAD);
+    args.push("1.25");
+    let bounded = simulate(&args);
+    let mut args = vec!["--policy", "p2c"];
+    args.extend_from_slice(&WORKLOAD);
+    args.push("1.25");
+    let p2c = simulate(&args);
+    for key in [
+        "policy",
+        "endpoints",
+        "requests",
+        "max_over_mean",
+        "home_share",
+        "moved",
+    ] {
+        assert!(bounded.get(key).is_some(), "missing {key}: {bounded}");
+    }
+    let max = bounded["max_over_mean"].as_f64().expect("number");
+    // 1.25 plus at most one request's worth (one request = 1 / (100 / 10)).
+    assert!(max <= 1.25 + 0.1 + 1e-9, "{bounded}");
+    let home = bounded["home_share"].as_f64().expect("number");
+    let p2c_home = p2c["home_share"].as_f64().expect("number");
+    assert!(home > 3.0 * p2c_home, "{bounded} vs {p2c}");
+    let moved = bounded["moved"].as_f64().expect("number");
+    assert!(
+        moved > 0.05 && moved < 0.2,
+        "about 1/10 of keys move: {bounded}"
+    );
+    assert!(p2c["moved"].is_null());
+}
+
+#[test]
+fn bad_flags_fail_with_a_message_naming_them() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
+        .args([
+            "simulate",
+            "balance",
+            "--policy",
+            "maglev",
+            "--endpoints",
+            "0",
+        ])
+        .output()
+        .expect("run meshless");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--endpoints"), "{err}");
+    assert!(out.stdout.is_empty());
+}
