@@ -1,6 +1,7 @@
 //! `meshless`: service load balancing without a service mesh.
 
 mod progress;
+mod serve;
 mod simulate;
 
 use std::process::ExitCode;
@@ -17,6 +18,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the L7 proxy from a YAML file.
+    Proxy(serve::ProxyArgs),
+    /// Run a small HTTP backend that names itself (for demos and tests).
+    Backend(serve::BackendArgs),
+    /// Start three backends and a proxy on 127.0.0.1:8080, and show what to try.
+    Demo,
     /// Scale models: see how a policy behaves before it meets traffic.
     #[command(subcommand)]
     Simulate(simulate::SimulateCommand),
@@ -24,7 +31,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     let result = match cli.command {
+        Command::Proxy(args) => serve::proxy(args),
+        Command::Backend(args) => serve::backend(args),
+        Command::Demo => serve::demo(),
         Command::Simulate(cmd) => simulate::run(cmd),
     };
     match result {
@@ -33,5 +44,21 @@ fn main() -> ExitCode {
             eprintln!("meshless: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`), `MESHLESS_LOG=json`
+/// switches to JSON lines.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if std::env::var("MESHLESS_LOG").is_ok_and(|v| v == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
     }
 }

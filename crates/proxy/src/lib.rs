@@ -1,5 +1,20 @@
 //! The meshless data plane: HTTP listeners, routing, clusters balanced per
 //! request, upstream connection pools, health checks, admin and metrics.
 
+pub mod access_log;
+pub mod admin;
+pub mod body;
 pub mod config;
 mod duration;
+pub mod forward;
+pub mod health;
+pub mod listener;
+pub mod metrics;
+pub mod proxy;
+pub mod router;
+pub mod snapshot;
+pub mod state;
+pub mod upstream;
+
+pub use config::{ConfigFileError, ProxyConfig};
+pub use proxy::{Proxy, ProxyError};

@@ -1,0 +1,193 @@
+//! `meshless proxy`, `meshless backend` and `meshless demo`: the commands
+//! that run servers until told to stop.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use meshless_backend::{Backend, BackendConfig};
+use meshless_proxy::{Proxy, ProxyConfig};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Arguments of `meshless proxy`.
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// YAML configuration file (see docs/config.md).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Validate the file and exit: 0 when valid.
+    #[arg(long)]
+    pub check: bool,
+    /// Reload when the file changes (checked every 500 ms), as well as on SIGHUP.
+    #[arg(long)]
+    pub watch: bool,
+    /// Worker threads of the runtime; default: the number of cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Arguments of `meshless backend`.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9101")]
+    pub listen: SocketAddr,
+    /// Name reported in `x-backend` and in response bodies.
+    #[arg(long, default_value = "backend")]
+    pub name: String,
+    /// Milliseconds added to every answer.
+    #[arg(long, default_value_t = 0)]
+    pub latency: u64,
+    /// Share of requests (0.0..=1.0) answered 500 at random.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Wait this long before binding, like a slow-starting instance: `200ms`, `2s`.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub startup_delay: Duration,
+}
+
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        if n == 0 {
+            bail!("--threads: must be at least 1");
+        }
+        b.worker_threads(n);
+    }
+    b.enable_all().build().context("starting the runtime")
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+pub fn proxy(args: ProxyArgs) -> Result<()> {
+    let config = ProxyConfig::load(&args.config)?;
+    if args.check {
+        println!("{}: ok", args.config.display());
+        return Ok(());
+    }
+    runtime(args.threads)?.block_on(run_proxy(config, &args.config, args.watch))
+}
+
+async fn run_proxy(config: ProxyConfig, path: &Path, watch: bool) -> Result<()> {
+    let proxy = Proxy::start(config).await?;
+    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
+    let mut seen = std::fs::read(path).ok();
+    let mut poll = tokio::time::interval(Duration::from_millis(500));
+    let stop = terminated();
+    tokio::pin!(stop);
+    loop {
+        let reload = tokio::select! {
+            r = &mut stop => { r?; break; }
+            _ = hup.recv() => true,
+            _ = poll.tick(), if watch => {
+                let now = std::fs::read(path).ok();
+                let changed = now.is_some() && now != seen;
+                if changed { seen = now; }
+                changed
+            }
+        };
+        if reload {
+            match ProxyConfig::load(path) {
+                Ok(c) => {
+                    let _ = proxy.reload(c).await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "reload rejected; the running configuration stays");
+                    proxy
+                        .state()
+                        .metrics
+                        .reloads
+                        .get_or_create(&meshless_proxy::metrics::ReloadLabels {
+                            result: "failure".into(),
+                        })
+                        .inc();
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+    proxy.shutdown().await;
+    Ok(())
+}
+
+pub fn backend(args: BackendArgs) -> Result<()> {
+    runtime(Some(1))?.block_on(async {
+        let b = Backend::start(BackendConfig {
+            name: args.name,
+            listen: args.listen,
+            latency: Duration::from_millis(args.latency),
+            fail_rate: args.fail_rate,
+            startup_delay: args.startup_delay,
+        })
+        .await?;
+        tracing::info!(name = b.name(), address = %b.local_addr(), "backend listening");
+        terminated().await?;
+        b.stop();
+        Ok(())
+    })
+}
+
+/// The demo configuration, shipped in the binary.
+const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
+
+pub fn demo() -> Result<()> {
+    let config = ProxyConfig::parse(DEMO_CONFIG, "examples/demo.yaml")?;
+    runtime(None)?.block_on(async {
+        let mut backends = Vec::new();
+        for (port, name) in [
+            (9101, "backend-1"),
+            (9102, "backend-2"),
+            (9103, "backend-3"),
+        ] {
+            let b = Backend::start(BackendConfig {
+                name: name.into(),
+                listen: SocketAddr::from(([127, 0, 0, 1], port)),
+                latency: Duration::ZERO,
+                fail_rate: 0.0,
+                startup_delay: Duration::ZERO,
+            })
+            .await
+            .with_context(|| format!("starting {name}"))?;
+            backends.push(b);
+        }
+        let proxy = Proxy::start(config).await?;
+        println!("{}", DEMO_HELP);
+        terminated().await?;
+        proxy.shutdown().await;
+        backends.into_iter().for_each(Backend::stop);
+        Ok(())
+    })
+}
+
+const DEMO_HELP: &str = "\
+meshless demo: proxy on http://127.0.0.1:8080, admin on http://127.0.0.1:9901
+backends: backend-1 (127.0.0.1:9101, zone-a), backend-2 (:9102, zone-a), backend-3 (:9103, zone-b)
+
+Balancing per request (round robin), even on one keep-alive connection:
+  curl -s http://127.0.0.1:8080/ http://127.0.0.1:8080/ http://127.0.0.1:8080/
+
+Affinity by header, with bounded load (the same user sticks to one backend):
+  for i in 1 2 3; do curl -s -H 'x-user: alice' http://127.0.0.1:8080/sticky; done
+
+Ejection of a failing backend (3 consecutive 5xx eject it for 15 s; retries hide the failures):
+  curl -s http://127.0.0.1:9103/admin/fail
+  for i in $(seq 6); do curl -s http://127.0.0.1:8080/; done
+  curl -s http://127.0.0.1:9901/clusters
+  curl -s http://127.0.0.1:9103/admin/recover
+
+Lookaside (which backend would serve this key) and metrics:
+  curl -s 'http://127.0.0.1:9901/pick?cluster=sticky&key=alice'
+  curl -s http://127.0.0.1:9901/metrics | grep meshless_proxy_requests
+
+Ctrl-C stops the demo.";

@@ -1,0 +1,93 @@
+//! JSON access-log lines, written by a background thread so the request
+//! path never blocks on output.
+
+use std::io::Write;
+use std::sync::mpsc;
+
+use serde::Serialize;
+
+use crate::config::AccessLog;
+
+/// One finished request.
+#[derive(Debug, Serialize)]
+pub struct AccessRecord<'a> {
+    /// RFC 3339 time the request finished.
+    pub time: String,
+    pub listener: &'a str,
+    pub route: &'a str,
+    pub cluster: &'a str,
+    pub endpoint: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    /// Response body bytes sent.
+    pub bytes: u64,
+    /// Milliseconds from request received to response end.
+    pub duration_ms: f64,
+    pub request_id: &'a str,
+    /// Upstream attempts (1 + retries).
+    pub attempts: u32,
+}
+
+/// Where access-log lines go.
+#[derive(Debug)]
+pub struct AccessLogger {
+    target: AccessLog,
+    sender: Option<mpsc::Sender<String>>,
+}
+
+impl AccessLogger {
+    /// Opens the target (a file is created or appended to).
+    pub fn open(target: &AccessLog) -> std::io::Result<Self> {
+        let sink: Option<Box<dyn Write + Send>> = match target {
+            AccessLog::Off => None,
+            AccessLog::Stdout => Some(Box::new(std::io::stdout())),
+            AccessLog::File(path) => Some(Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+        };
+        let sender = sink.map(|mut sink| {
+            let (tx, rx) = mpsc::channel::<String>();
+            std::thread::Builder::new()
+                .name("access-log".into())
+                .spawn(move || {
+                    while let Ok(line) = rx.recv() {
+                        let _ = sink.write_all(line.as_bytes());
+                        // Drain what is queued before flushing.
+                        while let Ok(line) = rx.try_recv() {
+                            let _ = sink.write_all(line.as_bytes());
+                        }
+                        let _ = sink.flush();
+                    }
+                })
+                .map(|_| tx)
+        });
+        Ok(Self {
+            target: target.clone(),
+            sender: sender.and_then(Result::ok),
+        })
+    }
+
+    /// The configured target.
+    pub fn target(&self) -> &AccessLog {
+        &self.target
+    }
+
+    /// Whether lines are written at all.
+    pub fn enabled(&self) -> bool {
+        self.sender.is_some()
+    }
+
+    /// Queues one line.
+    pub fn log(&self, record: &AccessRecord<'_>) {
+        if let Some(tx) = &self.sender
+            && let Ok(mut line) = serde_json::to_string(record)
+        {
+            line.push('\n');
+            let _ = tx.send(line);
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The admin HTTP server: `/metrics`, `/ready`, `/config`, `/clusters`,
+//! and `/pick` (lookaside balancing: which endpoint would serve this key).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use meshless_balance::{PickContext, hash_key};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::metrics::{ClusterLabels, EndpointLabels};
+use crate::state::ProxyState;
+
+/// Serves admin requests on `listener` until `stop` changes.
+pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = Arc::clone(&state);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| answer(Arc::clone(&state), req));
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+}
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    r
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
+    match serde_json::to_vec_pretty(value) {
+        Ok(mut v) => {
+            v.push(b'\n');
+            reply(status, "application/json", v)
+        }
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            e.to_string(),
+        ),
+    }
+}
+
+fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+async fn answer(
+    state: Arc<ProxyState>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let resp = match req.uri().path() {
+        "/metrics" => {
+            refresh_gauges(&state);
+            reply(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                state.metrics.encode(),
+            )
+        }
+        "/ready" => {
+            if state.ready.load(Ordering::Acquire) {
+                reply(StatusCode::OK, "text/plain", "ready\n")
+            } else {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n")
+            }
+        }
+        "/config" => json(StatusCode::OK, &*state.snapshot.load().config),
+        "/clusters" => json(StatusCode::OK, &clusters(&state)),
+        "/pick" => pick(&state, req.uri().query()),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "admin: /metrics /ready /config /clusters /pick?cluster=NAME&key=KEY\n",
+        ),
+    };
+    Ok(resp)
+}
+
+#[derive(Serialize)]
+struct ClusterView {
+    name: String,
+    policy: String,
+    active_requests: u64,
+    upstream_connections: u64,
+    endpoints: Vec<EndpointView>,
+}
+
+#[derive(Serialize)]
+struct EndpointView {
+    id: String,
+    address: String,
+    weight: u32,
+    zone: Option<String>,
+    node: Option<String>,
+    healthy: bool,
+    ejected: bool,
+    times_ejected: u32,
+    in_flight: u32,
+    requests: u64,
+    failures: u64,
+}
+
+fn clusters(state: &ProxyState) -> Vec<ClusterView> {
+    let snap = state.snapshot.load();
+    let mut out: Vec<ClusterView> = snap
+        .clusters
+        .values()
+        .map(|c| ClusterView {
+            name: c.name.to_string(),
+            policy: c.config.balancer.policy.clone(),
+            active_requests: c.counters.active_requests.load(Ordering::Relaxed),
+            upstream_connections: c.counters.connections.load(Ordering::Relaxed),
+            endpoints: c
+                .lb
+                .endpoints()
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| {
+                    let s = c.lb.stats(i)?;
+                    Some(EndpointView {
+                        id: e.id.to_string(),
+                        address: c.authorities[i].to_string(),
+                        weight: e.weight,
+                        zone: e.zone.clone(),
+                        node: e.node.clone(),
+                        healthy: s.healthy,
+                        ejected: s.ejected,
+                        times_ejected: s.times_ejected,
+                        in_flight: s.in_flight,
+                        requests: s.requests,
+                        failures: s.failures,
+                    })
+                })
+                .collect(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Lookaside: the endpoint the cluster would choose for `key` now.
+fn pick(state: &ProxyState, query: Option<&str>) -> Response<Full<Bytes>> {
+    let Some(name) = query_param(query, "cluster") else {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "pick: query parameter `cluster` is required\n",
+        );
+    };
+    let snap = state.snapshot.load();
+    let Some(cluster) = snap.clusters.get(name) else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("pick: unknown cluster {name:?}\n"),
+        );
+    };
+    let node = &snap.config.node;
+    let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
+    if let Some(key) = query_param(query, "key") {
+        ctx = ctx.with_key(hash_key(key.as_bytes()));
+    }
+    match cluster.lb.pick_index(&ctx) {
+        Some(i) => {
+            let e = &cluster.lb.endpoints()[i];
+            json(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "cluster": name,
+                    "endpoint": e.id.to_string(),
+                    "address": cluster.authorities[i].to_string(),
+                    "zone": e.zone,
+                    "node": e.node,
+                }),
+            )
+        }
+        None => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "pick: no usable endpoint\n",
+        ),
+    }
+}
+
+/// Sets per-endpoint gauges from live state before a scrape; endpoints that
+/// left are dropped from the families.
+fn refresh_gauges(state: &ProxyState) {
+    let m = &state.metrics;
+    m.endpoint_in_flight.clear();
+    m.endpoint_healthy.clear();
+    m.endpoint_ejected.clear();
+    m.upstream_connections.clear();
+    let snap = state.snapshot.load();
+    for c in snap.clusters.values() {
+        m.upstream_connections
+            .get_or_create(&ClusterLabels {
+                cluster: c.name.to_string(),
+            })
+            .set(i64::try_from(c.counters.connections.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+        for (i, e) in c.lb.endpoints().iter().enumerate() {
+            let Some(s) = c.lb.stats(i) else { continue };
+            let labels = EndpointLabels {
+                cluster: c.name.to_string(),
+                endpoint: e.id.to_string(),
+            };
+            m.endpoint_in_flight
+                .get_or_create(&labels)
+                .set(i64::from(s.in_flight));
+            m.endpoint_healthy
+                .get_or_create(&labels)
+                .set(i64::from(s.healthy));
+            m.endpoint_ejected
+                .get_or_create(&labels)
+                .set(i64::from(s.ejected));
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Prometheus metrics of the proxy, in one explicit registry (no globals).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a finished request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub listener: String,
+    pub cluster: String,
+    pub endpoint: String,
+    pub class: String,
+}
+
+/// Labels of a request duration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub listener: String,
+    pub cluster: String,
+}
+
+/// Labels naming one cluster.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub cluster: String,
+}
+
+/// Labels naming one endpoint of one cluster.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub cluster: String,
+    pub endpoint: String,
+}
+
+/// Labels of a shed request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OverflowLabels {
+    pub cluster: String,
+    /// `max_requests`, `max_pending`, `max_connections` or `retry_budget`.
+    pub limit: String,
+}
+
+/// Labels of a reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `success` or `failure`.
+    pub result: String,
+}
+
+/// Labels of a response the proxy made itself.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LocalReplyLabels {
+    pub listener: String,
+    /// `no_route`, `no_endpoint`, `connect_failed`, `reset`, `timeout`, `overflow`.
+    pub reason: String,
+}
+
+/// Every metric the proxy exports.
+#[derive(Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<RouteLabels, Histogram>,
+    pub local_replies: Family<LocalReplyLabels, Counter>,
+    pub retries: Family<ClusterLabels, Counter>,
+    pub overflows: Family<OverflowLabels, Counter>,
+    pub upstream_connections: Family<ClusterLabels, Gauge>,
+    pub endpoint_in_flight: Family<EndpointLabels, Gauge>,
+    pub endpoint_healthy: Family<EndpointLabels, Gauge>,
+    pub endpoint_ejected: Family<EndpointLabels, Gauge>,
+    pub health_checks: Family<EndpointLabels, Counter>,
+    pub health_check_failures: Family<EndpointLabels, Counter>,
+    pub reloads: Family<ReloadLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics, registered under the `meshless` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("meshless");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "proxy_requests",
+            "Requests finished, by listener, cluster, endpoint and status class",
+            requests.clone(),
+        );
+        let request_duration = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        registry.register(
+            "proxy_request_duration_seconds",
+            "Time from request received to response body end",
+            request_duration.clone(),
+        );
+        let local_replies = Family::<LocalReplyLabels, Counter>::default();
+        registry.register(
+            "proxy_local_replies",
+            "Responses the proxy generated itself, by reason",
+            local_replies.clone(),
+        );
+        let retries = Family::<ClusterLabels, Counter>::default();
+        registry.register("proxy_retries", "Retry attempts", retries.clone());
+        let overflows = Family::<OverflowLabels, Counter>::default();
+        registry.register(
+            "proxy_overflows",
+            "Requests shed by a circuit breaker or the retry budget",
+            overflows.clone(),
+        );
+        let upstream_connections = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "proxy_upstream_connections",
+            "Open upstream connections",
+            upstream_connections.clone(),
+        );
+        let endpoint_in_flight = Family::<EndpointLabels, Gauge>::default();
+        registry.register(
+            "proxy_endpoint_in_flight",
+            "Requests in flight per endpoint",
+            endpoint_in_flight.clone(),
+        );
+        let endpoint_healthy = Family::<EndpointLabels, Gauge>::default();
+        registry.register(
+            "proxy_endpoint_healthy",
+            "1 when the endpoint passes active health checks",
+            endpoint_healthy.clone(),
+        );
+        let endpoint_ejected = Family::<EndpointLabels, Gauge>::default();
+        registry.register(
+            "proxy_endpoint_ejected",
+            "1 while outlier detection ejects the endpoint",
+            endpoint_ejected.clone(),
+        );
+        let health_checks = Family::<EndpointLabels, Counter>::default();
+        registry.register(
+            "proxy_health_checks",
+            "Active health checks run",
+            health_checks.clone(),
+        );
+        let health_check_failures = Family::<EndpointLabels, Counter>::default();
+        registry.register(
+            "proxy_health_check_failures",
+            "Active health checks failed",
+            health_check_failures.clone(),
+        );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "proxy_reloads",
+            "Configuration reloads, by result",
+            reloads.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            request_duration,
+            local_replies,
+            retries,
+            overflows,
+            upstream_connections,
+            endpoint_in_flight,
+            endpoint_healthy,
+            endpoint_ejected,
+            health_checks,
+            health_check_failures,
+            reloads,
+        }
+    }
+
+    /// Counts a locally generated reply.
+    pub fn local_reply(&self, listener: &str, reason: &str) {
+        self.local_replies
+            .get_or_create(&LocalReplyLabels {
+                listener: listener.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,247 @@
+//! The running proxy: starts listeners, the admin server and background
+//! tasks from a config; reloads it atomically; shuts down gracefully.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+
+use crate::access_log::AccessLogger;
+use crate::config::ProxyConfig;
+use crate::listener::ListenerHandle;
+use crate::metrics::{Metrics, ReloadLabels};
+use crate::snapshot::Snapshot;
+use crate::state::ProxyState;
+
+/// Why the proxy could not start or reload.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{what} {address}: cannot bind: {source}")]
+    Bind {
+        what: String,
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("access_log: {0}")]
+    AccessLog(std::io::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A running proxy.
+#[derive(Debug)]
+pub struct Proxy {
+    state: Arc<ProxyState>,
+    listeners: Mutex<HashMap<String, ListenerHandle>>,
+    admin_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    reloading: Mutex<()>,
+}
+
+impl Proxy {
+    /// Binds the admin address and every listener, then serves.
+    pub async fn start(config: ProxyConfig) -> Result<Self, ProxyError> {
+        let access_log = AccessLogger::open(&config.access_log).map_err(ProxyError::AccessLog)?;
+        let admin_address = config.admin.address;
+        let admin = tokio::net::TcpListener::bind(admin_address)
+            .await
+            .map_err(|source| ProxyError::Bind {
+                what: "admin.address".into(),
+                address: admin_address,
+                source,
+            })?;
+        let admin_addr = admin.local_addr().unwrap_or(admin_address);
+        let listener_configs = config.listeners.clone();
+        let snapshot = Snapshot::build(config, None).map_err(ProxyError::Invalid)?;
+        let state = Arc::new(ProxyState {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics: Metrics::new(),
+            access_log: ArcSwap::from_pointee(access_log),
+            ready: AtomicBool::new(false),
+        });
+        let mut listeners = HashMap::new();
+        for (i, l) in listener_configs.iter().enumerate() {
+            let (socket, _) =
+                ListenerHandle::bind(l.address)
+                    .await
+                    .map_err(|source| ProxyError::Bind {
+                        what: format!("listeners[{i}].address"),
+                        address: l.address,
+                        source,
+                    })?;
+            let handle = ListenerHandle::serve(
+                Arc::from(l.name.as_str()),
+                l.address,
+                socket,
+                Arc::clone(&state),
+            );
+            tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
+            listeners.insert(l.name.clone(), handle);
+        }
+        let (stop, stopped) = watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(crate::admin::serve(
+                admin,
+                Arc::clone(&state),
+                stopped.clone(),
+            )),
+            tokio::spawn(crate::health::run(Arc::clone(&state), stopped)),
+        ];
+        tracing::info!(address = %admin_addr, "admin listening");
+        state.ready.store(true, Ordering::Release);
+        Ok(Self {
+            state,
+            listeners: Mutex::new(listeners),
+            admin_addr,
+            stop,
+            tasks,
+            reloading: Mutex::new(()),
+        })
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The bound address of listener `name`.
+    pub async fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners.lock().await.get(name).map(|l| l.local_addr)
+    }
+
+    /// The shared state (metrics, current snapshot).
+    pub fn state(&self) -> &Arc<ProxyState> {
+        &self.state
+    }
+
+    /// Replaces the running config: builds the new snapshot (keeping the
+    /// state of clusters and endpoints that stay), binds new listeners,
+    /// swaps atomically, then drains listeners that left. On any error the
+    /// running config stays and the error is returned. Counted in metrics.
+    pub async fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+        let result = self.reload_inner(config).await;
+        let label = if result.is_ok() { "success" } else { "failure" };
+        self.state
+            .metrics
+            .reloads
+            .get_or_create(&ReloadLabels {
+                result: label.into(),
+            })
+            .inc();
+        match &result {
+            Ok(()) => tracing::info!("configuration reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "reload rejected; the running configuration stays")
+            }
+        }
+        result
+    }
+
+    async fn reload_inner(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+        let _one_at_a_time = self.reloading.lock().await;
+        let current = self.state.snapshot.load_full();
+        if config.admin.address != current.config.admin.address {
+            return Err(ProxyError::Invalid(
+                "admin.address: cannot change on reload; restart the proxy".into(),
+            ));
+        }
+        let new_logger = if config.access_log != *self.state.access_log.load().target() {
+            Some(AccessLogger::open(&config.access_log).map_err(ProxyError::AccessLog)?)
+        } else {
+            None
+        };
+        let snapshot =
+            Snapshot::build(config.clone(), Some(&current)).map_err(ProxyError::Invalid)?;
+        let mut listeners = self.listeners.lock().await;
+        // Bind what is new before anything changes.
+        let mut fresh = Vec::new();
+        for (i, l) in config.listeners.iter().enumerate() {
+            let keep = listeners
+                .get(&l.name)
+                .is_some_and(|h| h.address == l.address);
+            if keep {
+                continue;
+            }
+            let moved_here = listeners.values().any(|h| h.address == l.address);
+            if moved_here {
+                return Err(ProxyError::Invalid(format!(
+                    "listeners[{i}].address: {} is in use by another listener; rename in two reloads",
+                    l.address
+                )));
+            }
+            match ListenerHandle::bind(l.address).await {
+                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket)),
+                Err(source) => {
+                    return Err(ProxyError::Bind {
+                        what: format!("listeners[{i}].address"),
+                        address: l.address,
+                        source,
+                    });
+                }
+            }
+        }
+        self.state.snapshot.store(Arc::new(snapshot));
+        if let Some(logger) = new_logger {
+            self.state.access_log.store(Arc::new(logger));
+        }
+        let wanted: HashMap<&str, SocketAddr> = config
+            .listeners
+            .iter()
+            .map(|l| (l.name.as_str(), l.address))
+            .collect();
+        let leaving: Vec<String> = listeners
+            .iter()
+            .filter(|(name, h)| wanted.get(name.as_str()) != Some(&h.address))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let drain = config.drain_timeout;
+        for name in leaving {
+            if let Some(h) = listeners.remove(&name) {
+                tracing::info!(listener = %name, "closing listener");
+                tokio::spawn(h.shutdown(drain));
+            }
+        }
+        for (name, address, socket) in fresh {
+            let h = ListenerHandle::serve(
+                Arc::from(name.as_str()),
+                address,
+                socket,
+                Arc::clone(&self.state),
+            );
+            tracing::info!(listener = %name, address = %h.local_addr, "listening");
+            listeners.insert(name, h);
+        }
+        Ok(())
+    }
+
+    /// Stops accepting on every listener, lets in-flight requests finish
+    /// for up to the config's `drain_timeout`, then stops the admin server.
+    pub async fn shutdown(self) {
+        self.state.ready.store(false, Ordering::Release);
+        let drain = self.state.snapshot.load().config.drain_timeout;
+        let listeners: Vec<ListenerHandle> = self
+            .listeners
+            .lock()
+            .await
+            .drain()
+            .map(|(_, h)| h)
+            .collect();
+        let draining: Vec<_> = listeners
+            .into_iter()
+            .map(|h| tokio::spawn(h.shutdown(drain)))
+            .collect();
+        for d in draining {
+            let _ = d.await;
+        }
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+        }
+    }
+}

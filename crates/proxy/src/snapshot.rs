@@ -1,0 +1,108 @@
+//! One immutable, complete view of the running configuration: routes per
+//! listener and clusters with their balancers and pools. Swapped whole on
+//! reload; requests finish on the snapshot they started with.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use http::uri::Authority;
+use meshless_balance::Cluster;
+
+use crate::config::{ClusterConfig, ProxyConfig};
+use crate::router::RouteTable;
+use crate::upstream::{self, ClusterCounters, PoolKey, UpstreamClient};
+
+/// A cluster as the request path uses it.
+#[derive(Debug)]
+pub struct UpstreamCluster {
+    pub name: Arc<str>,
+    pub config: ClusterConfig,
+    /// The balancer, with load, health and outlier state.
+    pub lb: Cluster,
+    /// `ip:port` of each endpoint, by balancer index.
+    pub authorities: Vec<Authority>,
+    pub client: UpstreamClient,
+    pub pool_key: PoolKey,
+    pub counters: Arc<ClusterCounters>,
+}
+
+impl UpstreamCluster {
+    /// Builds from validated config, keeping `previous`'s live state and,
+    /// when the pool settings are unchanged, its connections.
+    pub fn build(
+        config: &ClusterConfig,
+        previous: Option<&UpstreamCluster>,
+    ) -> Result<Self, String> {
+        let endpoints = config.endpoints_model();
+        let balance = config
+            .balance_config()
+            .map_err(|(path, reason)| format!("{path}: {reason}"))?;
+        let lb = match previous {
+            Some(p) => p.lb.rebuild(&endpoints, balance),
+            None => Cluster::new(&endpoints, balance),
+        }
+        .map_err(|e| e.to_string())?;
+        let authorities = lb
+            .endpoints()
+            .iter()
+            .map(|e| {
+                let addr = e
+                    .socket_addr()
+                    .ok_or_else(|| format!("endpoint {} has no address", e.id))?;
+                Authority::try_from(addr.to_string()).map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let counters = previous.map_or_else(Default::default, |p| Arc::clone(&p.counters));
+        counters
+            .max_connections
+            .store(config.circuit_breakers.max_connections, Ordering::Relaxed);
+        let pool_key = PoolKey::of(config);
+        let client = match previous {
+            Some(p) if p.pool_key == pool_key => p.client.clone(),
+            _ => upstream::client(&pool_key, Arc::clone(&counters)),
+        };
+        Ok(Self {
+            name: Arc::from(config.name.as_str()),
+            config: config.clone(),
+            lb,
+            authorities,
+            client,
+            pool_key,
+            counters,
+        })
+    }
+}
+
+/// Everything a request needs, at one config version.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub config: Arc<ProxyConfig>,
+    pub routes: HashMap<String, Arc<RouteTable>>,
+    pub clusters: HashMap<String, Arc<UpstreamCluster>>,
+}
+
+impl Snapshot {
+    /// Builds from validated config, carrying state over from `previous`.
+    pub fn build(config: ProxyConfig, previous: Option<&Snapshot>) -> Result<Self, String> {
+        let mut clusters = HashMap::new();
+        for (i, c) in config.clusters.iter().enumerate() {
+            let prev = previous
+                .and_then(|p| p.clusters.get(&c.name))
+                .map(Arc::as_ref);
+            let built =
+                UpstreamCluster::build(c, prev).map_err(|e| format!("clusters[{i}]: {e}"))?;
+            clusters.insert(c.name.clone(), Arc::new(built));
+        }
+        let routes = config
+            .listeners
+            .iter()
+            .map(|l| (l.name.clone(), Arc::new(RouteTable::new(l))))
+            .collect();
+        Ok(Self {
+            config: Arc::new(config),
+            routes,
+            clusters,
+        })
+    }
+}
