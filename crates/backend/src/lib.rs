@@ -134,14 +134,10 @@ impl Backend {
         self.state.failing.store(failing, Ordering::Relaxed);
     }
 
-    /// Stops accepting and closes every connection at once (like a crash).
-    pub fn stop(self) {
+    /// Stops accepting and closes every connection at once (like a
+    /// crash); resolves when all are closed.
+    pub async fn stop(self) {
         let _ = self.stop.send(true);
-        self.task.abort();
-    }
-
-    /// Waits until the accept loop ends (it ends on stop).
-    pub async fn wait(self) {
         let _ = self.task.await;
     }
 }
@@ -165,7 +161,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stopped: watc
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
-    connections.abort_all();
+    connections.shutdown().await;
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;

@@ -133,7 +133,7 @@ pub fn backend(args: BackendArgs) -> Result<()> {
         .await?;
         tracing::info!(name = b.name(), address = %b.local_addr(), "backend listening");
         terminated().await?;
-        b.stop();
+        b.stop().await;
         Ok(())
     })
 }
@@ -165,7 +165,9 @@ pub fn demo() -> Result<()> {
         println!("{}", DEMO_HELP);
         terminated().await?;
         proxy.shutdown().await;
-        backends.into_iter().for_each(Backend::stop);
+        for b in backends {
+            b.stop().await;
+        }
         Ok(())
     })
 }

@@ -651,10 +651,12 @@ impl ProxyConfig {
         let err = |path: String, reason: &str| Err((path, reason.to_owned()));
         let mut names = HashSet::new();
         let mut addresses = HashSet::new();
-        if self
-            .listeners
-            .iter()
-            .any(|l| l.address == self.admin.address)
+        // Port 0 means "any free port": such addresses never collide.
+        if self.admin.address.port() != 0
+            && self
+                .listeners
+                .iter()
+                .any(|l| l.address == self.admin.address)
         {
             return err("admin.address".into(), "is also a listener's address");
         }
@@ -670,7 +672,7 @@ impl ProxyConfig {
                     &format!("duplicate listener name {:?}", l.name),
                 );
             }
-            if !addresses.insert(l.address) {
+            if l.address.port() != 0 && !addresses.insert(l.address) {
                 return err(
                     format!("{at}.address"),
                     &format!("{} is used by another listener", l.address),

@@ -54,6 +54,12 @@ impl ListenerHandle {
         }
     }
 
+    /// Whether a listener configured at `address` is this one: the same
+    /// configured address, or the address this one actually bound.
+    pub fn serves(&self, address: SocketAddr) -> bool {
+        address == self.address || address == self.local_addr
+    }
+
     /// Stops accepting; open connections finish their requests (up to
     /// `drain`), then close. Resolves when done.
     pub async fn shutdown(self, drain: Duration) {

@@ -162,13 +162,12 @@ impl Proxy {
         // Bind what is new before anything changes.
         let mut fresh = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            let keep = listeners
-                .get(&l.name)
-                .is_some_and(|h| h.address == l.address);
+            let keep = listeners.get(&l.name).is_some_and(|h| h.serves(l.address));
             if keep {
                 continue;
             }
-            let moved_here = listeners.values().any(|h| h.address == l.address);
+            let moved_here =
+                l.address.port() != 0 && listeners.values().any(|h| h.serves(l.address));
             if moved_here {
                 return Err(ProxyError::Invalid(format!(
                     "listeners[{i}].address: {} is in use by another listener; rename in two reloads",
@@ -197,7 +196,7 @@ impl Proxy {
             .collect();
         let leaving: Vec<String> = listeners
             .iter()
-            .filter(|(name, h)| wanted.get(name.as_str()) != Some(&h.address))
+            .filter(|(name, h)| !wanted.get(name.as_str()).is_some_and(|a| h.serves(*a)))
             .map(|(name, _)| name.clone())
             .collect();
         let drain = config.drain_timeout;

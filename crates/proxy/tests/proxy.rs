@@ -1,0 +1,433 @@
+//! The proxy end to end: real backends, a real proxy and real HTTP on 127.0.0.1.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use meshless_proxy::ProxyConfig;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_policy_balances_per_request() {
+    let bs = backends(3).await;
+    for policy in [
+        "round_robin",
+        "random",
+        "least_request",
+        "p2c",
+        "ring_hash",
+        "maglev",
+        "bounded_load",
+    ] {
+        let extra =
+            format!("    balancer: {{ policy: {policy}, hash_key: {{ header: x-user }} }}\n");
+        let (p, addr) = proxy(&config(&bs, &extra)).await;
+        let c = client();
+        let mut seen: HashMap<String, u32> = HashMap::new();
+        for _ in 0..60 {
+            // One keep-alive connection: L4 balancing would pin it to one backend.
+            let (s, b, _) = get(&c, addr, "/", &[]).await;
+            assert_eq!(s, StatusCode::OK, "{policy}");
+            *seen.entry(b).or_default() += 1;
+        }
+        assert_eq!(
+            seen.len(),
+            3,
+            "{policy}: requests on one connection reach every backend: {seen:?}"
+        );
+        if policy == "round_robin" {
+            assert!(seen.values().all(|&n| n == 20), "{seen:?}");
+        }
+        if ["ring_hash", "maglev", "bounded_load"].contains(&policy) {
+            let (_, first, _) = get(&c, addr, "/", &[("x-user", "alice")]).await;
+            for _ in 0..10 {
+                let (_, again, _) = get(&c, addr, "/", &[("x-user", "alice")]).await;
+                assert_eq!(again, first, "{policy}: a key sticks to its endpoint");
+            }
+        }
+        p.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_spills_past_the_bound() {
+    let bs = backends(4).await;
+    let extra =
+        "    balancer: { policy: bounded_load, hash_key: { header: x-user }, load_factor: 1.0 }\n";
+    let (p, addr) = proxy(&config(&bs, extra)).await;
+    let c = client();
+    let (_, home, _) = get(&c, addr, "/", &[("x-user", "hot")]).await;
+    // 8 concurrent slow requests with one key: at c = 1.0 no backend may
+    // hold more than ceil(8/4) = 2, so the key must spill.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            get(&c, addr, "/?delay_ms=300", &[("x-user", "hot")]).await
+        }));
+    }
+    let mut by: HashMap<String, u32> = HashMap::new();
+    for t in tasks {
+        let (s, b, _) = t.await.expect("task");
+        assert_eq!(s, StatusCode::OK);
+        *by.entry(b).or_default() += 1;
+    }
+    assert!(by.len() >= 3, "the hot key spread: {by:?}");
+    assert!(
+        by.values().all(|&n| n <= 3),
+        "no backend far above the bound: {by:?}"
+    );
+    assert!(
+        by.get(&home).copied().unwrap_or(0) >= 1,
+        "the home endpoint still serves: {by:?}"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_backend_is_ejected_and_returns() {
+    let bs = backends(3).await;
+    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 3, interval: 100ms, base_ejection_time: 1s, max_ejection_percent: 50 }\n";
+    let (p, addr) = proxy(&config(&bs, extra)).await;
+    let c = client();
+    bs[0].set_failing(true);
+    let mut failures = 0;
+    for _ in 0..30 {
+        let (s, b, _) = get(&c, addr, "/", &[]).await;
+        if s == StatusCode::INTERNAL_SERVER_ERROR {
+            assert_eq!(b, "b0");
+            failures += 1;
+        }
+    }
+    assert_eq!(failures, 3, "ejected after exactly its threshold");
+    let (_, clusters) = admin(&p, "/clusters").await;
+    assert!(clusters.contains("\"ejected\": true"), "{clusters}");
+    bs[0].set_failing(false);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut back = false;
+    for _ in 0..6 {
+        let (_, b, _) = get(&c, addr, "/", &[]).await;
+        back |= b == "b0";
+    }
+    assert!(back, "b0 serves again after the ejection time");
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(
+        metrics.contains("meshless_proxy_requests_total{listener=\"web\",cluster=\"c\""),
+        "{metrics}"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_backend_costs_no_request_with_retries() {
+    let mut bs = backends(3).await;
+    let extra = "    retries: { count: 2, on: [connect_failure, reset, 5xx] }\n";
+    let (p, addr) = proxy(&config(&bs, extra)).await;
+    let c = client();
+    for _ in 0..20 {
+        assert_eq!(get(&c, addr, "/", &[]).await.0, StatusCode::OK);
+    }
+    bs.remove(1).stop().await;
+    for i in 0..60 {
+        let (s, b, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(s, StatusCode::OK, "request {i} after the kill");
+        assert_ne!(b, "b1");
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_remove_and_restore() {
+    let bs = backends(2).await;
+    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n    health_check: { path: /healthz, interval: 100ms, timeout: 100ms, healthy_threshold: 2, unhealthy_threshold: 2 }\n";
+    let (p, addr) = proxy(&config(&bs, extra)).await;
+    let c = client();
+    bs[1].set_failing(true);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for _ in 0..10 {
+        let (s, b, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(
+            (s, b.as_str()),
+            (StatusCode::OK, "b0"),
+            "unhealthy b1 gets nothing"
+        );
+    }
+    let (_, clusters) = admin(&p, "/clusters").await;
+    assert!(clusters.contains("\"healthy\": false"), "{clusters}");
+    bs[1].set_failing(false);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..10 {
+        seen.insert(get(&c, addr, "/", &[]).await.1);
+    }
+    assert!(seen.contains("b1"), "restored: {seen:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_downstream_and_upstream() {
+    let bs = backends(2).await;
+    let (p, addr) = proxy(&config(&bs, "    upstream_protocol: http2\n")).await;
+    let c = h2_client();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..10 {
+        let (s, b, body) = get(&c, addr, "/", &[]).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(body, format!("{b}\n"));
+        seen.insert(b);
+    }
+    assert_eq!(seen.len(), 2, "streams of one h2 connection are balanced");
+    let (_, clusters) = admin(&p, "/clusters").await;
+    assert!(
+        clusters.contains("\"upstream_connections\": 2"),
+        "one multiplexed connection per endpoint: {clusters}"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_stream_both_ways() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    // 16 MiB in 64 KiB chunks, streamed (no Content-Length).
+    let body = Chunks {
+        chunk: Bytes::from(vec![7u8; 64 * 1024]),
+        left: 256,
+    };
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = Request::post(format!("http://{addr}/echo"))
+        .body(body)
+        .expect("request");
+    let resp = client.request(req).await.expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut total = 0usize;
+    let mut body = resp.into_body();
+    while let Some(frame) = body.frame().await {
+        if let Ok(d) = frame.expect("frame").into_data() {
+            assert!(d.iter().all(|&b| b == 7));
+            total += d.len();
+        }
+    }
+    assert_eq!(total, 16 * 1024 * 1024);
+    p.shutdown().await;
+}
+
+/// A request body of `left` chunks, sent one by one (no Content-Length).
+struct Chunks {
+    chunk: Bytes,
+    left: usize,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= 1;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(self.chunk.clone()))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_map_to_the_right_status() {
+    let bs = backends(1).await;
+    // A port with nothing listening: bind, learn the port, close.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - {{ match: {{ path_prefix: /dead }}, cluster: dead }}\n      - {{ match: {{ path_prefix: /empty }}, cluster: empty }}\n      - {{ match: {{ path_prefix: /fallback }}, cluster: fallback }}\n      - {{ cluster: slow }}\nclusters:\n  - name: dead\n    endpoints: [{{ address: \"{dead}\" }}]\n    retries: {{ count: 0 }}\n  - name: empty\n    endpoints: []\n  - name: fallback\n    endpoints: []\n    fallback: {{ status: 200, body: \"sorry, later\\n\" }}\n  - name: slow\n    endpoints: [{{ address: \"{}\" }}]\n    timeouts: {{ request: 200ms }}\n",
+        bs[0].local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    assert_eq!(get(&c, addr, "/dead", &[]).await.0, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        get(&c, addr, "/empty", &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let (s, _, body) = get(&c, addr, "/fallback", &[]).await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, "sorry, later\n"));
+    assert_eq!(
+        get(&c, addr, "/?delay_ms=1000", &[]).await.0,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    assert_eq!(get(&c, addr, "/?delay_ms=10", &[]).await.0, StatusCode::OK);
+    let (_, metrics) = admin(&p, "/metrics").await;
+    for reason in ["connect_failed", "no_endpoint", "fallback", "timeout"] {
+        assert!(
+            metrics.contains(&format!("reason=\"{reason}\"")),
+            "{reason}: {metrics}"
+        );
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_and_request_ids() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let c = client();
+    let req = Request::get(format!("http://{addr}/"))
+        .header("x-request-id", "abc-123")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = c.request(req).await.expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (_, pick) = admin(&p, "/pick?cluster=c&key=alice").await;
+    assert!(pick.contains(&bs[0].local_addr().to_string()), "{pick}");
+    let (s, _) = admin(&p, "/pick?cluster=nope").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = admin(&p, "/ready").await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, cfg) = admin(&p, "/config").await;
+    assert!(cfg.contains("\"policy\": \"round_robin\""), "{cfg}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_reloads_under_load_fail_no_request() {
+    let bs = backends(3).await;
+    let yaml = config(&bs, "");
+    let (p, addr) = proxy(&yaml).await;
+    let p = std::sync::Arc::new(p);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let c = client();
+            let (mut ok, mut failed) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match get(&c, addr, "/", &[]).await.0 {
+                    StatusCode::OK => ok += 1,
+                    _ => failed += 1,
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    let listen = addr.to_string();
+    for i in 0..100 {
+        // Alternate policies and weights; keep the listener's address.
+        let policy = ["round_robin", "least_request", "p2c", "maglev"][i % 4];
+        let next = yaml
+            .replacen(
+                "address: \"127.0.0.1:0\"\n    routes",
+                &format!("address: \"{listen}\"\n    routes"),
+                1,
+            )
+            .replace(
+                "    endpoints:\n",
+                &format!("    balancer: {{ policy: {policy} }}\n    endpoints:\n"),
+            );
+        let cfg = ProxyConfig::parse(&next, "reload.yaml").expect("valid");
+        p.reload(cfg).await.expect("reload");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for t in load {
+        let (o, f) = t.await.expect("task");
+        ok += o;
+        failed += f;
+    }
+    assert_eq!(failed, 0, "{ok} ok");
+    assert!(ok > 100, "load ran during the reloads: {ok}");
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(
+        metrics.contains("meshless_proxy_reloads_total{result=\"success\"} 100"),
+        "{metrics}"
+    );
+    // A reload that cannot bind keeps the running config.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let bad = yaml.replacen(
+        "127.0.0.1:0\"\n    routes",
+        &format!("{}\"\n    routes", taken.local_addr().expect("addr")),
+        1,
+    );
+    assert!(
+        p.reload(ProxyConfig::parse(&bad, "bad.yaml").expect("valid"))
+            .await
+            .is_err()
+    );
+    assert_eq!(get(&client(), addr, "/", &[]).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_endpoint_state_and_moves_listeners() {
+    let bs = backends(2).await;
+    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 2, base_ejection_time: 60s, max_ejection_percent: 50 }\n";
+    let yaml = config(&bs, extra);
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    bs[0].set_failing(true);
+    for _ in 0..6 {
+        get(&c, addr, "/", &[]).await;
+    }
+    // A renamed listener: the old one closes, the new one opens; the ejection survives.
+    let cfg =
+        ProxyConfig::parse(&yaml.replace("name: web", "name: web2"), "reload.yaml").expect("valid");
+    p.reload(cfg).await.expect("reload");
+    assert!(p.listener_addr("web").await.is_none());
+    let addr2 = p.listener_addr("web2").await.expect("listener");
+    assert_ne!(addr, addr2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "old listener closed"
+    );
+    for _ in 0..6 {
+        let (s, b, _) = get(&client(), addr2, "/", &[]).await;
+        assert_eq!(
+            (s, b.as_str()),
+            (StatusCode::OK, "b1"),
+            "b0 stays ejected across the reload"
+        );
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuit_breaker_sheds_excess_requests() {
+    let bs = backends(1).await;
+    let extra = "    circuit_breakers: { max_requests: 2 }\n";
+    let (p, addr) = proxy(&config(&bs, extra)).await;
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        tasks.push(tokio::spawn(async move {
+            get(&client(), addr, "/?delay_ms=300", &[]).await.0
+        }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.expect("task"));
+    }
+    assert_eq!(
+        codes.iter().filter(|&&s| s == StatusCode::OK).count(),
+        2,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes
+            .iter()
+            .filter(|&&s| s == StatusCode::SERVICE_UNAVAILABLE)
+            .count(),
+        4,
+        "{codes:?}"
+    );
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(metrics.contains("limit=\"max_requests\""), "{metrics}");
+    p.shutdown().await;
+}
