@@ -9,6 +9,7 @@
 //! | `/admin/recover` | leaves failing mode |
 //! | `/status/NNN` | answers status NNN |
 //! | `/echo` | streams the request body back |
+//! | `/upgrade` | with `Upgrade: X`, switches protocols (101) and echoes bytes |
 //! | anything else | 200 with body `NAME\n` |
 //!
 //! Every response carries `x-backend: NAME`. A `delay_ms=N` query parameter
@@ -172,8 +173,31 @@ fn full(text: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    state: Arc<State>,
+    mut req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     state.requests.fetch_add(1, Ordering::Relaxed);
+    if req.uri().path() == "/upgrade"
+        && let Some(protocol) = req.headers().get(http::header::UPGRADE).cloned()
+    {
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+        let mut resp = Response::new(full(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut().insert(http::header::UPGRADE, protocol);
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("upgrade"),
+        );
+        resp.headers_mut().insert("x-backend", state.header.clone());
+        return Ok(resp);
+    }
     let delay = req
         .uri()
         .query()

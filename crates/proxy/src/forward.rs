@@ -374,6 +374,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|h| !(upgrading && h == header::UPGRADE))
         .collect();
     for h in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(h);

@@ -431,3 +431,33 @@ async fn circuit_breaker_sheds_excess_requests() {
     assert!(metrics.contains("limit=\"max_requests\""), "{metrics}");
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_is_passed_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        b"GET /upgrade HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.expect("read head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    s.write_all(b"hello through the proxy")
+        .await
+        .expect("write");
+    let mut echoed = [0u8; 23];
+    s.read_exact(&mut echoed).await.expect("echo");
+    assert_eq!(&echoed, b"hello through the proxy");
+    drop(s);
+    p.shutdown().await;
+}

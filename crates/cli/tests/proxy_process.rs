@@ -1,0 +1,240 @@
+//! `meshless proxy` and `meshless backend` as real processes: config
+//! checks, SIGHUP and --watch reloads, SIGTERM draining.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+fn meshless() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_meshless"))
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns status and body.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        sleep(Duration::from_millis(50));
+    }
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+}
+
+fn start_backend(name: &str) -> (Running, SocketAddr) {
+    let addr = free_port();
+    let child = meshless()
+        .args(["backend", "--listen", &addr.to_string(), "--name", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn backend");
+    wait_until("backend", || TcpStream::connect(addr).is_ok());
+    (Running(child), addr)
+}
+
+fn write_config(
+    dir: &Path,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    backend: SocketAddr,
+    body: &str,
+) -> PathBuf {
+    let path = dir.join("proxy.yaml");
+    let yaml = format!(
+        "admin: {{ address: \"{admin}\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"{listen}\"\n    routes:\n      - {{ match: {{ path: /gone }}, cluster: empty }}\n      - {{ cluster: app }}\nclusters:\n  - name: app\n    endpoints: [{{ address: \"{backend}\" }}]\n  - name: empty\n    endpoints: []\n    fallback: {{ status: 200, body: \"{body}\" }}\n"
+    );
+    std::fs::write(&path, yaml).expect("write config");
+    path
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("meshless-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[test]
+fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
+    let dir = temp_dir("check");
+    let path = write_config(&dir, free_port(), free_port(), free_port(), "v1");
+    let out = meshless()
+        .args(["proxy", "--check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(
+        &path,
+        text.replace(
+            "name: app\n",
+            "name: app\n    balancer: { policy: fastest }\n",
+        ),
+    )
+    .expect("write");
+    let out = meshless()
+        .args(["proxy", "--check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("proxy.yaml: clusters[0].balancer.policy: unknown policy \"fastest\""),
+        "{err}"
+    );
+    std::fs::write(&path, text.replace("drain_timeout", "drain_timeot")).expect("write");
+    let out = meshless()
+        .args(["proxy", "--check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("drain_timeot"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sighup_and_watch_reload_and_sigterm_drains() {
+    let (_backend, backend) = start_backend("app-1");
+    let dir = temp_dir("reload");
+    let (listen, admin) = (free_port(), free_port());
+    let path = write_config(&dir, listen, admin, backend, "v1");
+    let child = meshless()
+        .args(["proxy", "--watch", "--threads", "2", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn proxy");
+    let mut proxy = Running(child);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    assert_eq!(http_get(listen, "/").expect("get"), (200, "app-1\n".into()));
+    assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
+
+    // SIGHUP with a new file.
+    write_config(&dir, listen, admin, backend, "v2");
+    signal(&proxy.0, "-HUP");
+    wait_until("SIGHUP reload", || {
+        http_get(listen, "/gone").is_ok_and(|r| r.1 == "v2")
+    });
+
+    // An invalid file is rejected; the running config stays.
+    std::fs::write(&path, "listeners: [").expect("write");
+    signal(&proxy.0, "-HUP");
+    wait_until("failed reload counted", || {
+        http_get(admin, "/metrics")
+            .is_ok_and(|(_, m)| m.contains("meshless_proxy_reloads_total{result=\"failure\"}"))
+    });
+    assert_eq!(http_get(listen, "/gone").expect("get").1, "v2");
+
+    // --watch picks up a change without a signal.
+    write_config(&dir, listen, admin, backend, "v3");
+    wait_until("watch reload", || {
+        http_get(listen, "/gone").is_ok_and(|r| r.1 == "v3")
+    });
+
+    // SIGTERM while a slow request is in flight: it completes, then exit 0.
+    let slow = std::thread::spawn(move || http_get(listen, "/?delay_ms=1000"));
+    sleep(Duration::from_millis(300));
+    signal(&proxy.0, "-TERM");
+    let (status, body) = slow.join().expect("thread").expect("slow request");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "app-1\n"),
+        "in-flight request drained"
+    );
+    let exit = proxy.0.wait().expect("wait");
+    assert!(exit.success(), "exit status {exit:?}");
+    assert!(TcpStream::connect(listen).is_err(), "listener closed");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The README's main command: three backends and a proxy on fixed ports.
+#[test]
+fn demo_serves_round_robin_affinity_and_admin() {
+    let child = meshless()
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn demo");
+    let mut demo = Running(child);
+    let admin: SocketAddr = "127.0.0.1:9901".parse().expect("addr");
+    let web: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+    wait_until("demo ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    let names: Vec<String> = (0..3).map(|_| http_get(web, "/").expect("get").1).collect();
+    assert_eq!(names, ["backend-1\n", "backend-2\n", "backend-3\n"]);
+    let (_, pick) = http_get(admin, "/pick?cluster=sticky&key=alice").expect("pick");
+    assert!(pick.contains("\"cluster\": \"sticky\""), "{pick}");
+    signal(&demo.0, "-TERM");
+    assert!(demo.0.wait().expect("wait").success());
+    let mut out = String::new();
+    if let Some(mut stdout) = demo.0.stdout.take() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    assert!(
+        out.contains("curl -s http://127.0.0.1:8080/"),
+        "prints what to try: {out}"
+    );
+}
