@@ -24,7 +24,13 @@ pub struct RingHash {
     hashes: Vec<u64>,
     owners: Vec<u32>,
     members: Vec<u32>,
+    /// `index[b]` = first ring position whose hash has top bits >= `b`
+    /// (`INDEX_BITS` bits), so a lookup binary-searches one small bucket.
+    index: Vec<u32>,
 }
+
+/// Bits of the hash that select a bucket of the lookup index.
+const INDEX_BITS: u32 = 16;
 
 /// The ring size used when none is configured: `160 x endpoints`, clamped
 /// to `MIN_AUTO_RING..=MAX_AUTO_RING`.
@@ -55,10 +61,20 @@ impl RingHash {
             }
         }
         points.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let hashes: Vec<u64> = points.iter().map(|p| p.0).collect();
+        let mut index = Vec::with_capacity((1 << INDEX_BITS) + 1);
+        let mut pos = 0usize;
+        for bucket in 0..=(1u64 << INDEX_BITS) {
+            while pos < hashes.len() && (hashes[pos] >> (64 - INDEX_BITS)) < bucket {
+                pos += 1;
+            }
+            index.push(pos as u32);
+        }
         Self {
-            hashes: points.iter().map(|p| p.0).collect(),
+            hashes,
             owners: points.iter().map(|p| p.2).collect(),
             members: members.to_vec(),
+            index,
         }
     }
 }
@@ -69,7 +85,9 @@ impl HashTable for RingHash {
     }
 
     fn home_position(&self, key: u64) -> usize {
-        let p = self.hashes.partition_point(|&h| h < key);
+        let bucket = (key >> (64 - INDEX_BITS)) as usize;
+        let (lo, hi) = (self.index[bucket] as usize, self.index[bucket + 1] as usize);
+        let p = lo + self.hashes[lo..hi].partition_point(|&h| h < key);
         if p == self.hashes.len() { 0 } else { p }
     }
 
@@ -81,5 +99,26 @@ impl HashTable for RingHash {
 impl Balancer for RingHash {
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
         pick_hashed(self, &self.members, view, ctx.key.unwrap_or(ctx.entropy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The bucket index finds the same position as a search of the whole ring.
+        #[test]
+        fn indexed_lookup_equals_full_search(n in 1usize..50, keys in prop::collection::vec(any::<u64>(), 100)) {
+            let ids: Vec<String> = (0..n).map(|i| format!("ep-{i}")).collect();
+            let members: Vec<u32> = (0..n as u32).collect();
+            let ring = RingHash::new(&members, |m| ids[m as usize].as_str(), |_| 1, auto_ring_size(n));
+            for k in keys.into_iter().chain([0, u64::MAX, ring.hashes[0], *ring.hashes.last().unwrap_or(&0)]) {
+                let full = ring.hashes.partition_point(|&h| h < k);
+                let full = if full == ring.hashes.len() { 0 } else { full };
+                prop_assert_eq!(ring.home_position(k), full);
+            }
+        }
     }
 }
