@@ -461,3 +461,98 @@ async fn upgrade_is_passed_through() {
     drop(s);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_on_5xx_hide_a_failing_backend_and_are_counted() {
+    let bs = backends(3).await;
+    let extra = "    retries: { count: 2, on: [5xx] }\n    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n";
+    let (p, addr) = proxy(&config(&bs, extra)).await;
+    bs[2].set_failing(true);
+    let c = client();
+    for _ in 0..30 {
+        let (s, b, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_ne!(b, "b2");
+    }
+    let (_, metrics) = admin(&p, "/metrics").await;
+    let retries: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("meshless_proxy_retries_total{cluster=\"c\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("retries counted");
+    // Every request first sent to b2 was retried (round robin sends about a third there).
+    assert!(retries >= 10, "{retries} retries");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locality_keeps_traffic_in_the_proxy_zone() {
+    let bs = backends(3).await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nnode: {{ name: n1, zone: z1 }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    locality: {{ min_healthy_share: 0.5 }}\n    endpoints:\n      - {{ address: \"{}\", zone: z1 }}\n      - {{ address: \"{}\", zone: z2 }}\n      - {{ address: \"{}\", zone: z2 }}\n",
+        bs[0].local_addr(),
+        bs[1].local_addr(),
+        bs[2].local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    for _ in 0..10 {
+        assert_eq!(get(&c, addr, "/", &[]).await.1, "b0", "same zone first");
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_writes_one_json_line_per_request() {
+    let bs = backends(1).await;
+    let path = std::env::temp_dir().join(format!("meshless-access-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let yaml = config(&bs, "").replacen(
+        "drain_timeout: 5s\n",
+        &format!("drain_timeout: 5s\naccess_log: \"{}\"\n", path.display()),
+        1,
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    get(&c, addr, "/hello?x=1", &[("x-request-id", "req-42")]).await;
+    get(&c, addr, "/status/503", &[]).await;
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        lines = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let first: serde_json::Value = serde_json::from_str(&lines[0]).expect("json line");
+    for key in [
+        "time",
+        "listener",
+        "route",
+        "cluster",
+        "endpoint",
+        "method",
+        "path",
+        "status",
+        "bytes",
+        "duration_ms",
+        "request_id",
+        "attempts",
+    ] {
+        assert!(first.get(key).is_some(), "missing {key}: {first}");
+    }
+    assert_eq!(first["request_id"], "req-42");
+    assert_eq!(first["path"], "/hello");
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["bytes"], 3);
+    assert_eq!(first["endpoint"], bs[0].local_addr().to_string());
+    let second: serde_json::Value = serde_json::from_str(&lines[1]).expect("json line");
+    assert_eq!(second["status"], 503);
+    p.shutdown().await;
+    let _ = std::fs::remove_file(&path);
+}
