@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Side-by-side proxy benchmark on 127.0.0.1: direct / HAProxy / nginx /
+# meshless in front of one nginx backend, each proxy with one worker thread.
+# Prints a Markdown table of medians over REPEATS runs, with meshless/HAProxy
+# ratios. Needs root (apt-get) on Debian; takes about 10 minutes.
+#
+#   bench/proxy-peers.sh                 # everything
+#   DURATION=3 REPEATS=1 bench/proxy-peers.sh   # a quick look
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for tool in haproxy:haproxy nginx:nginx-light wrk:wrk h2load:nghttp2-client python3:python3; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
+done
+if ((${#need[@]})); then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# Debian starts packaged services on install: stop them, they are not ours.
+(service nginx stop; service haproxy stop) >/dev/null 2>&1 || true
+
+cargo build --release -q -p meshless
+ulimit -n "$(ulimit -Hn)"
+
+exec python3 bench/proxy_peers.py "$@"
