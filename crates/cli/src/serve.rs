@@ -48,14 +48,20 @@ pub struct BackendArgs {
     pub startup_delay: Duration,
 }
 
+/// The async runtime: one thread runs everything with `--threads 1` (no
+/// cross-thread scheduling, as a single HAProxy or nginx worker does);
+/// otherwise a work-stealing pool of `threads` workers (default: cores).
 fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        if n == 0 {
-            bail!("--threads: must be at least 1");
+    let mut b = match threads {
+        Some(0) => bail!("--threads: must be at least 1"),
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
         }
-        b.worker_threads(n);
-    }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     b.enable_all().build().context("starting the runtime")
 }
 

@@ -37,7 +37,7 @@ pub struct Completion {
     pub listener: Arc<str>,
     pub route: Arc<str>,
     pub cluster: Arc<str>,
-    pub endpoint: String,
+    pub endpoint: Arc<str>,
     pub method: http::Method,
     pub path: String,
     pub status: u16,
@@ -60,24 +60,30 @@ impl Completion {
         let elapsed = self.started.elapsed();
         let metrics = &self.state.metrics;
         let class = if broken {
-            "reset".to_owned()
+            "reset"
         } else {
-            format!("{}xx", self.status / 100)
+            match self.status / 100 {
+                1 => "1xx",
+                2 => "2xx",
+                3 => "3xx",
+                4 => "4xx",
+                _ => "5xx",
+            }
         };
         metrics
             .requests
             .get_or_create(&RequestLabels {
-                listener: self.listener.to_string(),
-                cluster: self.cluster.to_string(),
-                endpoint: self.endpoint.clone(),
+                listener: Arc::clone(&self.listener),
+                cluster: Arc::clone(&self.cluster),
+                endpoint: Arc::clone(&self.endpoint),
                 class,
             })
             .inc();
         metrics
             .request_duration
             .get_or_create(&RouteLabels {
-                listener: self.listener.to_string(),
-                cluster: self.cluster.to_string(),
+                listener: Arc::clone(&self.listener),
+                cluster: Arc::clone(&self.cluster),
             })
             .observe(elapsed.as_secs_f64());
         let logger = self.state.access_log.load();

@@ -37,6 +37,12 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The label of a field not known (yet) for a request.
+fn unknown() -> Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));
+    Arc::clone(&UNKNOWN)
+}
+
 /// Handles one downstream request on `listener`.
 pub async fn handle(
     state: Arc<ProxyState>,
@@ -56,9 +62,9 @@ pub async fn handle(
     let mut done = Completion {
         state: Arc::clone(&state),
         listener: Arc::clone(&listener),
-        route: Arc::from("-"),
-        cluster: Arc::from("-"),
-        endpoint: "-".to_owned(),
+        route: unknown(),
+        cluster: unknown(),
+        endpoint: unknown(),
         method: req.method().clone(),
         path: req.uri().path().to_owned(),
         status: 0,
@@ -116,12 +122,13 @@ pub async fn handle(
     if let Some(k) = key {
         ctx = ctx.with_key(k);
     }
-    let upstream_headers = forwarded_headers(
+    let upgrading = downstream_upgrade.is_some();
+    let mut first_headers = Some(forwarded_headers(
         &parts.headers,
         client,
         &done.request_id,
-        downstream_upgrade.is_some(),
-    );
+        upgrading,
+    ));
     let retries = &cluster.config.retries;
     let replayable = body.is_end_stream()
         && downstream_upgrade.is_none()
@@ -138,7 +145,7 @@ pub async fn handle(
         };
         let index = guard.index();
         tried[(attempt as usize - 1) % tried.len()] = index;
-        done.endpoint = guard.endpoint_id().to_string();
+        done.endpoint = Arc::clone(&cluster.endpoint_labels[index]);
         if counters.pending.load(Ordering::Relaxed) >= u64::from(breakers.max_pending) {
             guard.set_outcome(Outcome::Cancelled);
             overflow(&state, &cluster, "max_pending");
@@ -153,19 +160,22 @@ pub async fn handle(
             Some(b) => b,
             None => Empty::new().map_err(|never| match never {}).boxed(),
         };
-        let upstream_req =
-            match build_request(&parts, &upstream_headers, &cluster, index, upstream_body) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot build upstream request");
-                    return Ok(local(
-                        done,
-                        StatusCode::BAD_REQUEST,
-                        "bad request\n",
-                        "bad_request",
-                    ));
-                }
-            };
+        // The first attempt takes the prepared headers; a retry prepares them again.
+        let headers = first_headers.take().unwrap_or_else(|| {
+            forwarded_headers(&parts.headers, client, &done.request_id, upgrading)
+        });
+        let upstream_req = match build_request(&parts, headers, &cluster, index, upstream_body) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build upstream request");
+                return Ok(local(
+                    done,
+                    StatusCode::BAD_REQUEST,
+                    "bad request\n",
+                    "bad_request",
+                ));
+            }
+        };
         counters.pending.fetch_add(1, Ordering::Relaxed);
         if retrying {
             counters.active_retries.fetch_add(1, Ordering::Relaxed);
@@ -412,7 +422,7 @@ fn forwarded_headers(
 
 fn build_request(
     parts: &http::request::Parts,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     cluster: &UpstreamCluster,
     index: usize,
     body: UpstreamBody,
@@ -426,7 +436,7 @@ fn build_request(
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
-    *req.headers_mut() = headers.clone();
+    *req.headers_mut() = headers;
     if !req.headers().contains_key(header::HOST)
         && let Some(a) = parts.uri.authority()
         && let Ok(v) = HeaderValue::from_str(a.as_str())

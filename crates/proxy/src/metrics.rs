@@ -1,5 +1,7 @@
 //! Prometheus metrics of the proxy, in one explicit registry (no globals).
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -7,20 +9,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Labels of a finished request.
+/// Labels of a finished request. Shared strings, so building the label set
+/// on the request path allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub listener: String,
-    pub cluster: String,
-    pub endpoint: String,
-    pub class: String,
+    pub listener: Arc<str>,
+    pub cluster: Arc<str>,
+    pub endpoint: Arc<str>,
+    pub class: &'static str,
 }
 
 /// Labels of a request duration.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub listener: String,
-    pub cluster: String,
+    pub listener: Arc<str>,
+    pub cluster: Arc<str>,
 }
 
 /// Labels naming one cluster.

@@ -22,6 +22,8 @@ pub struct UpstreamCluster {
     pub lb: Cluster,
     /// `ip:port` of each endpoint, by balancer index.
     pub authorities: Vec<Authority>,
+    /// Endpoint ids as shared strings (metric labels), by balancer index.
+    pub endpoint_labels: Vec<Arc<str>>,
     pub client: UpstreamClient,
     pub pool_key: PoolKey,
     pub counters: Arc<ClusterCounters>,
@@ -53,6 +55,11 @@ impl UpstreamCluster {
                 Authority::try_from(addr.to_string()).map_err(|e| e.to_string())
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let endpoint_labels = lb
+            .endpoints()
+            .iter()
+            .map(|e| Arc::from(e.id.as_str()))
+            .collect();
         let counters = previous.map_or_else(Default::default, |p| Arc::clone(&p.counters));
         counters
             .max_connections
@@ -67,6 +74,7 @@ impl UpstreamCluster {
             config: config.clone(),
             lb,
             authorities,
+            endpoint_labels,
             client,
             pool_key,
             counters,
