@@ -1,0 +1,3 @@
+//! The meshless control plane.
+
+pub mod reconciler;
