@@ -1,3 +1,7 @@
-//! The meshless control plane.
+//! The meshless control plane: the registry of services and endpoints, the
+//! slice reconciler, the embedded store, the registration API and endpoint
+//! distribution to proxies.
 
 pub mod reconciler;
+pub mod registry;
+pub mod store;

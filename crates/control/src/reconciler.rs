@@ -70,6 +70,31 @@ impl SliceSet {
         }
     }
 
+    /// Rebuilds a set from stored slices (name and endpoints). Names seen
+    /// are never handed out again: new names continue after `next_suffix`.
+    pub fn restore(
+        prefix: impl Into<String>,
+        max_per_slice: usize,
+        next_suffix: u64,
+        stored: impl IntoIterator<Item = (String, Vec<Endpoint>)>,
+    ) -> Self {
+        let mut set = Self::new(prefix, max_per_slice);
+        set.next_suffix = next_suffix;
+        for (name, endpoints) in stored {
+            let endpoints: BTreeMap<EndpointId, Endpoint> =
+                endpoints.into_iter().map(|e| (e.id.clone(), e)).collect();
+            if !endpoints.is_empty() {
+                set.slices.insert(name.clone(), Slice { name, endpoints });
+            }
+        }
+        set
+    }
+
+    /// The suffix the next new slice name will get.
+    pub fn next_suffix(&self) -> u64 {
+        self.next_suffix
+    }
+
     /// The slices, by name.
     pub fn slices(&self) -> impl Iterator<Item = &Slice> {
         self.slices.values()
@@ -136,8 +161,10 @@ impl SliceSet {
                 updated.insert(slice.name.clone());
             }
         }
-        let mut remaining: Vec<(&EndpointId, &Endpoint)> =
-            desired.iter().filter(|(id, _)| !placed.contains(*id)).collect();
+        let mut remaining: Vec<(&EndpointId, &Endpoint)> = desired
+            .iter()
+            .filter(|(id, _)| !placed.contains(*id))
+            .collect();
 
         // 2. Fill the slices already being updated, fullest first.
         let mut order: Vec<String> = updated.iter().cloned().collect();
@@ -145,7 +172,9 @@ impl SliceSet {
         for name in &order {
             let slice = self.slices.get_mut(name).expect("listed slice exists");
             while slice.endpoints.len() < max {
-                let Some((id, ep)) = remaining.pop() else { break };
+                let Some((id, ep)) = remaining.pop() else {
+                    break;
+                };
                 slice.endpoints.insert(id.clone(), ep.clone());
             }
         }
@@ -183,7 +212,10 @@ impl SliceSet {
         let mut changes = SliceChanges::default();
         let mut reusable = emptied.into_iter();
         for chunk in fresh {
-            let endpoints = chunk.into_iter().map(|(id, ep)| (id.clone(), ep.clone())).collect();
+            let endpoints = chunk
+                .into_iter()
+                .map(|(id, ep)| (id.clone(), ep.clone()))
+                .collect();
             match reusable.next() {
                 Some(name) => {
                     let slice = self.slices.get_mut(&name).expect("emptied slice exists");
@@ -192,7 +224,13 @@ impl SliceSet {
                 }
                 None => {
                     let name = self.new_name();
-                    self.slices.insert(name.clone(), Slice { name: name.clone(), endpoints });
+                    self.slices.insert(
+                        name.clone(),
+                        Slice {
+                            name: name.clone(),
+                            endpoints,
+                        },
+                    );
                     changes.created.push(name);
                 }
             }
@@ -236,7 +274,11 @@ impl SliceSet {
                 .map(|s| s.name.clone());
             let Some(dest) = dest else { continue };
             let moved = std::mem::take(&mut self.slices.get_mut(&name).expect("exists").endpoints);
-            self.slices.get_mut(&dest).expect("exists").endpoints.extend(moved);
+            self.slices
+                .get_mut(&dest)
+                .expect("exists")
+                .endpoints
+                .extend(moved);
             self.slices.remove(&name);
             updated.remove(&name);
             changes.deleted.push(name);
@@ -268,7 +310,11 @@ mod tests {
     fn check(set: &SliceSet, want: &BTreeMap<EndpointId, Endpoint>) -> Result<(), TestCaseError> {
         let mut seen = BTreeMap::new();
         for s in set.slices() {
-            prop_assert!(s.endpoints.len() <= set.max_per_slice(), "slice {} too big", s.name);
+            prop_assert!(
+                s.endpoints.len() <= set.max_per_slice(),
+                "slice {} too big",
+                s.name
+            );
             prop_assert!(!s.endpoints.is_empty(), "empty slice {}", s.name);
             for (id, e) in &s.endpoints {
                 prop_assert!(seen.insert(id.clone(), e.clone()).is_none(), "{} twice", id);
@@ -346,10 +392,13 @@ mod tests {
         let want = desired(0..24); // 3 full slices
         set.reconcile(&want);
         // Remove most endpoints from two slices: they become sparse.
-        let keep: BTreeMap<_, _> = want.into_iter().filter(|(id, _)| {
-            let i: u32 = id.as_str()[4..].parse().unwrap_or(0);
-            i < 9 || i == 23
-        }).collect();
+        let keep: BTreeMap<_, _> = want
+            .into_iter()
+            .filter(|(id, _)| {
+                let i: u32 = id.as_str()[4..].parse().unwrap_or(0);
+                i < 9 || i == 23
+            })
+            .collect();
         set.reconcile(&keep);
         let before = set.len();
         let c = set.compact();

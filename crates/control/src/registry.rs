@@ -1,0 +1,725 @@
+//! The registry: the desired state of every service (spec, endpoints,
+//! slices) with a version that grows on every write, persisted write by
+//! write, and the deltas that writes produce for distribution.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use meshless_model::{Conditions, Endpoint, EndpointId, MAX_WEIGHT};
+use serde::{Deserialize, Serialize};
+
+use crate::reconciler::{SliceChanges, SliceSet};
+use crate::store::{Store, StoreError, WriteBatch};
+
+/// Longest accepted endpoint TTL.
+pub const MAX_TTL_SECONDS: u64 = 24 * 3600;
+
+/// One port of a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePort {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub port: u16,
+    #[serde(default = "tcp")]
+    pub protocol: String,
+}
+
+fn tcp() -> String {
+    "TCP".into()
+}
+
+/// What a service is, apart from its endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+}
+
+impl ServiceSpec {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A service as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    pub spec: ServiceSpec,
+    pub version: u64,
+    pub next_slice: u64,
+}
+
+/// An endpoint as stored: the endpoint and its optional TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEndpoint {
+    pub endpoint: Endpoint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// An endpoint as the registration API accepts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointInput {
+    pub id: String,
+    pub addresses: Vec<IpAddr>,
+    pub port: u16,
+    #[serde(default = "one")]
+    pub weight: u32,
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub conditions: Conditions,
+    /// Seconds until the endpoint is removed unless renewed (as Consul's TTL checks).
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl EndpointInput {
+    fn into_stored(self) -> StoredEndpoint {
+        StoredEndpoint {
+            endpoint: Endpoint {
+                id: EndpointId::new(self.id),
+                addresses: self.addresses,
+                port: self.port,
+                weight: self.weight,
+                zone: self.zone,
+                node: self.node,
+                conditions: self.conditions,
+            },
+            ttl_seconds: self.ttl_seconds,
+        }
+    }
+}
+
+/// A rejected write; nothing was stored.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("unknown service {0:?}")]
+    UnknownService(String),
+    #[error("service {service:?} has no endpoint {id:?}")]
+    UnknownEndpoint { service: String, id: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> RegistryError {
+    RegistryError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// What changed in one service, for distribution: endpoints (with the
+/// slice now holding them) and removed ids. `reset` means the receiver
+/// replaces its whole view of the service with `upserted`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceDelta {
+    pub service: String,
+    pub version: u64,
+    pub upserted: Vec<(Endpoint, String)>,
+    pub removed: Vec<EndpointId>,
+    pub reset: bool,
+}
+
+/// One service's live state.
+#[derive(Debug)]
+struct Service {
+    spec: ServiceSpec,
+    version: u64,
+    endpoints: BTreeMap<EndpointId, StoredEndpoint>,
+    expires: HashMap<EndpointId, Instant>,
+    slices: SliceSet,
+    /// Endpoints changed since the last reconcile.
+    dirty: BTreeSet<EndpointId>,
+    last_change: Instant,
+    compacted_since_change: bool,
+}
+
+/// A service with its endpoints and slices, as the API returns it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceView {
+    pub namespace: String,
+    pub name: String,
+    pub ports: Vec<ServicePort>,
+    pub version: u64,
+    pub endpoints: Vec<EndpointView>,
+    pub slices: Vec<SliceView>,
+}
+
+/// An endpoint in a [`ServiceView`].
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointView {
+    #[serde(flatten)]
+    pub endpoint: Endpoint,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    pub slice: Option<String>,
+}
+
+/// A slice in a [`ServiceView`].
+#[derive(Debug, Clone, Serialize)]
+pub struct SliceView {
+    pub name: String,
+    pub endpoints: Vec<String>,
+}
+
+/// Every service, versioned and persisted.
+#[derive(Debug)]
+pub struct Registry {
+    version: u64,
+    services: BTreeMap<String, Service>,
+    store: Option<Store>,
+    max_per_slice: usize,
+}
+
+fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryError> {
+    let ok = !value.is_empty()
+        && value.len() <= max
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!(
+                "{value:?} must be 1..={max} lowercase letters, digits, '-' or '.', not starting or ending with '-'"
+            ),
+        ))
+    }
+}
+
+impl Registry {
+    /// An empty registry, persisted to `store` when given (its contents are loaded).
+    pub fn open(store: Option<Store>, max_per_slice: usize) -> Result<Self, RegistryError> {
+        let mut reg = Self {
+            version: 0,
+            services: BTreeMap::new(),
+            store: None,
+            max_per_slice,
+        };
+        if let Some(store) = &store {
+            let loaded = store.load()?;
+            reg.version = loaded.version;
+            let now = Instant::now();
+            let mut endpoints: HashMap<String, Vec<StoredEndpoint>> = HashMap::new();
+            for (svc, ep) in loaded.endpoints {
+                endpoints.entry(svc).or_default().push(ep);
+            }
+            let mut slices: HashMap<String, Vec<(String, Vec<EndpointId>)>> = HashMap::new();
+            for (svc, name, ids) in loaded.slices {
+                slices.entry(svc).or_default().push((name, ids));
+            }
+            for rec in loaded.services {
+                let key = rec.spec.key();
+                let eps: BTreeMap<EndpointId, StoredEndpoint> = endpoints
+                    .remove(&key)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| (e.endpoint.id.clone(), e))
+                    .collect();
+                let stored_slices =
+                    slices
+                        .remove(&key)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(name, ids)| {
+                            let members = ids
+                                .iter()
+                                .filter_map(|id| eps.get(id).map(|e| e.endpoint.clone()))
+                                .collect();
+                            (name, members)
+                        });
+                let slices = SliceSet::restore(
+                    rec.spec.name.clone(),
+                    max_per_slice,
+                    rec.next_slice,
+                    stored_slices,
+                );
+                // A restart grants every TTL a fresh period.
+                let expires = eps
+                    .iter()
+                    .filter_map(|(id, e)| {
+                        e.ttl_seconds
+                            .map(|t| (id.clone(), now + Duration::from_secs(t)))
+                    })
+                    .collect();
+                let dirty = eps.keys().cloned().collect();
+                reg.services.insert(
+                    key,
+                    Service {
+                        spec: rec.spec,
+                        version: rec.version,
+                        endpoints: eps,
+                        expires,
+                        slices,
+                        dirty,
+                        last_change: now,
+                        compacted_since_change: false,
+                    },
+                );
+            }
+            // Slices written before a crash but after their endpoints: settle now.
+            let keys: Vec<String> = reg.services.keys().cloned().collect();
+            reg.store = None;
+            for k in keys {
+                if let Some(s) = reg.services.get_mut(&k) {
+                    s.slices.reconcile(
+                        &s.endpoints
+                            .iter()
+                            .map(|(id, e)| (id.clone(), e.endpoint.clone()))
+                            .collect(),
+                    );
+                    s.dirty.clear();
+                }
+            }
+        }
+        reg.store = store;
+        Ok(reg)
+    }
+
+    /// The current version: bumped by every write.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Service keys.
+    pub fn service_keys(&self) -> Vec<String> {
+        self.services.keys().cloned().collect()
+    }
+
+    fn commit(&self, batch: &WriteBatch) -> Result<(), RegistryError> {
+        if let Some(store) = &self.store {
+            store.apply(batch)?;
+        }
+        Ok(())
+    }
+
+    fn record(s: &Service) -> ServiceRecord {
+        ServiceRecord {
+            spec: s.spec.clone(),
+            version: s.version,
+            next_slice: s.slices.next_suffix(),
+        }
+    }
+
+    /// Creates or updates a service. Returns the new version.
+    pub fn put_service(&mut self, spec: ServiceSpec) -> Result<u64, RegistryError> {
+        validate_name("namespace", &spec.namespace, 63)?;
+        validate_name("name", &spec.name, 63)?;
+        let mut seen = BTreeSet::new();
+        for (i, p) in spec.ports.iter().enumerate() {
+            if p.port == 0 {
+                return Err(invalid(format!("ports[{i}].port"), "must be 1..=65535"));
+            }
+            if !matches!(p.protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+                return Err(invalid(
+                    format!("ports[{i}].protocol"),
+                    "must be TCP, UDP or SCTP",
+                ));
+            }
+            if !seen.insert((p.port, p.protocol.clone())) {
+                return Err(invalid(format!("ports[{i}]"), "duplicate port"));
+            }
+        }
+        let key = spec.key();
+        let version = self.version + 1;
+        let now = Instant::now();
+        let svc = match self.services.get(&key) {
+            Some(old) => Service {
+                spec,
+                version,
+                endpoints: old.endpoints.clone(),
+                expires: old.expires.clone(),
+                slices: old.slices.clone(),
+                dirty: old.dirty.clone(),
+                last_change: now,
+                compacted_since_change: false,
+            },
+            None => Service {
+                slices: SliceSet::new(spec.name.clone(), self.max_per_slice),
+                spec,
+                version,
+                endpoints: BTreeMap::new(),
+                expires: HashMap::new(),
+                dirty: BTreeSet::new(),
+                last_change: now,
+                compacted_since_change: false,
+            },
+        };
+        let batch = WriteBatch {
+            version,
+            services: vec![(key.clone(), Some(Self::record(&svc)))],
+            ..WriteBatch::default()
+        };
+        self.commit(&batch)?;
+        self.version = version;
+        self.services.insert(key, svc);
+        Ok(version)
+    }
+
+    /// Deletes a service with its endpoints; returns its reset delta.
+    pub fn delete_service(&mut self, key: &str) -> Result<ServiceDelta, RegistryError> {
+        if !self.services.contains_key(key) {
+            return Err(RegistryError::UnknownService(key.to_owned()));
+        }
+        let version = self.version + 1;
+        let batch = WriteBatch {
+            version,
+            services: vec![(key.to_owned(), None)],
+            purge: vec![key.to_owned()],
+            ..WriteBatch::default()
+        };
+        self.commit(&batch)?;
+        self.version = version;
+        self.services.remove(key);
+        Ok(ServiceDelta {
+            service: key.to_owned(),
+            version,
+            upserted: Vec::new(),
+            removed: Vec::new(),
+            reset: true,
+        })
+    }
+
+    /// Adds or replaces endpoints, all or none. Returns the new version.
+    pub fn put_endpoints(
+        &mut self,
+        key: &str,
+        inputs: Vec<EndpointInput>,
+    ) -> Result<u64, RegistryError> {
+        let svc = self
+            .services
+            .get(key)
+            .ok_or_else(|| RegistryError::UnknownService(key.to_owned()))?;
+        let mut ids = BTreeSet::new();
+        let mut stored = Vec::with_capacity(inputs.len());
+        for (i, input) in inputs.into_iter().enumerate() {
+            let at = format!("endpoints[{i}]");
+            if let Some(t) = input.ttl_seconds
+                && !(1..=MAX_TTL_SECONDS).contains(&t)
+            {
+                return Err(invalid(
+                    format!("{at}.ttl_seconds"),
+                    format!("must be 1..={MAX_TTL_SECONDS}"),
+                ));
+            }
+            if input.weight == 0 || input.weight > MAX_WEIGHT {
+                return Err(invalid(
+                    format!("{at}.weight"),
+                    format!("must be 1..={MAX_WEIGHT}"),
+                ));
+            }
+            let e = input.into_stored();
+            e.endpoint
+                .validate()
+                .map_err(|err| invalid(at.clone(), err.to_string()))?;
+            if !ids.insert(e.endpoint.id.clone()) {
+                return Err(invalid(
+                    format!("{at}.id"),
+                    format!("duplicate id {:?} in this request", e.endpoint.id.as_str()),
+                ));
+            }
+            stored.push(e);
+        }
+        let version = self.version + 1;
+        let mut batch = WriteBatch {
+            version,
+            ..WriteBatch::default()
+        };
+        for e in &stored {
+            batch
+                .endpoints
+                .push((key.to_owned(), e.endpoint.id.clone(), Some(e.clone())));
+        }
+        let mut record = Self::record(svc);
+        record.version = version;
+        batch.services.push((key.to_owned(), Some(record)));
+        self.commit(&batch)?;
+        self.version = version;
+        let now = Instant::now();
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.version = version;
+        svc.last_change = now;
+        svc.compacted_since_change = false;
+        for e in stored {
+            let id = e.endpoint.id.clone();
+            match e.ttl_seconds {
+                Some(t) => svc.expires.insert(id.clone(), now + Duration::from_secs(t)),
+                None => svc.expires.remove(&id),
+            };
+            svc.dirty.insert(id.clone());
+            svc.endpoints.insert(id, e);
+        }
+        Ok(version)
+    }
+
+    /// Removes endpoints; ids not present are skipped unless `strict`.
+    pub fn delete_endpoints(
+        &mut self,
+        key: &str,
+        ids: &[EndpointId],
+        strict: bool,
+    ) -> Result<u64, RegistryError> {
+        let svc = self
+            .services
+            .get(key)
+            .ok_or_else(|| RegistryError::UnknownService(key.to_owned()))?;
+        if strict && let Some(missing) = ids.iter().find(|id| !svc.endpoints.contains_key(*id)) {
+            return Err(RegistryError::UnknownEndpoint {
+                service: key.to_owned(),
+                id: missing.to_string(),
+            });
+        }
+        let version = self.version + 1;
+        let mut batch = WriteBatch {
+            version,
+            ..WriteBatch::default()
+        };
+        for id in ids {
+            batch.endpoints.push((key.to_owned(), id.clone(), None));
+        }
+        let mut record = Self::record(svc);
+        record.version = version;
+        batch.services.push((key.to_owned(), Some(record)));
+        self.commit(&batch)?;
+        self.version = version;
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.version = version;
+        svc.last_change = Instant::now();
+        svc.compacted_since_change = false;
+        for id in ids {
+            if svc.endpoints.remove(id).is_some() {
+                svc.expires.remove(id);
+                svc.dirty.insert(id.clone());
+            }
+        }
+        Ok(version)
+    }
+
+    /// Extends an endpoint's TTL by its period.
+    pub fn renew(&mut self, key: &str, id: &EndpointId) -> Result<(), RegistryError> {
+        let svc = self
+            .services
+            .get_mut(key)
+            .ok_or_else(|| RegistryError::UnknownService(key.to_owned()))?;
+        let unknown = || RegistryError::UnknownEndpoint {
+            service: key.to_owned(),
+            id: id.to_string(),
+        };
+        let e = svc.endpoints.get(id).ok_or_else(unknown)?;
+        let Some(t) = e.ttl_seconds else {
+            return Err(invalid("ttl_seconds", "the endpoint has no TTL to renew"));
+        };
+        svc.expires
+            .insert(id.clone(), Instant::now() + Duration::from_secs(t));
+        Ok(())
+    }
+
+    /// Removes endpoints whose TTL ran out; returns how many.
+    pub fn expire(&mut self, now: Instant) -> Result<usize, RegistryError> {
+        let due: Vec<(String, Vec<EndpointId>)> = self
+            .services
+            .iter()
+            .map(|(k, s)| {
+                let ids: Vec<EndpointId> = s
+                    .expires
+                    .iter()
+                    .filter(|(_, t)| **t <= now)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                (k.clone(), ids)
+            })
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect();
+        let mut n = 0;
+        for (k, ids) in due {
+            n += ids.len();
+            self.delete_endpoints(&k, &ids, false)?;
+        }
+        Ok(n)
+    }
+
+    /// Services with changes not yet reconciled.
+    pub fn dirty_services(&self) -> Vec<String> {
+        self.services
+            .iter()
+            .filter(|(_, s)| !s.dirty.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Packs a service's changed endpoints into slices, persists the slices
+    /// that changed, and returns the delta (None when nothing changed).
+    pub fn reconcile(
+        &mut self,
+        key: &str,
+    ) -> Result<Option<(ServiceDelta, SliceChanges)>, RegistryError> {
+        let Some(svc) = self.services.get_mut(key) else {
+            return Ok(None);
+        };
+        if svc.dirty.is_empty() {
+            return Ok(None);
+        }
+        let desired: BTreeMap<EndpointId, Endpoint> = svc
+            .endpoints
+            .iter()
+            .map(|(id, e)| (id.clone(), e.endpoint.clone()))
+            .collect();
+        let changes = svc.slices.reconcile(&desired);
+        let dirty = std::mem::take(&mut svc.dirty);
+        let mut delta = ServiceDelta {
+            service: key.to_owned(),
+            version: svc.version,
+            upserted: Vec::new(),
+            removed: Vec::new(),
+            reset: false,
+        };
+        for id in dirty {
+            match svc.endpoints.get(&id) {
+                Some(e) => {
+                    let slice = svc.slices.slice_of(&id).unwrap_or_default().to_owned();
+                    delta.upserted.push((e.endpoint.clone(), slice));
+                }
+                None => delta.removed.push(id),
+            }
+        }
+        let batch = Self::slice_batch(self.version, key, svc, &changes);
+        if let Some(store) = &self.store {
+            store.apply(&batch)?;
+        }
+        Ok(Some((delta, changes)))
+    }
+
+    fn slice_batch(version: u64, key: &str, svc: &Service, changes: &SliceChanges) -> WriteBatch {
+        let mut batch = WriteBatch {
+            version,
+            services: vec![(key.to_owned(), Some(Self::record(svc)))],
+            ..WriteBatch::default()
+        };
+        for name in changes.created.iter().chain(&changes.updated) {
+            let ids = svc
+                .slices
+                .slice(name)
+                .map(|s| s.endpoints.keys().cloned().collect());
+            batch.slices.push((key.to_owned(), name.clone(), ids));
+        }
+        for name in &changes.deleted {
+            batch.slices.push((key.to_owned(), name.clone(), None));
+        }
+        batch
+    }
+
+    /// Merges sparse slices of services quiet for `quiet`; returns the
+    /// deltas (moved endpoints with their new slice).
+    pub fn compact_quiet(&mut self, quiet: Duration) -> Result<Vec<ServiceDelta>, RegistryError> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let version = self.version;
+        for (key, svc) in self.services.iter_mut() {
+            if svc.compacted_since_change
+                || now.duration_since(svc.last_change) < quiet
+                || !svc.dirty.is_empty()
+            {
+                continue;
+            }
+            svc.compacted_since_change = true;
+            let before: HashMap<EndpointId, String> = svc
+                .endpoints
+                .keys()
+                .filter_map(|id| svc.slices.slice_of(id).map(|s| (id.clone(), s.to_owned())))
+                .collect();
+            let changes = svc.slices.compact();
+            if changes.is_empty() {
+                continue;
+            }
+            let mut delta = ServiceDelta {
+                service: key.clone(),
+                version: svc.version,
+                upserted: Vec::new(),
+                removed: Vec::new(),
+                reset: false,
+            };
+            for (id, e) in &svc.endpoints {
+                let now_in = svc.slices.slice_of(id).unwrap_or_default();
+                if before.get(id).map(String::as_str) != Some(now_in) {
+                    delta.upserted.push((e.endpoint.clone(), now_in.to_owned()));
+                }
+            }
+            if let Some(store) = &self.store {
+                store.apply(&Self::slice_batch(version, key, svc, &changes))?;
+            }
+            out.push(delta);
+        }
+        Ok(out)
+    }
+
+    /// Every endpoint of a service with its slice (a snapshot).
+    pub fn snapshot(&self, key: &str) -> Option<(u64, Vec<(Endpoint, String)>)> {
+        let svc = self.services.get(key)?;
+        let eps = svc
+            .endpoints
+            .values()
+            .map(|e| {
+                let slice = svc
+                    .slices
+                    .slice_of(&e.endpoint.id)
+                    .unwrap_or_default()
+                    .to_owned();
+                (e.endpoint.clone(), slice)
+            })
+            .collect();
+        Some((svc.version, eps))
+    }
+
+    /// A service with endpoints and slices, for the API.
+    pub fn view(&self, key: &str) -> Option<ServiceView> {
+        let svc = self.services.get(key)?;
+        Some(ServiceView {
+            namespace: svc.spec.namespace.clone(),
+            name: svc.spec.name.clone(),
+            ports: svc.spec.ports.clone(),
+            version: svc.version,
+            endpoints: svc
+                .endpoints
+                .values()
+                .map(|e| EndpointView {
+                    endpoint: e.endpoint.clone(),
+                    ttl_seconds: e.ttl_seconds,
+                    slice: svc.slices.slice_of(&e.endpoint.id).map(str::to_owned),
+                })
+                .collect(),
+            slices: svc
+                .slices
+                .slices()
+                .map(|s| SliceView {
+                    name: s.name.clone(),
+                    endpoints: s.endpoints.keys().map(|id| id.to_string()).collect(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Number of endpoints across services.
+    pub fn endpoint_count(&self) -> usize {
+        self.services.values().map(|s| s.endpoints.len()).sum()
+    }
+}

@@ -1,0 +1,186 @@
+//! Crash-safe persistence of the registry in an embedded redb database:
+//! services, endpoints, slice membership and the version counter. Every
+//! registry write is one transaction, so a restart finds exactly the state
+//! of the last acknowledged write.
+
+use std::path::Path;
+
+use meshless_model::EndpointId;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::registry::{ServiceRecord, StoredEndpoint};
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");
+const ENDPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("endpoints");
+const SLICES: TableDefinition<&str, &[u8]> = TableDefinition::new("slices");
+const VERSION_KEY: &str = "version";
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("data store {path}: {message}")]
+    Open { path: String, message: String },
+    #[error("data store: {0}")]
+    Io(String),
+    #[error("data store: corrupt record {key:?}: {message}")]
+    Corrupt { key: String, message: String },
+}
+
+fn io(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
+/// One write to the store, applied atomically.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    pub version: u64,
+    pub services: Vec<(String, Option<ServiceRecord>)>,
+    pub endpoints: Vec<(String, EndpointId, Option<StoredEndpoint>)>,
+    pub slices: Vec<(String, String, Option<Vec<EndpointId>>)>,
+    /// Services whose every endpoint and slice row goes.
+    pub purge: Vec<String>,
+}
+
+/// What a restart finds.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub version: u64,
+    pub services: Vec<ServiceRecord>,
+    pub endpoints: Vec<(String, StoredEndpoint)>,
+    pub slices: Vec<(String, String, Vec<EndpointId>)>,
+}
+
+/// The embedded database.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+}
+
+fn row_key(service: &str, item: &str) -> String {
+    format!("{service}\t{item}")
+}
+
+fn split_key(key: &str) -> Option<(&str, &str)> {
+    key.split_once('\t')
+}
+
+impl Store {
+    /// Opens (or creates) `dir/meshless.redb`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let open_err = |message: String| StoreError::Open {
+            path: dir.display().to_string(),
+            message,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| open_err(e.to_string()))?;
+        let db =
+            Database::create(dir.join("meshless.redb")).map_err(|e| open_err(e.to_string()))?;
+        let txn = db.begin_write().map_err(io)?;
+        for t in [SERVICES, ENDPOINTS, SLICES] {
+            txn.open_table(t).map_err(io)?;
+        }
+        txn.open_table(META).map_err(io)?;
+        txn.commit().map_err(io)?;
+        Ok(Self { db })
+    }
+
+    /// Everything stored.
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let txn = self.db.begin_read().map_err(io)?;
+        let mut out = Loaded::default();
+        let meta = txn.open_table(META).map_err(io)?;
+        out.version = meta.get(VERSION_KEY).map_err(io)?.map_or(0, |v| v.value());
+        let corrupt = |key: &str, e: serde_json::Error| StoreError::Corrupt {
+            key: key.to_owned(),
+            message: e.to_string(),
+        };
+        for row in txn.open_table(SERVICES).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let rec: ServiceRecord =
+                serde_json::from_slice(v.value()).map_err(|e| corrupt(k.value(), e))?;
+            out.services.push(rec);
+        }
+        for row in txn.open_table(ENDPOINTS).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let Some((svc, _)) = split_key(k.value()) else {
+                continue;
+            };
+            let ep: StoredEndpoint =
+                serde_json::from_slice(v.value()).map_err(|e| corrupt(k.value(), e))?;
+            out.endpoints.push((svc.to_owned(), ep));
+        }
+        for row in txn.open_table(SLICES).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let Some((svc, slice)) = split_key(k.value()) else {
+                continue;
+            };
+            let ids: Vec<EndpointId> =
+                serde_json::from_slice(v.value()).map_err(|e| corrupt(k.value(), e))?;
+            out.slices.push((svc.to_owned(), slice.to_owned(), ids));
+        }
+        Ok(out)
+    }
+
+    /// Applies `batch` in one transaction.
+    pub fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            let mut meta = txn.open_table(META).map_err(io)?;
+            meta.insert(VERSION_KEY, batch.version).map_err(io)?;
+            let mut services = txn.open_table(SERVICES).map_err(io)?;
+            let mut endpoints = txn.open_table(ENDPOINTS).map_err(io)?;
+            let mut slices = txn.open_table(SLICES).map_err(io)?;
+            for svc in &batch.purge {
+                let prefix = row_key(svc, "");
+                for table in [&mut endpoints, &mut slices] {
+                    let keys: Vec<String> = table
+                        .range(prefix.as_str()..)
+                        .map_err(io)?
+                        .map_while(|r| r.ok().map(|(k, _)| k.value().to_owned()))
+                        .take_while(|k| k.starts_with(&prefix))
+                        .collect();
+                    for k in keys {
+                        table.remove(k.as_str()).map_err(io)?;
+                    }
+                }
+            }
+            for (key, rec) in &batch.services {
+                match rec {
+                    Some(r) => {
+                        let v = serde_json::to_vec(r).map_err(io)?;
+                        services.insert(key.as_str(), v.as_slice()).map_err(io)?;
+                    }
+                    None => {
+                        services.remove(key.as_str()).map_err(io)?;
+                    }
+                }
+            }
+            for (svc, id, ep) in &batch.endpoints {
+                let k = row_key(svc, id.as_str());
+                match ep {
+                    Some(e) => {
+                        let v = serde_json::to_vec(e).map_err(io)?;
+                        endpoints.insert(k.as_str(), v.as_slice()).map_err(io)?;
+                    }
+                    None => {
+                        endpoints.remove(k.as_str()).map_err(io)?;
+                    }
+                }
+            }
+            for (svc, name, ids) in &batch.slices {
+                let k = row_key(svc, name);
+                match ids {
+                    Some(ids) => {
+                        let v = serde_json::to_vec(ids).map_err(io)?;
+                        slices.insert(k.as_str(), v.as_slice()).map_err(io)?;
+                    }
+                    None => {
+                        slices.remove(k.as_str()).map_err(io)?;
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(io)?;
+        Ok(())
+    }
+}

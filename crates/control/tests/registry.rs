@@ -1,0 +1,92 @@
+//! Registry validation and persistence across a restart.
+
+use std::path::PathBuf;
+
+use meshless_control::registry::{
+    EndpointInput, Registry, RegistryError, ServicePort, ServiceSpec,
+};
+use meshless_control::store::Store;
+use meshless_model::EndpointId;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("meshless-reg-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn spec() -> ServiceSpec {
+    ServiceSpec {
+        namespace: "shop".into(),
+        name: "cart".into(),
+        ports: vec![ServicePort {
+            name: Some("http".into()),
+            port: 80,
+            protocol: "TCP".into(),
+        }],
+    }
+}
+
+fn input(i: u32) -> EndpointInput {
+    serde_json::from_value(serde_json::json!({
+        "id": format!("cart-{i}"),
+        "addresses": [format!("10.0.{}.{}", i / 250, i % 250 + 1), "fd00::1"],
+        "port": 8080,
+        "zone": "z1",
+    }))
+    .expect("valid input")
+}
+
+#[test]
+fn writes_are_validated_and_nothing_is_stored_on_error() {
+    let mut r = Registry::open(None, 100).expect("registry");
+    let mut bad = spec();
+    bad.name = "Cart!".into();
+    assert!(
+        matches!(r.put_service(bad), Err(RegistryError::Invalid { field, .. }) if field == "name")
+    );
+    assert!(matches!(
+        r.put_endpoints("shop/cart", vec![input(1)]),
+        Err(RegistryError::UnknownService(_))
+    ));
+    r.put_service(spec()).expect("service");
+    let v = r.version();
+    let mut zero_port = input(2);
+    zero_port.port = 0;
+    let e = r
+        .put_endpoints("shop/cart", vec![input(1), zero_port])
+        .expect_err("port 0");
+    assert!(e.to_string().contains("endpoints[1]"), "{e}");
+    assert_eq!(r.version(), v, "nothing stored");
+    assert_eq!(r.view("shop/cart").expect("view").endpoints.len(), 0);
+    let e = r
+        .put_endpoints("shop/cart", vec![input(1), input(1)])
+        .expect_err("dup");
+    assert!(e.to_string().contains("duplicate"), "{e}");
+}
+
+#[test]
+fn restart_restores_services_endpoints_slices_and_versions() {
+    let dir = temp_dir("restart");
+    let (version, before) = {
+        let mut r = Registry::open(Some(Store::open(&dir).expect("store")), 10).expect("registry");
+        r.put_service(spec()).expect("service");
+        r.put_endpoints("shop/cart", (0..35).map(input).collect())
+            .expect("endpoints");
+        r.reconcile("shop/cart").expect("reconcile");
+        r.delete_endpoints("shop/cart", &[EndpointId::new("cart-3")], true)
+            .expect("delete");
+        r.reconcile("shop/cart").expect("reconcile");
+        let view = serde_json::to_value(r.view("shop/cart").expect("view")).expect("json");
+        (r.version(), view)
+    };
+    let mut r = Registry::open(Some(Store::open(&dir).expect("store")), 10).expect("registry");
+    assert_eq!(r.version(), version);
+    let after = serde_json::to_value(r.view("shop/cart").expect("view")).expect("json");
+    assert_eq!(before, after, "services, endpoints and slices come back");
+    assert_eq!(after["slices"].as_array().map(Vec::len), Some(4));
+    let v = r
+        .put_endpoints("shop/cart", vec![input(99)])
+        .expect("write after restart");
+    assert!(v > version, "versions keep increasing");
+    let _ = std::fs::remove_dir_all(dir);
+}
