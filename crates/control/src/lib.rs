@@ -2,6 +2,10 @@
 //! slice reconciler, the embedded store, the registration API and endpoint
 //! distribution to proxies.
 
+pub mod config;
+pub mod distributor;
+pub mod metrics;
+pub mod plane;
 pub mod reconciler;
 pub mod registry;
 pub mod store;

@@ -586,6 +586,9 @@ impl Registry {
             .collect();
         let changes = svc.slices.reconcile(&desired);
         let dirty = std::mem::take(&mut svc.dirty);
+        // Each delta gets its own version, so deltas are ordered as published.
+        self.version += 1;
+        svc.version = self.version;
         let mut delta = ServiceDelta {
             service: key.to_owned(),
             version: svc.version,
@@ -633,7 +636,6 @@ impl Registry {
     pub fn compact_quiet(&mut self, quiet: Duration) -> Result<Vec<ServiceDelta>, RegistryError> {
         let now = Instant::now();
         let mut out = Vec::new();
-        let version = self.version;
         for (key, svc) in self.services.iter_mut() {
             if svc.compacted_since_change
                 || now.duration_since(svc.last_change) < quiet
@@ -651,6 +653,8 @@ impl Registry {
             if changes.is_empty() {
                 continue;
             }
+            self.version += 1;
+            svc.version = self.version;
             let mut delta = ServiceDelta {
                 service: key.clone(),
                 version: svc.version,
@@ -665,7 +669,7 @@ impl Registry {
                 }
             }
             if let Some(store) = &self.store {
-                store.apply(&Self::slice_batch(version, key, svc, &changes))?;
+                store.apply(&Self::slice_batch(self.version, key, svc, &changes))?;
             }
             out.push(delta);
         }

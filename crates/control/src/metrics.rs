@@ -1,0 +1,117 @@
+//! Prometheus metrics of the control plane.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Every control-plane metric.
+#[derive(Debug)]
+pub struct ControlMetrics {
+    pub registry: Registry,
+    pub subscribers: Gauge,
+    pub deltas: Counter,
+    pub bytes_sent: Counter,
+    pub messages_sent: Counter,
+    pub coalesced: Counter,
+    pub snapshots: Counter,
+    pub propagation: Histogram,
+    pub writes: Counter,
+    pub rejected_writes: Counter,
+    pub slice_writes: Counter,
+    pub expired: Counter,
+}
+
+impl Default for ControlMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ControlMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("meshless_control");
+        let subscribers = Gauge::default();
+        registry.register(
+            "subscribers",
+            "Proxies connected to the distribution stream",
+            subscribers.clone(),
+        );
+        let deltas = Counter::default();
+        registry.register(
+            "deltas",
+            "Deltas published (each encoded once)",
+            deltas.clone(),
+        );
+        let bytes_sent = Counter::default();
+        registry.register(
+            "bytes_sent",
+            "Delta bytes written to subscribers",
+            bytes_sent.clone(),
+        );
+        let messages_sent = Counter::default();
+        registry.register(
+            "messages_sent",
+            "Messages written to subscribers",
+            messages_sent.clone(),
+        );
+        let coalesced = Counter::default();
+        registry.register(
+            "coalesced",
+            "Times a lagging subscriber's pending deltas were replaced by one reset per service",
+            coalesced.clone(),
+        );
+        let snapshots = Counter::default();
+        registry.register(
+            "snapshots",
+            "Snapshots sent (new or too-old subscribers)",
+            snapshots.clone(),
+        );
+        let propagation = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "propagation_seconds",
+            "From a write's commit to its delta being handed to a subscriber's stream",
+            propagation.clone(),
+        );
+        let writes = Counter::default();
+        registry.register("api_writes", "Accepted registration writes", writes.clone());
+        let rejected_writes = Counter::default();
+        registry.register(
+            "api_rejected_writes",
+            "Rejected registration writes",
+            rejected_writes.clone(),
+        );
+        let slice_writes = Counter::default();
+        registry.register(
+            "slice_writes",
+            "Slices created, updated or deleted",
+            slice_writes.clone(),
+        );
+        let expired = Counter::default();
+        registry.register(
+            "expired_endpoints",
+            "Endpoints removed because their TTL ran out",
+            expired.clone(),
+        );
+        Self {
+            registry,
+            subscribers,
+            deltas,
+            bytes_sent,
+            messages_sent,
+            coalesced,
+            snapshots,
+            propagation,
+            writes,
+            rejected_writes,
+            slice_writes,
+            expired,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
