@@ -20,6 +20,10 @@ struct Cli {
 enum Command {
     /// Run the L7 proxy from a YAML file.
     Proxy(serve::ProxyArgs),
+    /// Run the control plane: registry, registration API, distribution stream.
+    Control(serve::ControlArgs),
+    /// Control plane, proxy and demo backends in one process, from one file.
+    Up(serve::UpArgs),
     /// Run a small HTTP backend that names itself (for demos and tests).
     Backend(serve::BackendArgs),
     /// Start three backends and a proxy on 127.0.0.1:8080, and show what to try.
@@ -34,6 +38,8 @@ fn main() -> ExitCode {
     init_logging();
     let result = match cli.command {
         Command::Proxy(args) => serve::proxy(args),
+        Command::Control(args) => serve::control(args),
+        Command::Up(args) => serve::up(args),
         Command::Backend(args) => serve::backend(args),
         Command::Demo => serve::demo(),
         Command::Simulate(cmd) => simulate::run(cmd),

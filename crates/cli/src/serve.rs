@@ -8,7 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use meshless_backend::{Backend, BackendConfig};
+use meshless_control::config::ControlConfig;
+use meshless_control::plane::ControlPlane;
 use meshless_proxy::{Proxy, ProxyConfig};
+use serde::Deserialize;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Arguments of `meshless proxy`.
@@ -199,3 +202,120 @@ Lookaside (which backend would serve this key) and metrics:
   curl -s http://127.0.0.1:9901/metrics | grep meshless_proxy_requests
 
 Ctrl-C stops the demo.";
+
+/// Arguments of `meshless control`.
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// YAML configuration file (see docs/control.md).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Directory of the embedded store; overrides `data_dir` in the file.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Validate the file and exit: 0 when valid.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub fn control(args: ControlArgs) -> Result<()> {
+    let mut config = ControlConfig::load(&args.config)?;
+    if args.data_dir.is_some() {
+        config.data_dir = args.data_dir;
+    }
+    if args.check {
+        println!("{}: ok", args.config.display());
+        return Ok(());
+    }
+    runtime(None)?.block_on(async {
+        let plane = ControlPlane::start(config).await?;
+        terminated().await?;
+        plane.shutdown().await;
+        Ok(())
+    })
+}
+
+/// `meshless up`'s file: a control plane, a proxy, and backends to start.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Stack {
+    #[serde(default)]
+    control: ControlConfig,
+    proxy: serde_json::Value,
+    #[serde(default)]
+    backends: Vec<StackBackend>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StackBackend {
+    name: String,
+    listen: SocketAddr,
+}
+
+/// Arguments of `meshless up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Stack file: `control`, `proxy` and `backends` (see examples/stack.yaml).
+    #[arg(long, default_value = "examples/stack.yaml")]
+    pub config: PathBuf,
+}
+
+pub fn up(args: UpArgs) -> Result<()> {
+    let file = args.config.display().to_string();
+    let text =
+        std::fs::read_to_string(&args.config).with_context(|| format!("{file}: cannot read"))?;
+    let mut path = String::new();
+    let stack: Stack = serde_saphyr::with_deserializer_from_str(&text, |de| {
+        serde_path_to_error::deserialize::<_, Stack>(de).map_err(|e| {
+            path = e.path().to_string();
+            e.into_inner()
+        })
+    })
+    .map_err(|e| anyhow::anyhow!("{file}: {path}: {e}"))?;
+    // The control section goes through the control plane's own validation.
+    let control_yaml = serde_json::to_string(&stack.control)?;
+    let control = ControlConfig::parse(&control_yaml, &format!("{file} (control)"))?;
+    let mut proxy_value = stack.proxy;
+    if proxy_value.get("control").is_none()
+        && let Some(obj) = proxy_value.as_object_mut()
+    {
+        obj.insert(
+            "control".into(),
+            serde_json::json!({ "address": control.grpc_address.to_string() }),
+        );
+    }
+    let proxy = ProxyConfig::parse(
+        &serde_json::to_string(&proxy_value)?,
+        &format!("{file} (proxy)"),
+    )?;
+    runtime(None)?.block_on(async {
+        let mut backends = Vec::new();
+        for b in &stack.backends {
+            let started = Backend::start(BackendConfig {
+                name: b.name.clone(),
+                listen: b.listen,
+                latency: Duration::ZERO,
+                fail_rate: 0.0,
+                startup_delay: Duration::ZERO,
+            })
+            .await
+            .with_context(|| format!("starting backend {}", b.name))?;
+            backends.push(started);
+        }
+        let plane = ControlPlane::start(control).await?;
+        let proxy = Proxy::start(proxy).await?;
+        println!(
+            "meshless up: control plane API http://{} (gRPC {}), proxy admin http://{}",
+            plane.api_addr(),
+            plane.grpc_addr(),
+            proxy.admin_addr()
+        );
+        terminated().await?;
+        proxy.shutdown().await;
+        plane.shutdown().await;
+        for b in backends {
+            b.stop().await;
+        }
+        Ok(())
+    })
+}

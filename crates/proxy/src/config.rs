@@ -38,6 +38,20 @@ pub struct ProxyConfig {
     /// Groups of endpoints requests are balanced over.
     #[serde(default)]
     pub clusters: Vec<ClusterConfig>,
+    /// The control plane that serves `service:` clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlLink>,
+}
+
+/// Where the control plane's distribution stream is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlLink {
+    /// gRPC address of the control plane, `host:port`.
+    pub address: String,
+    /// File holding the bearer token the control plane requires.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 fn default_drain_timeout() -> Duration {
@@ -200,6 +214,9 @@ pub struct ClusterConfig {
     /// Static endpoints.
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
+    /// Endpoints from the control plane: `NAMESPACE/NAME` (instead of `endpoints`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// Algorithm and affinity key.
     #[serde(default)]
     pub balancer: BalancerYaml,
@@ -697,7 +714,7 @@ impl ProxyConfig {
                     &format!("duplicate cluster name {:?}", c.name),
                 );
             }
-            validate_cluster(c, &at)?;
+            validate_cluster(c, &at, self.control.is_some())?;
         }
         Ok(())
     }
@@ -768,8 +785,31 @@ fn validate_route(
     Ok(())
 }
 
-fn validate_cluster(c: &ClusterConfig, at: &str) -> Result<(), (String, String)> {
+fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (String, String)> {
     let fail = |path: String, reason: String| Err((path, reason));
+    if let Some(service) = &c.service {
+        let ok = service
+            .split_once('/')
+            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'));
+        if !ok {
+            return fail(
+                format!("{at}.service"),
+                format!("expected NAMESPACE/NAME, got {service:?}"),
+            );
+        }
+        if !c.endpoints.is_empty() {
+            return fail(
+                format!("{at}.endpoints"),
+                "use `endpoints` or `service`, not both".into(),
+            );
+        }
+        if !control {
+            return fail(
+                format!("{at}.service"),
+                "needs the top-level `control` block".into(),
+            );
+        }
+    }
     if let Some(HashKey::Header(h)) = &c.balancer.hash_key
         && http::HeaderName::from_bytes(h.as_bytes()).is_err()
     {

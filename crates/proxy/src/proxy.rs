@@ -40,6 +40,8 @@ pub struct Proxy {
     listeners: Mutex<HashMap<String, ListenerHandle>>,
     admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
+    /// The services `service:` clusters reference; the control link follows it.
+    watched: watch::Sender<std::collections::BTreeSet<String>>,
     tasks: Vec<JoinHandle<()>>,
     reloading: Mutex<()>,
 }
@@ -58,12 +60,17 @@ impl Proxy {
             })?;
         let admin_addr = admin.local_addr().unwrap_or(admin_address);
         let listener_configs = config.listeners.clone();
-        let snapshot = Snapshot::build(config, None).map_err(ProxyError::Invalid)?;
+        let control = config.control.clone();
+        let node = config.node.clone();
+        let snapshot =
+            Snapshot::build(config, None, &Default::default()).map_err(ProxyError::Invalid)?;
+        let watched = snapshot.watched_services();
         let state = Arc::new(ProxyState {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics: Metrics::new(),
             access_log: ArcSwap::from_pointee(access_log),
             ready: AtomicBool::new(false),
+            services: std::sync::Mutex::new(Default::default()),
         });
         let mut listeners = HashMap::new();
         for (i, l) in listener_configs.iter().enumerate() {
@@ -85,14 +92,36 @@ impl Proxy {
             listeners.insert(l.name.clone(), handle);
         }
         let (stop, stopped) = watch::channel(false);
-        let tasks = vec![
+        let (watch_tx, watch_rx) = watch::channel(watched);
+        let mut tasks = vec![
             tokio::spawn(crate::admin::serve(
                 admin,
                 Arc::clone(&state),
                 stopped.clone(),
             )),
-            tokio::spawn(crate::health::run(Arc::clone(&state), stopped)),
+            tokio::spawn(crate::health::run(Arc::clone(&state), stopped.clone())),
         ];
+        if let Some(link) = control {
+            let token = match &link.token_file {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .map_err(|e| {
+                            ProxyError::Invalid(format!("control.token_file {}: {e}", p.display()))
+                        })?
+                        .trim()
+                        .to_owned(),
+                ),
+                None => None,
+            };
+            tasks.push(tokio::spawn(crate::control_link::run(
+                Arc::clone(&state),
+                link.address,
+                token,
+                node,
+                watch_rx,
+                stopped,
+            )));
+        }
         tracing::info!(address = %admin_addr, "admin listening");
         state.ready.store(true, Ordering::Release);
         Ok(Self {
@@ -100,6 +129,7 @@ impl Proxy {
             listeners: Mutex::new(listeners),
             admin_addr,
             stop,
+            watched: watch_tx,
             tasks,
             reloading: Mutex::new(()),
         })
@@ -146,6 +176,11 @@ impl Proxy {
     async fn reload_inner(&self, config: ProxyConfig) -> Result<(), ProxyError> {
         let _one_at_a_time = self.reloading.lock().await;
         let current = self.state.snapshot.load_full();
+        if config.control != current.config.control {
+            return Err(ProxyError::Invalid(
+                "control: cannot change on reload; restart the proxy".into(),
+            ));
+        }
         if config.admin.address != current.config.admin.address {
             return Err(ProxyError::Invalid(
                 "admin.address: cannot change on reload; restart the proxy".into(),
@@ -156,8 +191,13 @@ impl Proxy {
         } else {
             None
         };
-        let snapshot =
-            Snapshot::build(config.clone(), Some(&current)).map_err(ProxyError::Invalid)?;
+        let snapshot = Snapshot::build(
+            config.clone(),
+            Some(&current),
+            &self.state.service_endpoints(),
+        )
+        .map_err(ProxyError::Invalid)?;
+        let watched = snapshot.watched_services();
         let mut listeners = self.listeners.lock().await;
         // Bind what is new before anything changes.
         let mut fresh = Vec::new();
@@ -185,7 +225,26 @@ impl Proxy {
                 }
             }
         }
-        self.state.snapshot.store(Arc::new(snapshot));
+        {
+            // Endpoints that arrived while this reload was being prepared.
+            let services = self
+                .state
+                .services
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut snapshot = snapshot;
+            for service in &watched {
+                snapshot = snapshot
+                    .with_service(service, &services)
+                    .map_err(ProxyError::Invalid)?;
+            }
+            self.state.snapshot.store(Arc::new(snapshot));
+        }
+        self.watched.send_if_modified(|w| {
+            let changed = *w != watched;
+            *w = watched;
+            changed
+        });
         if let Some(logger) = new_logger {
             self.state.access_log.store(Arc::new(logger));
         }

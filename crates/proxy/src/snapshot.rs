@@ -35,8 +35,12 @@ impl UpstreamCluster {
     pub fn build(
         config: &ClusterConfig,
         previous: Option<&UpstreamCluster>,
+        services: &ServiceEndpoints,
     ) -> Result<Self, String> {
-        let endpoints = config.endpoints_model();
+        let endpoints = match &config.service {
+            Some(s) => services.get(s).cloned().unwrap_or_default(),
+            None => config.endpoints_model(),
+        };
         let balance = config
             .balance_config()
             .map_err(|(path, reason)| format!("{path}: {reason}"))?;
@@ -82,6 +86,10 @@ impl UpstreamCluster {
     }
 }
 
+/// Endpoints of `service:` clusters, by `namespace/name`, as last received
+/// from the control plane.
+pub type ServiceEndpoints = HashMap<String, Vec<meshless_model::Endpoint>>;
+
 /// Everything a request needs, at one config version.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -92,14 +100,18 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds from validated config, carrying state over from `previous`.
-    pub fn build(config: ProxyConfig, previous: Option<&Snapshot>) -> Result<Self, String> {
+    pub fn build(
+        config: ProxyConfig,
+        previous: Option<&Snapshot>,
+        services: &ServiceEndpoints,
+    ) -> Result<Self, String> {
         let mut clusters = HashMap::new();
         for (i, c) in config.clusters.iter().enumerate() {
             let prev = previous
                 .and_then(|p| p.clusters.get(&c.name))
                 .map(Arc::as_ref);
-            let built =
-                UpstreamCluster::build(c, prev).map_err(|e| format!("clusters[{i}]: {e}"))?;
+            let built = UpstreamCluster::build(c, prev, services)
+                .map_err(|e| format!("clusters[{i}]: {e}"))?;
             clusters.insert(c.name.clone(), Arc::new(built));
         }
         let routes = config
@@ -112,5 +124,33 @@ impl Snapshot {
             routes,
             clusters,
         })
+    }
+}
+
+impl Snapshot {
+    /// This snapshot with the clusters of `service` rebuilt from `services`
+    /// (keeping their endpoint state); everything else is shared.
+    pub fn with_service(&self, service: &str, services: &ServiceEndpoints) -> Result<Self, String> {
+        let mut clusters = self.clusters.clone();
+        for (name, c) in &self.clusters {
+            if c.config.service.as_deref() == Some(service) {
+                let built = UpstreamCluster::build(&c.config, Some(c), services)?;
+                clusters.insert(name.clone(), Arc::new(built));
+            }
+        }
+        Ok(Self {
+            config: Arc::clone(&self.config),
+            routes: self.routes.clone(),
+            clusters,
+        })
+    }
+
+    /// The services the clusters reference.
+    pub fn watched_services(&self) -> std::collections::BTreeSet<String> {
+        self.config
+            .clusters
+            .iter()
+            .filter_map(|c| c.service.clone())
+            .collect()
     }
 }

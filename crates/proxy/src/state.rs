@@ -6,7 +6,7 @@ use arc_swap::ArcSwap;
 
 use crate::access_log::AccessLogger;
 use crate::metrics::Metrics;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{ServiceEndpoints, Snapshot};
 
 /// The proxy's live state.
 #[derive(Debug)]
@@ -17,4 +17,17 @@ pub struct ProxyState {
     pub access_log: ArcSwap<AccessLogger>,
     /// True once listeners are up and the config is loaded.
     pub ready: AtomicBool,
+    /// Endpoints of `service:` clusters as last received from the control
+    /// plane; kept while it is unreachable (static stability).
+    pub services: std::sync::Mutex<ServiceEndpoints>,
+}
+
+impl ProxyState {
+    /// A copy of the service endpoints (for building a snapshot).
+    pub fn service_endpoints(&self) -> ServiceEndpoints {
+        self.services
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }

@@ -1,0 +1,189 @@
+//! The proxy's side of the distribution stream: says who it is and which
+//! services its clusters reference, applies snapshots and deltas to those
+//! clusters only (no reload, endpoint state kept), acknowledges versions,
+//! and, when the control plane is unreachable, keeps serving the last
+//! endpoints it had while it reconnects with backoff and resumes from its
+//! last version.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use meshless_api::v1::{self, ClientMessage, client_message, server_message};
+use meshless_api::{DistributionClient, decode_delta, endpoint_from_wire};
+use meshless_model::{Endpoint, EndpointId};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint as GrpcEndpoint;
+
+use crate::config::NodeConfig;
+use crate::state::ProxyState;
+
+/// No message (heartbeats included) for this long: the stream is dead.
+const SILENCE: Duration = Duration::from_secs(15);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Runs until `stop` changes.
+pub async fn run(
+    state: Arc<ProxyState>,
+    address: String,
+    token: Option<String>,
+    node: NodeConfig,
+    mut watched: watch::Receiver<BTreeSet<String>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let uri = if address.contains("://") {
+        address.clone()
+    } else {
+        format!("http://{address}")
+    };
+    let mut table: BTreeMap<String, BTreeMap<EndpointId, Endpoint>> = BTreeMap::new();
+    let mut version = 0u64;
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let session = session(
+            &state,
+            &uri,
+            token.as_deref(),
+            &node,
+            &mut watched,
+            &mut table,
+            &mut version,
+        );
+        tokio::select! {
+            result = session => {
+                match result {
+                    Ok(()) => backoff = BACKOFF_MIN,
+                    Err(e) => tracing::warn!(control = %address, error = %e, "control plane unreachable; serving the last endpoints"),
+                }
+            }
+            _ = stop.changed() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// One stream, from connect to disconnect.
+async fn session(
+    state: &ProxyState,
+    uri: &str,
+    token: Option<&str>,
+    node: &NodeConfig,
+    watched: &mut watch::Receiver<BTreeSet<String>>,
+    table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
+    version: &mut u64,
+) -> Result<(), String> {
+    let channel = GrpcEndpoint::from_shared(uri.to_owned())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let auth = token
+        .map(|t| format!("Bearer {t}").parse::<tonic::metadata::MetadataValue<_>>())
+        .transpose()
+        .map_err(|e| format!("control.token_file: {e}"))?;
+    let mut client =
+        DistributionClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+            if let Some(v) = &auth {
+                req.metadata_mut().insert("authorization", v.clone());
+            }
+            Ok(req)
+        });
+    let (tx, rx) = mpsc::channel::<ClientMessage>(16);
+    let services: Vec<String> = watched.borrow_and_update().iter().cloned().collect();
+    let hello = ClientMessage {
+        msg: Some(client_message::Msg::Hello(v1::Hello {
+            node: node.name.clone().unwrap_or_default(),
+            zone: node.zone.clone().unwrap_or_default(),
+            services,
+            resume_version: *version,
+        })),
+    };
+    tx.send(hello).await.map_err(|e| e.to_string())?;
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))?
+        .into_inner();
+    tracing::info!(control = %uri, resume_version = *version, "control plane stream open");
+    loop {
+        tokio::select! {
+            msg = tokio::time::timeout(SILENCE, inbound.message()) => {
+                let msg = match msg {
+                    Err(_) => return Err(format!("no message for {} s", SILENCE.as_secs())),
+                    Ok(Err(s)) => return Err(format!("{}: {}", s.code(), s.message())),
+                    Ok(Ok(None)) => return Err("stream closed by the control plane".into()),
+                    Ok(Ok(Some(m))) => m,
+                };
+                match msg.msg {
+                    Some(server_message::Msg::Delta(bytes)) => {
+                        let delta = decode_delta(&bytes).map_err(|e| e.to_string())?;
+                        let v = delta.version;
+                        apply(state, table, delta)?;
+                        *version = (*version).max(v);
+                        let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: *version })) };
+                        let _ = tx.try_send(ack);
+                    }
+                    Some(server_message::Msg::SnapshotDone(done)) => {
+                        *version = (*version).max(done.version);
+                    }
+                    Some(server_message::Msg::Heartbeat(_)) | None => {}
+                }
+            }
+            changed = watched.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                let services: Vec<String> = watched.borrow_and_update().iter().cloned().collect();
+                table.retain(|s, _| services.contains(s));
+                let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services })) };
+                tx.send(sub).await.map_err(|e| e.to_string())?;
+            }
+        }
+    }
+}
+
+/// Applies one delta to the table and rebuilds the clusters of its service.
+fn apply(
+    state: &ProxyState,
+    table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
+    delta: v1::Delta,
+) -> Result<(), String> {
+    let entry = table.entry(delta.service.clone()).or_default();
+    if delta.reset {
+        entry.clear();
+    }
+    for w in &delta.upserted {
+        match endpoint_from_wire(w) {
+            Ok(e) => {
+                entry.insert(e.id.clone(), e);
+            }
+            Err(e) => tracing::warn!(service = %delta.service, error = %e, "endpoint skipped"),
+        }
+    }
+    for id in &delta.removed {
+        entry.remove(&EndpointId::new(id.clone()));
+    }
+    let endpoints: Vec<Endpoint> = entry.values().cloned().collect();
+    // The lock orders this against reloads, which rebuild from the same table.
+    let mut services = state
+        .services
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    services.insert(delta.service.clone(), endpoints);
+    let current = state.snapshot.load_full();
+    match current.with_service(&delta.service, &services) {
+        Ok(next) => state.snapshot.store(Arc::new(next)),
+        Err(e) => {
+            tracing::error!(service = %delta.service, error = %e, "cannot apply endpoints; keeping the previous ones");
+        }
+    }
+    Ok(())
+}
