@@ -50,9 +50,16 @@ pub struct Distributor {
     history: Mutex<History>,
     history_len: usize,
     tx: broadcast::Sender<Arc<EncodedDelta>>,
+    /// Set on shutdown: every subscriber stream ends.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Distributor {
+    /// Ends every subscriber stream (on shutdown), so proxies reconnect.
+    pub fn close(&self) {
+        let _ = self.closing.send(true);
+    }
+
     /// A distributor keeping the last `history_len` deltas for resumption;
     /// the broadcast ring holds as many.
     pub fn new(
@@ -75,6 +82,7 @@ impl Distributor {
             }),
             history_len: history_len.max(16),
             tx,
+            closing: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -234,6 +242,10 @@ async fn serve_subscriber(
     mut inbound: Streaming<ClientMessage>,
     out: mpsc::Sender<Result<ServerMessage, Status>>,
 ) -> Result<(), String> {
+    let mut closing = d.closing.subscribe();
+    if *closing.borrow() {
+        return Ok(());
+    }
     let mut watched: BTreeSet<String> = hello.services.into_iter().collect();
     // Subscribe before reading state, so no delta falls between the two.
     let mut rx = d.tx.subscribe();
@@ -296,6 +308,7 @@ async fn serve_subscriber(
                 Ok(None) => return Ok(()),
                 Err(s) => return Err(s.to_string()),
             },
+            _ = closing.changed() => return Ok(()),
             _ = heartbeat.tick() => {
                 let hb = ServerMessage {
                     msg: Some(server_message::Msg::Heartbeat(v1::Heartbeat { version: sent_up_to })),

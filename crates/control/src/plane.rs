@@ -195,12 +195,14 @@ impl ControlPlane {
         self.grpc_addr
     }
 
-    /// Stops serving.
+    /// Stops serving and closes the store.
     pub async fn shutdown(self) {
+        self.state.distributor.close();
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
+        self.state.lock().close_store();
     }
 }
 

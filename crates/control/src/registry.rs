@@ -296,6 +296,11 @@ impl Registry {
         Ok(reg)
     }
 
+    /// Closes the store (on shutdown): later writes stay in memory only.
+    pub fn close_store(&mut self) {
+        self.store = None;
+    }
+
     /// The current version: bumped by every write.
     pub fn version(&self) -> u64 {
         self.version

@@ -1,0 +1,503 @@
+//! Control plane and proxy together, through real sockets: registration,
+//! persistence, resume, slow subscribers, static stability, draining.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use meshless_api::v1::{self, ClientMessage, client_message, server_message};
+use meshless_api::{DistributionClient, decode_delta};
+use meshless_control::config::ControlConfig;
+use meshless_control::plane::ControlPlane;
+use tokio_stream::wrappers::ReceiverStream;
+
+fn control_config(data_dir: Option<PathBuf>) -> ControlConfig {
+    ControlConfig {
+        api_address: "127.0.0.1:0".parse().expect("addr"),
+        grpc_address: "127.0.0.1:0".parse().expect("addr"),
+        data_dir,
+        ..ControlConfig::default()
+    }
+}
+
+async fn call(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = client().request(req).await.expect("response");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn endpoint(id: &str, addr: SocketAddr) -> serde_json::Value {
+    serde_json::json!({ "id": id, "addresses": [addr.ip().to_string()], "port": addr.port() })
+}
+
+async fn register(api: SocketAddr, backends: &[meshless_backend::Backend]) {
+    let (s, _) = call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart",
+        serde_json::json!({ "ports": [{ "port": 80 }] }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let put: Vec<_> = backends
+        .iter()
+        .map(|b| endpoint(b.name(), b.local_addr()))
+        .collect();
+    let (s, body) = call(
+        api,
+        Method::POST,
+        "/v1/services/shop/cart/endpoints",
+        serde_json::json!({ "put": put }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+}
+
+fn proxy_yaml(grpc: SocketAddr, extra: &str) -> String {
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: cart }}]\nclusters:\n  - name: cart\n    service: shop/cart\n{extra}"
+    )
+}
+
+async fn wait_for<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_is_validated() {
+    let plane = ControlPlane::start(control_config(None))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let (s, _) = call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart/endpoints/a",
+        endpoint("a", "127.0.0.1:1".parse().expect("addr")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "unknown service");
+    let (s, body) = call(
+        api,
+        Method::PUT,
+        "/v1/services/Shop/cart",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("namespace"),
+        "{body}"
+    );
+    call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart",
+        serde_json::json!({}),
+    )
+    .await;
+    let bad = serde_json::json!({ "id": "a", "addresses": ["10.0.0.300"], "port": 80 });
+    let (s, body) = call(api, Method::PUT, "/v1/services/shop/cart/endpoints/a", bad).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("addresses[0]"),
+        "{body}"
+    );
+    let zero = serde_json::json!({ "id": "a", "addresses": ["10.0.0.3"], "port": 0 });
+    let (s, body) = call(api, Method::PUT, "/v1/services/shop/cart/endpoints/a", zero).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    let huge: Vec<_> = (0..100_000)
+        .map(|i| endpoint(&format!("e{i}"), "10.0.0.1:80".parse().expect("addr")))
+        .collect();
+    let (s, _) = call(
+        api,
+        Method::POST,
+        "/v1/services/shop/cart/endpoints",
+        serde_json::json!({ "put": huge }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    let (_, view) = call(
+        api,
+        Method::GET,
+        "/v1/services/shop/cart",
+        serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(
+        view["endpoints"].as_array().map(Vec::len),
+        Some(0),
+        "nothing stored"
+    );
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_survives_a_restart() {
+    let dir = std::env::temp_dir().join(format!("meshless-plane-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let plane = ControlPlane::start(control_config(Some(dir.clone())))
+        .await
+        .expect("plane");
+    let bs = backends(3).await;
+    register(plane.api_addr(), &bs).await;
+    let (_, before) = call(
+        plane.api_addr(),
+        Method::GET,
+        "/v1/services/shop/cart",
+        serde_json::Value::Null,
+    )
+    .await;
+    plane.shutdown().await;
+    let plane = ControlPlane::start(control_config(Some(dir.clone())))
+        .await
+        .expect("plane");
+    let (_, after) = call(
+        plane.api_addr(),
+        Method::GET,
+        "/v1/services/shop/cart",
+        serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(before, after);
+    let (_, v) = call(
+        plane.api_addr(),
+        Method::DELETE,
+        "/v1/services/shop/cart/endpoints/b0",
+        serde_json::Value::Null,
+    )
+    .await;
+    assert!(
+        v["version"].as_u64() > before["version"].as_u64(),
+        "{v} vs {before}"
+    );
+    plane.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A raw subscriber: returns (deltas received, got a snapshot marker).
+async fn subscribe(grpc: SocketAddr, resume: u64, wait: Duration) -> (Vec<v1::Delta>, bool) {
+    let mut client = DistributionClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ClientMessage {
+        msg: Some(client_message::Msg::Hello(v1::Hello {
+            node: "n".into(),
+            zone: "z".into(),
+            services: vec!["shop/cart".into()],
+            resume_version: resume,
+        })),
+    })
+    .await
+    .expect("hello");
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let (mut deltas, mut snapshot) = (Vec::new(), false);
+    while let Ok(Ok(Some(m))) = tokio::time::timeout(wait, inbound.message()).await {
+        match m.msg {
+            Some(server_message::Msg::Delta(b)) => deltas.push(decode_delta(&b).expect("delta")),
+            Some(server_message::Msg::SnapshotDone(_)) => snapshot = true,
+            _ => {}
+        }
+    }
+    drop(tx);
+    (deltas, snapshot)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_replays_deltas_or_falls_back_to_a_snapshot() {
+    let mut cfg = control_config(None);
+    cfg.history = 16;
+    let plane = ControlPlane::start(cfg).await.expect("plane");
+    let api = plane.api_addr();
+    let bs = backends(2).await;
+    register(api, &bs).await;
+    let (deltas, snapshot) = subscribe(plane.grpc_addr(), 0, Duration::from_millis(300)).await;
+    assert!(
+        snapshot && deltas.len() == 1 && deltas[0].reset,
+        "{deltas:?}"
+    );
+    assert_eq!(deltas[0].upserted.len(), 2);
+    let seen = deltas[0].version;
+    // Two changes: a resume from `seen` replays exactly those.
+    for i in 0..2 {
+        call(
+            api,
+            Method::PUT,
+            &format!("/v1/services/shop/cart/endpoints/x{i}"),
+            endpoint(&format!("x{i}"), "127.0.0.1:9".parse().expect("addr")),
+        )
+        .await;
+    }
+    let (deltas, snapshot) = subscribe(plane.grpc_addr(), seen, Duration::from_millis(300)).await;
+    assert!(!snapshot, "resumed, no snapshot");
+    assert_eq!(deltas.len(), 2);
+    assert!(
+        deltas
+            .iter()
+            .all(|d| !d.reset && d.upserted.len() == 1 && d.version > seen)
+    );
+    // More changes than the history holds: a fresh snapshot instead.
+    for i in 0..40 {
+        call(
+            api,
+            Method::PUT,
+            &format!("/v1/services/shop/cart/endpoints/y{i}"),
+            endpoint(&format!("y{i}"), "127.0.0.1:9".parse().expect("addr")),
+        )
+        .await;
+    }
+    let (deltas, snapshot) = subscribe(plane.grpc_addr(), seen, Duration::from_millis(300)).await;
+    assert!(snapshot, "history too short: snapshot");
+    assert_eq!(deltas[0].upserted.len(), 2 + 2 + 40);
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_neither_grows_memory_nor_delays_others() {
+    let mut cfg = control_config(None);
+    cfg.history = 32;
+    let plane = ControlPlane::start(cfg).await.expect("plane");
+    let api = plane.api_addr();
+    register(api, &backends(1).await).await;
+    // The stalled one: opens a stream and never reads it.
+    let mut stalled_client = DistributionClient::connect(format!("http://{}", plane.grpc_addr()))
+        .await
+        .expect("connect");
+    let (stx, srx) = tokio::sync::mpsc::channel(4);
+    stx.send(ClientMessage {
+        msg: Some(client_message::Msg::Hello(v1::Hello {
+            services: vec!["shop/cart".into()],
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("hello");
+    let mut stalled = stalled_client
+        .stream(ReceiverStream::new(srx))
+        .await
+        .expect("stream")
+        .into_inner();
+    // A live one reads everything.
+    let grpc = plane.grpc_addr();
+    let live = tokio::spawn(async move { subscribe(grpc, 0, Duration::from_millis(1500)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Large deltas: 1,000 changes of 200 endpoints each (~12 MB in all,
+    // more than the HTTP/2 flow-control windows hold).
+    for i in 0..1000u32 {
+        let put: Vec<_> = (0..200u32)
+            .map(|k| {
+                endpoint(
+                    &format!("e{k}"),
+                    SocketAddr::from(([10, (i % 200) as u8, (k / 250) as u8, (k % 250) as u8], 80)),
+                )
+            })
+            .collect();
+        let (s, _) = call(
+            api,
+            Method::POST,
+            "/v1/services/shop/cart/endpoints",
+            serde_json::json!({ "put": put }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let (deltas, _) = live.await.expect("live");
+    assert_eq!(
+        deltas.len(),
+        1 + 1000,
+        "the live subscriber got every delta"
+    );
+    // The stalled one now reads: it gets coalesced state, not 1,000 deltas.
+    let mut received = 0;
+    let mut last: HashMap<String, usize> = HashMap::new();
+    while let Ok(Ok(Some(m))) =
+        tokio::time::timeout(Duration::from_millis(500), stalled.message()).await
+    {
+        if let Some(server_message::Msg::Delta(b)) = m.msg {
+            let d = decode_delta(&b).expect("delta");
+            received += 1;
+            if d.reset {
+                last.insert(d.service.clone(), d.upserted.len());
+            }
+        }
+    }
+    assert!(received < 1001, "coalesced: {received} messages");
+    assert_eq!(
+        last.get("shop/cart"),
+        Some(&201),
+        "ends with the full state"
+    );
+    let (_, metrics) = {
+        let req = Request::get(format!("http://{api}/metrics"))
+            .body(Full::new(Bytes::new()))
+            .expect("req");
+        let resp = client().request(req).await.expect("resp");
+        let b = resp.into_body().collect().await.expect("body").to_bytes();
+        ((), String::from_utf8_lossy(&b).into_owned())
+    };
+    assert!(
+        !metrics.contains("meshless_control_coalesced_total 0"),
+        "{metrics}"
+    );
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_follows_the_control_plane_and_survives_its_absence() {
+    let dir = std::env::temp_dir().join(format!("meshless-static-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let plane = ControlPlane::start(control_config(Some(dir.clone())))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let bs = backends(3).await;
+    register(api, &bs[..2]).await;
+    let (p, addr) = proxy(&proxy_yaml(grpc, "")).await;
+    let c = client();
+    wait_for("endpoints from the control plane", || async {
+        get(&client(), addr, "/", &[]).await.0 == StatusCode::OK
+    })
+    .await;
+    // The control plane goes away: the proxy keeps serving its last endpoints.
+    plane.shutdown().await;
+    for _ in 0..20 {
+        let (s, b, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(b == "b0" || b == "b1");
+    }
+    // It comes back on the same ports with its store; a new endpoint appears.
+    let mut cfg = control_config(Some(dir.clone()));
+    cfg.api_address = api;
+    cfg.grpc_address = grpc;
+    let plane = ControlPlane::start(cfg).await.expect("plane restarts");
+    let (s, _) = call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart/endpoints/b2",
+        endpoint("b2", bs[2].local_addr()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    wait_for("the proxy to catch up", || async {
+        let mut seen = false;
+        for _ in 0..6 {
+            seen |= get(&client(), addr, "/", &[]).await.1 == "b2";
+        }
+        seen
+    })
+    .await;
+    p.shutdown().await;
+    plane.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_endpoint_drains_with_zero_failed_requests() {
+    let plane = ControlPlane::start(control_config(None))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let bs = backends(3).await;
+    register(api, &bs).await;
+    let (p, addr) = proxy(&proxy_yaml(
+        grpc,
+        "    balancer: { policy: least_request }\n",
+    ))
+    .await;
+    wait_for("endpoints", || async {
+        get(&client(), addr, "/", &[]).await.0 == StatusCode::OK
+    })
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let c = client();
+            let (mut ok, mut failed, mut after_b0) = (0u32, 0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (s, b, _) = get(&c, addr, "/?delay_ms=5", &[]).await;
+                if s == StatusCode::OK {
+                    ok += 1
+                } else {
+                    failed += 1
+                }
+                after_b0.push(b);
+            }
+            (ok, failed, after_b0)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b1 is being shut down: terminating, then removed.
+    let mut t = endpoint("b1", bs[1].local_addr());
+    t["conditions"] = serde_json::json!({ "ready": false, "serving": true, "terminating": true });
+    let (s, _) = call(api, Method::PUT, "/v1/services/shop/cart/endpoints/b1", t).await;
+    assert_eq!(s, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, clusters) = admin(&p, "/clusters").await;
+    assert!(
+        !clusters.contains(&bs[1].local_addr().to_string()),
+        "terminating endpoint gets no new requests: {clusters}"
+    );
+    call(
+        api,
+        Method::DELETE,
+        "/v1/services/shop/cart/endpoints/b1",
+        serde_json::Value::Null,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for t in load {
+        let (o, f, _) = t.await.expect("task");
+        ok += o;
+        failed += f;
+    }
+    assert_eq!(failed, 0, "{ok} ok");
+    assert!(ok > 50);
+    p.shutdown().await;
+    plane.shutdown().await;
+}
