@@ -1,5 +1,6 @@
 //! `meshless`: service load balancing without a service mesh.
 
+mod distribution_model;
 mod progress;
 mod serve;
 mod simulate;

@@ -20,6 +20,8 @@ use crate::progress::Progress;
 pub enum SimulateCommand {
     /// Run a balancing policy on a synthetic keyed workload.
     Balance(BalanceArgs),
+    /// Bytes and events of endpoint changes: Endpoints, EndpointSlices, meshless deltas.
+    Distribution(crate::distribution_model::DistributionArgs),
 }
 
 /// Arguments of `simulate balance`.
@@ -143,6 +145,7 @@ const MAX_DISTINCT_KEYS: u64 = 10_000_000;
 
 pub fn run(cmd: SimulateCommand) -> Result<()> {
     match cmd {
+        SimulateCommand::Distribution(args) => crate::distribution_model::run(&args),
         SimulateCommand::Balance(args) => {
             let report = simulate_balance(&args, true)?;
             if args.json {

@@ -1,0 +1,376 @@
+//! `meshless simulate distribution`: the bytes and events that endpoint
+//! changes cost under four schemes, from actually encoded objects:
+//! one Kubernetes Endpoints object, EndpointSlices of S, EndpointSlices of
+//! 1, and meshless deltas (protobuf, only changed endpoints).
+
+use anyhow::{Result, bail};
+use clap::Args;
+use meshless_api::v1;
+use prost::Message;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// Arguments of `simulate distribution`.
+#[derive(Debug, Clone, Args)]
+pub struct DistributionArgs {
+    /// Nodes, each running a proxy (watcher).
+    #[arg(long, default_value_t = 5000)]
+    pub nodes: u64,
+    /// Endpoints of the service.
+    #[arg(long, default_value_t = 20_000)]
+    pub endpoints: u64,
+    /// Endpoints per EndpointSlice.
+    #[arg(long, default_value_t = 100)]
+    pub slice_size: u64,
+    /// Seed of the generated names and addresses.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One scheme in one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub scenario: &'static str,
+    pub scheme: String,
+    /// Objects (or deltas) written.
+    pub writes: u64,
+    /// Bytes of one object or delta as sent.
+    pub bytes_per_write: u64,
+    pub events_per_watcher: u64,
+    pub total_events: u64,
+    pub total_bytes: u64,
+    /// The endpoint-scaling talk's figure, where it gives one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub talk_estimate: Option<&'static str>,
+}
+
+/// Realistic generated endpoint data.
+struct Pod {
+    name: String,
+    uid: String,
+    ip: String,
+    node: String,
+    zone: &'static str,
+}
+
+fn pods(n: u64, seed: u64) -> Vec<Pod> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let alnum = |rng: &mut fastrand::Rng, len: usize| -> String {
+        (0..len)
+            .map(|_| rng.alphanumeric().to_ascii_lowercase())
+            .collect()
+    };
+    let zones = ["us-east-1a", "us-east-1b", "us-east-1c"];
+    let template = alnum(&mut rng, 10);
+    (0..n)
+        .map(|i| {
+            let uid = format!(
+                "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                rng.u32(..),
+                rng.u16(..),
+                rng.u16(..),
+                rng.u16(..),
+                rng.u64(..) & 0xffff_ffff_ffff
+            );
+            Pod {
+                name: format!("cart-{template}-{}", alnum(&mut rng, 5)),
+                uid,
+                ip: format!("10.{}.{}.{}", 244 + (i >> 16) % 8, (i >> 8) & 255, i & 255),
+                node: format!("ip-10-0-{}-{}.ec2.internal", rng.u8(..), rng.u8(..)),
+                zone: zones[(i % 3) as usize],
+            }
+        })
+        .collect()
+}
+
+fn target_ref(p: &Pod) -> Value {
+    json!({ "kind": "Pod", "namespace": "shop", "name": p.name, "uid": p.uid })
+}
+
+/// A watch event carrying the whole Endpoints object (core/v1).
+fn endpoints_object(pods: &[Pod]) -> usize {
+    let addresses: Vec<Value> = pods
+        .iter()
+        .map(|p| json!({ "ip": p.ip, "nodeName": p.node, "targetRef": target_ref(p) }))
+        .collect();
+    let obj = json!({
+        "type": "MODIFIED",
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {
+                "name": "cart", "namespace": "shop", "uid": "6c3e2a1b-8f4d-4e2a-9b1c-2d3e4f5a6b7c",
+                "resourceVersion": "918273645", "creationTimestamp": "2026-11-29T15:00:00Z",
+                "labels": { "app": "cart" }
+            },
+            "subsets": [{ "addresses": addresses, "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }] }]
+        }
+    });
+    obj.to_string().len()
+}
+
+/// A watch event carrying one EndpointSlice (discovery.k8s.io/v1).
+fn slice_object(pods: &[Pod]) -> usize {
+    let endpoints: Vec<Value> = pods
+        .iter()
+        .map(|p| {
+            json!({
+                "addresses": [p.ip],
+                "conditions": { "ready": true, "serving": true, "terminating": false },
+                "nodeName": p.node, "zone": p.zone, "targetRef": target_ref(p)
+            })
+        })
+        .collect();
+    let obj = json!({
+        "type": "MODIFIED",
+        "object": {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "cart-x7k2p", "generateName": "cart-", "namespace": "shop",
+                "uid": "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b", "resourceVersion": "918273645",
+                "generation": 42, "creationTimestamp": "2026-11-29T15:00:00Z",
+                "labels": {
+                    "kubernetes.io/service-name": "cart",
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"
+                },
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Service", "name": "cart",
+                    "uid": "6c3e2a1b-8f4d-4e2a-9b1c-2d3e4f5a6b7c", "controller": true, "blockOwnerDeletion": true
+                }]
+            },
+            "addressType": "IPv4",
+            "endpoints": endpoints,
+            "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }]
+        }
+    });
+    obj.to_string().len()
+}
+
+fn wire_endpoint(p: &Pod, slice: u64) -> v1::Endpoint {
+    v1::Endpoint {
+        id: p.name.clone(),
+        addresses: vec![p.ip.clone()],
+        port: 8080,
+        weight: 1,
+        zone: p.zone.to_owned(),
+        node: p.node.clone(),
+        ready: true,
+        serving: true,
+        terminating: false,
+        slice: format!("cart-{slice:05}"),
+    }
+}
+
+/// A meshless delta as framed on the stream: the `ServerMessage` with the
+/// encoded delta, plus gRPC's 5-byte message prefix.
+fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -> usize {
+    let delta = v1::Delta {
+        version: 918_273_645,
+        service: "shop/cart".into(),
+        upserted,
+        removed,
+        reset,
+    };
+    let msg = v1::ServerMessage {
+        msg: Some(v1::server_message::Msg::Delta(delta.encode_to_vec().into())),
+    };
+    msg.encoded_len() + 5
+}
+
+/// Runs the model.
+pub fn model(a: &DistributionArgs) -> Result<Vec<Row>> {
+    if a.nodes == 0 || a.endpoints == 0 {
+        bail!("--nodes and --endpoints must be at least 1");
+    }
+    if a.slice_size == 0 || a.slice_size > 1000 {
+        bail!("--slice-size: must be 1..=1000");
+    }
+    let (n, e, s) = (a.nodes, a.endpoints, a.slice_size);
+    let all = pods(e, a.seed);
+    let slices = e.div_ceil(s);
+    let full_object = endpoints_object(&all) as u64;
+    let slice_of_s = slice_object(&all[..s.min(e) as usize]) as u64;
+    let slice_of_1 = slice_object(&all[..1]) as u64;
+    // One change: one endpoint's data (e.g. readiness) changes.
+    let one_delta = delta_bytes(vec![wire_endpoint(&all[0], 0)], Vec::new(), false) as u64;
+    // Rolling update step: a new pod replaces an old one.
+    let replacement = pods(1, a.seed ^ 0x5eed);
+    let replace_delta = delta_bytes(
+        vec![wire_endpoint(&replacement[0], 0)],
+        vec![all[0].name.clone()],
+        false,
+    ) as u64;
+    // Service created: one reset delta with everything.
+    let created_delta = delta_bytes(
+        all.iter()
+            .enumerate()
+            .map(|(i, p)| wire_endpoint(p, i as u64 / s))
+            .collect(),
+        Vec::new(),
+        true,
+    ) as u64;
+    let scheme_names = [
+        "one Endpoints object".to_owned(),
+        format!("EndpointSlices of {s}"),
+        "EndpointSlices of 1".to_owned(),
+        "meshless deltas".to_owned(),
+    ];
+    let row = |scenario, k: usize, writes: u64, size: u64, talk| Row {
+        scenario,
+        scheme: scheme_names[k].clone(),
+        writes,
+        bytes_per_write: size,
+        events_per_watcher: writes,
+        total_events: writes * n,
+        total_bytes: writes * size * n,
+        talk_estimate: talk,
+    };
+    Ok(vec![
+        row("one endpoint changes", 0, 1, full_object, Some("~10 GB")),
+        row("one endpoint changes", 1, 1, slice_of_s, Some("~50 MB")),
+        row("one endpoint changes", 2, 1, slice_of_1, Some("~5 MB")),
+        row("one endpoint changes", 3, 1, one_delta, None),
+        row("rolling update", 0, e, full_object, Some("~200 TB")),
+        row("rolling update", 1, e, slice_of_s, Some("~1 TB")),
+        row("rolling update", 2, e, slice_of_1, Some("~100 GB")),
+        row("rolling update", 3, e, replace_delta, None),
+        row(
+            "service created",
+            0,
+            1,
+            full_object,
+            Some("1 write / 5k events"),
+        ),
+        row(
+            "service created",
+            1,
+            slices,
+            slice_of_s,
+            Some("200 writes / 1M events"),
+        ),
+        row(
+            "service created",
+            2,
+            e,
+            slice_of_1,
+            Some("20k writes / 100M events"),
+        ),
+        row("service created", 3, 1, created_delta, None),
+    ])
+}
+
+/// Bytes in a human unit (decimal, as the talk uses).
+pub fn human(bytes: u64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB", "PB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u < units.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+pub fn run(a: &DistributionArgs) -> Result<()> {
+    let rows = model(a)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&json!({
+                "nodes": a.nodes, "endpoints": a.endpoints, "slice_size": a.slice_size, "rows": rows
+            }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "{} endpoints, {} nodes watching, slices of {}; sizes from encoded objects\n",
+        a.endpoints, a.nodes, a.slice_size
+    );
+    let mut scenario = "";
+    for r in &rows {
+        if r.scenario != scenario {
+            scenario = r.scenario;
+            println!("{scenario}");
+            println!(
+                "  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  talk",
+                "scheme", "writes", "bytes/write", "events/node", "total events", "total bytes"
+            );
+        }
+        println!(
+            "  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  {}",
+            r.scheme,
+            r.writes,
+            human(r.bytes_per_write),
+            r.events_per_watcher,
+            r.total_events,
+            human(r.total_bytes),
+            r.talk_estimate.unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_columns_land_near_the_talk_and_deltas_are_far_smaller() {
+        let rows = model(&DistributionArgs {
+            nodes: 5000,
+            endpoints: 20_000,
+            slice_size: 100,
+            seed: 1,
+            json: true,
+        })
+        .expect("model");
+        let total = |scenario: &str, k: usize| {
+            rows.iter()
+                .filter(|r| r.scenario == scenario)
+                .nth(k)
+                .map(|r| r.total_bytes)
+                .unwrap_or(0)
+        };
+        // One change: ~10 GB / ~50 MB / ~5 MB in the talk; within 3x.
+        let near = |x: u64, want: f64| (x as f64) > want / 3.0 && (x as f64) < want * 3.0;
+        assert!(
+            near(total("one endpoint changes", 0), 10e9),
+            "{}",
+            total("one endpoint changes", 0)
+        );
+        assert!(
+            near(total("one endpoint changes", 1), 50e6),
+            "{}",
+            total("one endpoint changes", 1)
+        );
+        assert!(
+            near(total("one endpoint changes", 2), 5e6),
+            "{}",
+            total("one endpoint changes", 2)
+        );
+        assert!(
+            near(total("rolling update", 1), 1e12),
+            "{}",
+            total("rolling update", 1)
+        );
+        assert!(
+            total("one endpoint changes", 3) < 1_000_000,
+            "deltas: under 1 MB for one change"
+        );
+        assert!(total("rolling update", 3) * 50 < total("rolling update", 1));
+        let created = rows
+            .iter()
+            .filter(|r| r.scenario == "service created")
+            .collect::<Vec<_>>();
+        assert_eq!(created[1].writes, 200);
+        assert_eq!(created[1].total_events, 1_000_000);
+    }
+}
