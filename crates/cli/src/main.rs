@@ -1,5 +1,6 @@
 //! `meshless`: service load balancing without a service mesh.
 
+mod bench_distribution;
 mod distribution_model;
 mod progress;
 mod serve;
@@ -29,9 +30,18 @@ enum Command {
     Backend(serve::BackendArgs),
     /// Start three backends and a proxy on 127.0.0.1:8080, and show what to try.
     Demo,
+    /// Measurements that back the performance claims.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Scale models: see how a policy behaves before it meets traffic.
     #[command(subcommand)]
     Simulate(simulate::SimulateCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// A real control plane and N real subscriber streams on 127.0.0.1.
+    Distribution(bench_distribution::DistributionBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +54,7 @@ fn main() -> ExitCode {
         Command::Backend(args) => serve::backend(args),
         Command::Demo => serve::demo(),
         Command::Simulate(cmd) => simulate::run(cmd),
+        Command::Bench(BenchCommand::Distribution(args)) => bench_distribution::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

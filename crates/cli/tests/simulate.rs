@@ -86,3 +86,63 @@ fn bad_flags_fail_with_a_message_naming_them() {
     assert!(err.contains("--endpoints"), "{err}");
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn simulate_distribution_reports_every_scheme_as_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
+        .args([
+            "simulate",
+            "distribution",
+            "--nodes",
+            "50",
+            "--endpoints",
+            "300",
+            "--json",
+        ])
+        .output()
+        .expect("run meshless");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 12);
+    let ours = rows
+        .iter()
+        .find(|r| r["scheme"] == "meshless deltas")
+        .expect("ours");
+    let slices = rows
+        .iter()
+        .find(|r| r["scheme"] == "EndpointSlices of 100")
+        .expect("slices");
+    assert!(ours["total_bytes"].as_u64() < slices["total_bytes"].as_u64());
+}
+
+#[test]
+fn bench_distribution_runs_against_a_real_control_plane() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
+        .args([
+            "bench",
+            "distribution",
+            "--subscribers",
+            "5",
+            "--endpoints",
+            "200",
+            "--changes",
+            "5",
+            "--json",
+        ])
+        .output()
+        .expect("run meshless");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    // 5 single changes and 2 tracked rolling replacements, at each of 5 subscribers.
+    assert_eq!(v["samples"], 5 * (5 + 2));
+    assert!(v["bytes_written"].as_u64().unwrap_or(0) > 0);
+}

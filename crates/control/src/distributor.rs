@@ -52,6 +52,9 @@ pub struct Distributor {
     tx: broadcast::Sender<Arc<EncodedDelta>>,
     /// Set on shutdown: every subscriber stream ends.
     closing: tokio::sync::watch::Sender<bool>,
+    /// The last reset (snapshot) encoding per service and the version it
+    /// reflects: subscribers connecting together share one encoding.
+    resets: Mutex<std::collections::HashMap<String, (u64, Bytes)>>,
 }
 
 impl Distributor {
@@ -83,6 +86,7 @@ impl Distributor {
             history_len: history_len.max(16),
             tx,
             closing: tokio::sync::watch::channel(false).0,
+            resets: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -127,12 +131,19 @@ impl Distributor {
     /// all read under one lock, and the registry version they reflect.
     fn resets<'a>(&self, services: impl IntoIterator<Item = &'a String>) -> (u64, Vec<Bytes>) {
         let reg = self.registry();
+        let mut cache = self.resets.lock().unwrap_or_else(PoisonError::into_inner);
         let out = services
             .into_iter()
             .map(|service| {
+                let current = reg.service_version(service);
+                if let Some((v, bytes)) = cache.get(service)
+                    && Some(*v) == current
+                {
+                    return bytes.clone();
+                }
                 let (version, endpoints) =
                     reg.snapshot(service).unwrap_or((reg.version(), Vec::new()));
-                encode_delta(&v1::Delta {
+                let bytes = encode_delta(&v1::Delta {
                     version,
                     service: service.clone(),
                     upserted: endpoints
@@ -141,7 +152,11 @@ impl Distributor {
                         .collect(),
                     removed: Vec::new(),
                     reset: true,
-                })
+                });
+                if let Some(v) = current {
+                    cache.insert(service.clone(), (v, bytes.clone()));
+                }
+                bytes
             })
             .collect();
         (reg.version(), out)

@@ -80,6 +80,16 @@ impl PlaneState {
         out
     }
 
+    /// [`PlaneState::write`], also returning the registry version once the
+    /// write's deltas are published: the version proxies will see.
+    pub fn write_versioned<T>(
+        &self,
+        f: impl FnOnce(&mut Registry) -> Result<T, RegistryError>,
+    ) -> Result<(T, u64), RegistryError> {
+        let out = self.write(f)?;
+        Ok((out, self.lock().version()))
+    }
+
     /// Reconciles every changed service and publishes its delta.
     fn flush(&self, reg: &mut Registry, committed: Instant) -> Result<(), RegistryError> {
         for key in reg.dirty_services() {
@@ -480,16 +490,16 @@ async fn route(
                     format!("id: body says {:?}, path says {id:?}", body.id),
                 ));
             }
-            let v = state
-                .write(|r| r.put_endpoints(&key, vec![body]))
+            let (_, v) = state
+                .write_versioned(|r| r.put_endpoints(&key, vec![body]))
                 .map_err(registry_error)?;
             Ok(json(StatusCode::OK, &serde_json::json!({ "version": v })))
         }
         (&Method::DELETE, ["v1", "services", ns, name, "endpoints", id]) => {
             let key = format!("{ns}/{name}");
             let ids = [EndpointId::new(id.to_string())];
-            let v = state
-                .write(|r| r.delete_endpoints(&key, &ids, true))
+            let (_, v) = state
+                .write_versioned(|r| r.delete_endpoints(&key, &ids, true))
                 .map_err(registry_error)?;
             Ok(json(StatusCode::OK, &serde_json::json!({ "version": v })))
         }
@@ -506,8 +516,8 @@ async fn route(
             let key = format!("{ns}/{name}");
             let body: BulkBody = read_json(req, max).await?;
             let ids: Vec<EndpointId> = body.delete.into_iter().map(EndpointId::new).collect();
-            let v = state
-                .write(|r| {
+            let (_, v) = state
+                .write_versioned(|r| {
                     let mut v = r.version();
                     if !body.put.is_empty() {
                         v = r.put_endpoints(&key, body.put)?;

@@ -681,6 +681,11 @@ impl Registry {
         Ok(out)
     }
 
+    /// The version of a service's last change, if it exists.
+    pub fn service_version(&self, key: &str) -> Option<u64> {
+        self.services.get(key).map(|s| s.version)
+    }
+
     /// Every endpoint of a service with its slice (a snapshot).
     pub fn snapshot(&self, key: &str) -> Option<(u64, Vec<(Endpoint, String)>)> {
         let svc = self.services.get(key)?;
