@@ -174,7 +174,7 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
     let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
     let mut seen = Vec::new();
     loop {
-        let msg = match tokio::time::timeout(Duration::from_secs(5), inbound.message()).await {
+        let msg = match tokio::time::timeout(Duration::from_secs(120), inbound.message()).await {
             Ok(Ok(Some(m))) => m,
             _ => break,
         };
