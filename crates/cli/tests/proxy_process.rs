@@ -238,3 +238,49 @@ fn demo_serves_round_robin_affinity_and_admin() {
         "prints what to try: {out}"
     );
 }
+
+/// `meshless up`: control plane, proxy and backends from one file; the
+/// proxy follows a registration made through the API.
+#[test]
+fn up_runs_control_plane_proxy_and_backends_from_one_file() {
+    let dir = temp_dir("up");
+    let (api, grpc, admin, web) = (free_port(), free_port(), free_port(), free_port());
+    let (b1, b2) = (free_port(), free_port());
+    let stack = format!(
+        "control:\n  api_address: \"{api}\"\n  grpc_address: \"{grpc}\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\n  - {{ name: two, listen: \"{b2}\" }}\nproxy:\n  admin: {{ address: \"{admin}\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",
+        b1.port()
+    );
+    let path = dir.join("stack.yaml");
+    std::fs::write(&path, stack).expect("write");
+    let child = meshless()
+        .args(["up", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn up");
+    let mut up = Running(child);
+    wait_until("first endpoint", || {
+        http_get(web, "/").is_ok_and(|r| r.1 == "one\n")
+    });
+    let body = format!(
+        "{{\"id\":\"two\",\"addresses\":[\"127.0.0.1\"],\"port\":{}}}",
+        b2.port()
+    );
+    let mut s = TcpStream::connect(api).expect("api");
+    write!(
+        s,
+        "PUT /v1/services/demo/web/endpoints/two HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    wait_until("second endpoint", || {
+        (0..6).any(|_| http_get(web, "/").is_ok_and(|r| r.1 == "two\n"))
+    });
+    signal(&up.0, "-TERM");
+    assert!(up.0.wait().expect("wait").success());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -501,3 +501,76 @@ async fn terminating_endpoint_drains_with_zero_failed_requests() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_the_api_and_the_stream() {
+    let dir = std::env::temp_dir().join(format!("meshless-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret\n").expect("token");
+    let mut cfg = control_config(None);
+    cfg.token_file = Some(token.clone());
+    let plane = ControlPlane::start(cfg).await.expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let (s, _) = call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let req = Request::put(format!("http://{api}/v1/services/shop/cart"))
+        .header("authorization", "Bearer s3cret")
+        .body(Full::new(Bytes::from("{}")))
+        .expect("request");
+    assert_eq!(
+        client().request(req).await.expect("response").status(),
+        StatusCode::OK
+    );
+    // The stream refuses a proxy without the token...
+    let mut raw = DistributionClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(ClientMessage {
+        msg: Some(client_message::Msg::Hello(v1::Hello::default())),
+    })
+    .await
+    .expect("hello");
+    let err = raw
+        .stream(ReceiverStream::new(rx))
+        .await
+        .expect_err("unauthenticated");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    // ...and serves one configured with it.
+    let bs = backends(1).await;
+    let put = endpoint("b0", bs[0].local_addr());
+    let req = Request::put(format!("http://{api}/v1/services/shop/cart/endpoints/b0"))
+        .header("authorization", "Bearer s3cret")
+        .body(Full::new(Bytes::from(put.to_string())))
+        .expect("request");
+    assert_eq!(
+        client().request(req).await.expect("response").status(),
+        StatusCode::OK
+    );
+    let yaml = proxy_yaml(grpc, "").replacen(
+        &format!("control: {{ address: \"{grpc}\" }}"),
+        &format!(
+            "control: {{ address: \"{grpc}\", token_file: \"{}\" }}",
+            token.display()
+        ),
+        1,
+    );
+    let (p, addr) = proxy(&yaml).await;
+    wait_for("endpoints through the guarded stream", || async {
+        get(&client(), addr, "/", &[]).await.1 == "b0"
+    })
+    .await;
+    p.shutdown().await;
+    plane.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+    // Non-loopback addresses without a token are refused at load time.
+    let err = ControlConfig::parse("api_address: 0.0.0.0:9400\n", "c.yaml").expect_err("no token");
+    assert!(err.to_string().contains("token_file"), "{err}");
+}
