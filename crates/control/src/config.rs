@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use meshless_model::serde_duration as duration;
 use serde::{Deserialize, Serialize};
 
 use crate::reconciler::{DEFAULT_MAX_PER_SLICE, MAX_MAX_PER_SLICE};
@@ -101,23 +102,6 @@ impl Default for ControlConfig {
             max_body_bytes: default_max_body(),
             services: Vec::new(),
         }
-    }
-}
-
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!("invalid duration {s:?} ({e}); use e.g. 250ms, 5s"))
-        })
-    }
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
     }
 }
 

@@ -6,6 +6,7 @@
 //! `1..=MAX_WEIGHT`.
 
 mod endpoint;
+pub mod serde_duration;
 
 pub use endpoint::{
     Conditions, Endpoint, EndpointError, EndpointId, MAX_WEIGHT, routable_endpoints,

@@ -14,7 +14,7 @@ use meshless_balance::{
 use meshless_model::Endpoint;
 use serde::{Deserialize, Serialize};
 
-use crate::duration;
+use meshless_model::serde_duration as duration;
 
 /// The whole proxy configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

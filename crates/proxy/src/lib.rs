@@ -5,7 +5,6 @@ pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod config;
-mod duration;
 pub mod forward;
 pub mod health;
 pub mod listener;

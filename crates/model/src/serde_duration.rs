@@ -1,4 +1,5 @@
 //! Durations in config files as human-readable strings: `250ms`, `5s`, `1m`.
+//! Use as `#[serde(with = "meshless_model::serde_duration")]`.
 
 use std::time::Duration;
 
