@@ -2,6 +2,7 @@
 //! slice reconciler, the embedded store, the registration API and endpoint
 //! distribution to proxies.
 
+pub mod autoscaler;
 pub mod config;
 pub mod distributor;
 pub mod metrics;
