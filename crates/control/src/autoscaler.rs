@@ -119,8 +119,12 @@ impl AutoscaleConfig {
         if !(self.panic_threshold >= 1.0 && self.panic_threshold.is_finite()) {
             return err("panic_threshold", "must be at least 1.0");
         }
-        if !(self.max_scale_up_rate > 1.0) || !(self.max_scale_down_rate > 1.0) {
-            return err("max_scale_up_rate", "rates must be above 1.0");
+        let rate_ok = |r: f64| r > 1.0 && r.is_finite();
+        if !rate_ok(self.max_scale_up_rate) {
+            return err("max_scale_up_rate", "must be above 1.0");
+        }
+        if !rate_ok(self.max_scale_down_rate) {
+            return err("max_scale_down_rate", "must be above 1.0");
         }
         Ok(())
     }
