@@ -7,6 +7,7 @@ pub mod config;
 pub mod distributor;
 pub mod metrics;
 pub mod plane;
+pub mod process_scaler;
 pub mod reconciler;
 pub mod registry;
 pub mod store;
