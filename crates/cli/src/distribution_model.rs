@@ -174,6 +174,7 @@ fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -
         upserted,
         removed,
         reset,
+        activation_error: String::new(),
     };
     let msg = v1::ServerMessage {
         msg: Some(v1::server_message::Msg::Delta(delta.encode_to_vec().into())),

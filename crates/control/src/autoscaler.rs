@@ -3,7 +3,7 @@
 //! limits, and scale to zero after a grace period. Pure: time is passed in,
 //! so its behaviour is tested on synthetic load traces.
 //!
-//! Not yet wired to a scaler or to load reports from proxies (issue 6).
+//! [`crate::scaling`] feeds it the proxies' load reports and applies its decisions.
 
 use std::collections::VecDeque;
 use std::time::Duration;

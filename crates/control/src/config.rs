@@ -56,6 +56,9 @@ pub struct StaticService {
     pub ports: Vec<crate::registry::ServicePort>,
     #[serde(default)]
     pub endpoints: Vec<EndpointInput>,
+    /// Scale the service by load (and to zero): see docs/control.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::scaling::ServiceScaling>,
 }
 
 impl StaticService {

@@ -34,6 +34,9 @@ pub struct EncodedDelta {
     pub committed: Instant,
 }
 
+/// Per service, per subscriber: (requests in flight, requests queued).
+type LoadTable = std::collections::HashMap<String, std::collections::HashMap<u64, (u32, u32)>>;
+
 /// Recent deltas, for resumption.
 #[derive(Debug)]
 struct History {
@@ -55,6 +58,11 @@ pub struct Distributor {
     /// The last reset (snapshot) encoding per service and the version it
     /// reflects: subscribers connecting together share one encoding.
     resets: Mutex<std::collections::HashMap<String, (u64, Bytes)>>,
+    /// Latest load report per service and subscriber: (in flight, queued).
+    loads: Mutex<LoadTable>,
+    /// Woken when a proxy asks to activate a service.
+    activations: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+    next_subscriber: std::sync::atomic::AtomicU64,
 }
 
 impl Distributor {
@@ -87,11 +95,64 @@ impl Distributor {
             tx,
             closing: tokio::sync::watch::channel(false).0,
             resets: Mutex::new(std::collections::HashMap::new()),
+            loads: Mutex::new(std::collections::HashMap::new()),
+            activations: Mutex::new(std::collections::HashMap::new()),
+            next_subscriber: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Requests in flight and queued for `service`, summed over proxies.
+    pub fn load(&self, service: &str) -> (u64, u64) {
+        let loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
+        loads.get(service).map_or((0, 0), |per| {
+            per.values().fold((0, 0), |(f, q), (a, b)| {
+                (f + u64::from(*a), q + u64::from(*b))
+            })
+        })
+    }
+
+    /// The signal a proxy's activation request for `service` wakes.
+    pub fn activation(&self, service: &str) -> Arc<tokio::sync::Notify> {
+        let mut a = self
+            .activations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(a.entry(service.to_owned()).or_default())
+    }
+
+    fn record_load(&self, subscriber: u64, load: &v1::Load) {
+        let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
+        for s in &load.services {
+            loads
+                .entry(s.service.clone())
+                .or_default()
+                .insert(subscriber, (s.in_flight, s.queued));
+        }
+    }
+
+    fn forget_subscriber(&self, subscriber: u64) {
+        let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
+        for per in loads.values_mut() {
+            per.remove(&subscriber);
+        }
+    }
+
+    /// Tells the proxies watching `service` that its instances cannot start.
+    pub fn publish_activation_error(&self, service: &str, reason: &str) {
+        let version = self.registry().next_version();
+        let delta = ServiceDelta {
+            service: service.to_owned(),
+            version,
+            upserted: Vec::new(),
+            removed: Vec::new(),
+            reset: false,
+            activation_error: Some(reason.to_owned()),
+        };
+        self.publish(&delta, Instant::now());
     }
 
     /// Encodes `delta` once and hands it to every subscriber. Call with the
@@ -107,6 +168,7 @@ impl Distributor {
                 .collect(),
             removed: delta.removed.iter().map(|id| id.to_string()).collect(),
             reset: delta.reset,
+            activation_error: delta.activation_error.clone().unwrap_or_default(),
         };
         let encoded = Arc::new(EncodedDelta {
             version: delta.version,
@@ -152,6 +214,7 @@ impl Distributor {
                         .collect(),
                     removed: Vec::new(),
                     reset: true,
+                    activation_error: String::new(),
                 });
                 if let Some(v) = current {
                     cache.insert(service.clone(), (v, bytes.clone()));
@@ -215,9 +278,13 @@ impl Distribution for DistributionService {
         tokio::spawn(async move {
             d.metrics.subscribers.inc();
             let node = hello.node.clone();
-            if let Err(e) = serve_subscriber(&d, hello, inbound, out).await {
+            let id = d
+                .next_subscriber
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Err(e) = serve_subscriber(&d, id, hello, inbound, out).await {
                 tracing::debug!(node = %node, error = %e, "subscriber stream ended");
             }
+            d.forget_subscriber(id);
             d.metrics.subscribers.dec();
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -253,6 +320,7 @@ async fn send_resets(
 
 async fn serve_subscriber(
     d: &Distributor,
+    id: u64,
     hello: v1::Hello,
     mut inbound: Streaming<ClientMessage>,
     out: mpsc::Sender<Result<ServerMessage, Status>>,
@@ -319,6 +387,12 @@ async fn serve_subscriber(
                     send_resets(d, &out, &added).await?;
                 }
                 Ok(Some(ClientMessage { msg: Some(client_message::Msg::Ack(_)) })) => {}
+                Ok(Some(ClientMessage { msg: Some(client_message::Msg::Load(load)) })) => {
+                    d.record_load(id, &load);
+                }
+                Ok(Some(ClientMessage { msg: Some(client_message::Msg::Activate(a)) })) => {
+                    d.activation(&a.service).notify_one();
+                }
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(()),
                 Err(s) => return Err(s.to_string()),

@@ -10,4 +10,5 @@ pub mod plane;
 pub mod process_scaler;
 pub mod reconciler;
 pub mod registry;
+pub mod scaling;
 pub mod store;

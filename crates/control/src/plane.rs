@@ -182,6 +182,16 @@ impl ControlPlane {
             tokio::spawn(serve_grpc(grpc, Arc::clone(&state), stopped.clone())),
             tokio::spawn(housekeeping(Arc::clone(&state), stopped.clone())),
         ];
+        for s in &config.services {
+            if let Some(scaling) = &s.autoscaling {
+                tasks.push(tokio::spawn(crate::scaling::run(
+                    Arc::clone(&state),
+                    s.spec().key(),
+                    scaling.clone(),
+                    stopped.clone(),
+                )));
+            }
+        }
         if !config.batch_period.is_zero() {
             tasks.push(tokio::spawn(batches(Arc::clone(&state), stopped)));
         }
@@ -207,11 +217,11 @@ impl ControlPlane {
 
     /// Stops serving and closes the store.
     pub async fn shutdown(self) {
-        self.state.distributor.close();
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
+        self.state.distributor.close();
         self.state.lock().close_store();
     }
 }

@@ -4,7 +4,7 @@
 //! instances with SIGTERM, then SIGKILL after a grace period; restarts
 //! instances that exit on their own, with backoff.
 //!
-//! Not yet driven by the autoscaler or registering endpoints (issue 6).
+//! Driven by [`crate::scaling`], which registers the instances as endpoints.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -87,6 +87,11 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// Waits for the process to exit.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait().await
+    }
+
     /// The OS process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()

@@ -134,6 +134,8 @@ pub struct ServiceDelta {
     pub upserted: Vec<(Endpoint, String)>,
     pub removed: Vec<EndpointId>,
     pub reset: bool,
+    /// The scaler could not start an instance: held requests fail at once.
+    pub activation_error: Option<String>,
 }
 
 /// One service's live state.
@@ -296,6 +298,13 @@ impl Registry {
         Ok(reg)
     }
 
+    /// A fresh version for a message that changes no stored state (an
+    /// activation error), so subscribers order it after what they have.
+    pub fn next_version(&mut self) -> u64 {
+        self.version += 1;
+        self.version
+    }
+
     /// Closes the store (on shutdown): later writes stay in memory only.
     pub fn close_store(&mut self) {
         self.store = None;
@@ -402,6 +411,7 @@ impl Registry {
             upserted: Vec::new(),
             removed: Vec::new(),
             reset: true,
+            activation_error: None,
         })
     }
 
@@ -600,6 +610,7 @@ impl Registry {
             upserted: Vec::new(),
             removed: Vec::new(),
             reset: false,
+            activation_error: None,
         };
         for id in dirty {
             match svc.endpoints.get(&id) {
@@ -666,6 +677,7 @@ impl Registry {
                 upserted: Vec::new(),
                 removed: Vec::new(),
                 reset: false,
+                activation_error: None,
             };
             for (id, e) in &svc.endpoints {
                 let now_in = svc.slices.slice_of(id).unwrap_or_default();

@@ -244,6 +244,9 @@ pub struct ClusterConfig {
     /// The answer when no endpoint is usable, instead of a bare 503.
     #[serde(default)]
     pub fallback: Option<Fallback>,
+    /// Hold requests while the service has no ready instance (scale from zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation: Option<Activation>,
     /// With no endpoint available, send to all of them anyway.
     #[serde(default = "yes")]
     pub panic_mode: bool,
@@ -582,6 +585,35 @@ fn default_base_ejection() -> Duration {
 }
 fn default_max_ejection() -> Duration {
     Duration::from_secs(300)
+}
+
+/// `activation:` block: requests for a `service:` cluster with no ready
+/// endpoint are held while the control plane starts an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Activation {
+    /// Requests held at once per cluster; past it, 503 with `Retry-After`.
+    #[serde(default = "default_max_queued")]
+    pub max_queued: u32,
+    /// A held request waits at most this long, then 504.
+    #[serde(default = "default_queue_timeout", with = "duration")]
+    pub queue_timeout: Duration,
+    /// How often a starting instance's address is probed (TCP connect).
+    #[serde(default = "default_probe_interval", with = "duration")]
+    pub probe_interval: Duration,
+    /// Hard limit of requests in flight per instance; 0 = none.
+    #[serde(default)]
+    pub container_concurrency: u32,
+}
+
+fn default_max_queued() -> u32 {
+    10_000
+}
+fn default_queue_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_probe_interval() -> Duration {
+    Duration::from_millis(5)
 }
 
 /// `fallback:` block.

@@ -23,6 +23,29 @@ use crate::state::ProxyState;
 const SILENCE: Duration = Duration::from_secs(15);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often the load of watched services is reported.
+const LOAD_REPORT: Duration = Duration::from_secs(1);
+
+/// Requests in flight and held, per watched service, over its clusters.
+fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
+    use std::sync::atomic::Ordering;
+    let snap = state.snapshot.load();
+    let mut per: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for c in snap.clusters.values() {
+        if let Some(s) = &c.config.service {
+            let e = per.entry(s.as_str()).or_default();
+            e.0 += c.counters.active_requests.load(Ordering::Relaxed);
+            e.1 += c.counters.queued.load(Ordering::Relaxed);
+        }
+    }
+    per.into_iter()
+        .map(|(service, (f, q))| v1::ServiceLoad {
+            service: service.to_owned(),
+            in_flight: u32::try_from(f).unwrap_or(u32::MAX),
+            queued: u32::try_from(q).unwrap_or(u32::MAX),
+        })
+        .collect()
+}
 
 /// Runs until `stop` changes.
 pub async fn run(
@@ -31,6 +54,7 @@ pub async fn run(
     token: Option<String>,
     node: NodeConfig,
     mut watched: watch::Receiver<BTreeSet<String>>,
+    mut activate: mpsc::UnboundedReceiver<String>,
     mut stop: watch::Receiver<bool>,
 ) {
     let uri = if address.contains("://") {
@@ -48,6 +72,7 @@ pub async fn run(
             token.as_deref(),
             &node,
             &mut watched,
+            &mut activate,
             &mut table,
             &mut version,
         );
@@ -69,15 +94,18 @@ pub async fn run(
 }
 
 /// One stream, from connect to disconnect.
+#[allow(clippy::too_many_arguments)]
 async fn session(
     state: &ProxyState,
     uri: &str,
     token: Option<&str>,
     node: &NodeConfig,
     watched: &mut watch::Receiver<BTreeSet<String>>,
+    activate: &mut mpsc::UnboundedReceiver<String>,
     table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
     version: &mut u64,
 ) -> Result<(), String> {
+    let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(2))
@@ -137,6 +165,17 @@ async fn session(
                     Some(server_message::Msg::Heartbeat(_)) | None => {}
                 }
             }
+            _ = report.tick() => {
+                let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
+                let _ = tx.try_send(load);
+            }
+            Some(service) = activate.recv() => {
+                // Tell the control plane at once, with the load that explains it.
+                let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
+                tx.send(load).await.map_err(|e| e.to_string())?;
+                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service })) };
+                tx.send(act).await.map_err(|e| e.to_string())?;
+            }
             changed = watched.changed() => {
                 if changed.is_err() {
                     return Ok(());
@@ -156,6 +195,18 @@ fn apply(
     table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
     delta: v1::Delta,
 ) -> Result<(), String> {
+    if !delta.activation_error.is_empty() {
+        state
+            .activation_errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                delta.service.clone(),
+                (delta.activation_error.clone(), std::time::Instant::now()),
+            );
+        state.endpoints_changed.notify_waiters();
+        return Ok(());
+    }
     let entry = table.entry(delta.service.clone()).or_default();
     if delta.reset {
         entry.clear();
@@ -180,7 +231,10 @@ fn apply(
     services.insert(delta.service.clone(), endpoints);
     let current = state.snapshot.load_full();
     match current.with_service(&delta.service, &services) {
-        Ok(next) => state.snapshot.store(Arc::new(next)),
+        Ok(next) => {
+            state.snapshot.store(Arc::new(next));
+            state.endpoints_changed.notify_waiters();
+        }
         Err(e) => {
             tracing::error!(service = %delta.service, error = %e, "cannot apply endpoints; keeping the previous ones");
         }

@@ -93,7 +93,7 @@ pub async fn handle(
     };
     done.route = Arc::clone(&route.name);
     let cluster_name = route.cluster(fastrand::u64(..));
-    let Some(cluster) = snapshot.clusters.get(&**cluster_name).cloned() else {
+    let Some(base) = snapshot.clusters.get(&**cluster_name).cloned() else {
         return Ok(local(
             done,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -101,11 +101,14 @@ pub async fn handle(
             "no_cluster",
         ));
     };
-    done.cluster = Arc::clone(&cluster.name);
-    let counters = Arc::clone(&cluster.counters);
-    let breakers = &cluster.config.circuit_breakers;
+    done.cluster = Arc::clone(&base.name);
+    // `base` carries the settings; `cluster` the endpoints, which activation
+    // may replace with a newer snapshot's.
+    let mut cluster = Arc::clone(&base);
+    let counters = Arc::clone(&base.counters);
+    let breakers = &base.config.circuit_breakers;
     if counters.active_requests.load(Ordering::Relaxed) >= u64::from(breakers.max_requests) {
-        overflow(&state, &cluster, "max_requests");
+        overflow(&state, &base, "max_requests");
         return Ok(local(
             done,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -117,7 +120,7 @@ pub async fn handle(
     done.active = Some(ActiveGuard(Arc::clone(&counters)));
 
     let node = &snapshot.config.node;
-    let key = extract_key(cluster.config.balancer.hash_key.as_ref(), &parts, client);
+    let key = extract_key(base.config.balancer.hash_key.as_ref(), &parts, client);
     let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
     if let Some(k) = key {
         ctx = ctx.with_key(k);
@@ -129,7 +132,12 @@ pub async fn handle(
         &done.request_id,
         upgrading,
     ));
-    let retries = &cluster.config.retries;
+    let retries = &base.config.retries;
+    let activation = base
+        .config
+        .activation
+        .as_ref()
+        .zip(base.config.service.as_deref());
     let replayable = body.is_end_stream()
         && downstream_upgrade.is_none()
         && (retries.all_methods || is_idempotent(&parts.method));
@@ -140,7 +148,31 @@ pub async fn handle(
         done.attempts += 1;
         let attempt = done.attempts;
         let retrying = attempt > 1;
-        let Some(mut guard) = pick_untried(&cluster, &ctx, &tried, retrying) else {
+        let picked = pick_untried(&cluster, &ctx, &tried, retrying);
+        // Scale from zero (or past container_concurrency): hold, then pick again.
+        let over_limit = |g: &meshless_balance::InFlight| {
+            activation.is_some_and(|(a, _)| {
+                a.container_concurrency > 0
+                    && cluster.lb.set().load(g.index()) > a.container_concurrency
+            })
+        };
+        if let Some((act, service)) = activation
+            && !retrying
+            && picked.as_ref().is_none_or(over_limit)
+        {
+            if let Some(g) = picked {
+                g.finish(Outcome::Cancelled);
+            }
+            match crate::activation::hold(&state, &base.name, service, act, &counters).await {
+                Ok(c) => {
+                    cluster = c;
+                    done.attempts -= 1;
+                    continue;
+                }
+                Err(refusal) => return Ok(refused(done, refusal)),
+            }
+        }
+        let Some(mut guard) = picked else {
             return Ok(no_endpoint(done, &cluster));
         };
         let index = guard.index();
@@ -334,6 +366,23 @@ fn local(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    resp
+}
+
+/// A held request that could not be sent (activation).
+fn refused(mut done: Completion, r: crate::activation::Refusal) -> Response<ProxyBody> {
+    done.state.metrics.local_reply(&done.listener, r.reason);
+    done.status = r.status.as_u16();
+    let mut resp = Response::new(ProxyBody::full(r.body, Some(done)));
+    *resp.status_mut() = r.status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Some(secs) = r.retry_after {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
     resp
 }
 

@@ -17,4 +17,5 @@ pub mod upstream;
 
 pub use config::{ConfigFileError, ProxyConfig};
 pub use proxy::{Proxy, ProxyError};
+pub mod activation;
 pub mod control_link;

@@ -62,6 +62,21 @@ pub struct LocalReplyLabels {
     pub reason: String,
 }
 
+/// Labels of an activation phase, measured from the moment a request was held.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// `announced` (an instance appeared), `probe_success`, `ready` (the
+    /// request can be sent), `response` (its response headers arrived).
+    pub phase: &'static str,
+}
+
+/// Labels of an activation's end.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActivationLabels {
+    /// `sent`, `queue_full`, `start_failed`, `timeout`.
+    pub result: &'static str,
+}
+
 /// Every metric the proxy exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -78,6 +93,8 @@ pub struct Metrics {
     pub health_checks: Family<EndpointLabels, Counter>,
     pub health_check_failures: Family<EndpointLabels, Counter>,
     pub reloads: Family<ReloadLabels, Counter>,
+    pub activation_phase: Family<PhaseLabels, Histogram>,
+    pub activations: Family<ActivationLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -160,9 +177,25 @@ impl Metrics {
             "Configuration reloads, by result",
             reloads.clone(),
         );
+        let activation_phase = Family::<PhaseLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 16))
+        });
+        registry.register(
+            "proxy_activation_phase_seconds",
+            "Cold start: time from a request being held to each phase",
+            activation_phase.clone(),
+        );
+        let activations = Family::<ActivationLabels, Counter>::default();
+        registry.register(
+            "proxy_activations",
+            "Held requests, by how they ended",
+            activations.clone(),
+        );
         Self {
             registry,
             requests,
+            activation_phase,
+            activations,
             request_duration,
             local_replies,
             retries,

@@ -65,12 +65,17 @@ impl Proxy {
         let snapshot =
             Snapshot::build(config, None, &Default::default()).map_err(ProxyError::Invalid)?;
         let watched = snapshot.watched_services();
+        let (activate_tx, activate_rx) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ProxyState {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics: Metrics::new(),
             access_log: ArcSwap::from_pointee(access_log),
             ready: AtomicBool::new(false),
             services: std::sync::Mutex::new(Default::default()),
+            activate: activate_tx,
+            endpoints_changed: tokio::sync::Notify::new(),
+            activation_errors: std::sync::Mutex::new(Default::default()),
+            probing: std::sync::Mutex::new(Default::default()),
         });
         let mut listeners = HashMap::new();
         for (i, l) in listener_configs.iter().enumerate() {
@@ -119,6 +124,7 @@ impl Proxy {
                 token,
                 node,
                 watch_rx,
+                activate_rx,
                 stopped,
             )));
         }

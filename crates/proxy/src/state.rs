@@ -20,6 +20,15 @@ pub struct ProxyState {
     /// Endpoints of `service:` clusters as last received from the control
     /// plane; kept while it is unreachable (static stability).
     pub services: std::sync::Mutex<ServiceEndpoints>,
+    /// Services a held request asks the control plane to start (sent on the stream).
+    pub activate: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Notified whenever endpoints from the control plane change.
+    pub endpoints_changed: tokio::sync::Notify,
+    /// Per service: the last reason its instances failed to start, and when.
+    pub activation_errors:
+        std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    /// Per service: one held request probes at a time.
+    pub probing: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl ProxyState {

@@ -38,6 +38,8 @@ pub struct ClusterCounters {
     pub pending: AtomicU64,
     /// Retry attempts under way.
     pub active_retries: AtomicU64,
+    /// Requests held waiting for an instance (activation).
+    pub queued: AtomicU64,
 }
 
 /// Raised by the connector when `max_connections` is reached.

@@ -574,3 +574,102 @@ async fn a_token_guards_the_api_and_the_stream() {
     let err = ControlConfig::parse("api_address: 0.0.0.0:9400\n", "c.yaml").expect_err("no token");
     assert!(err.to_string().contains("token_file"), "{err}");
 }
+
+fn scale_to_zero_config(command: &str) -> ControlConfig {
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 3\n      target_concurrency: 10\n      stable_window: 3s\n      panic_window: 1s\n      scale_to_zero_after: 1s\n      tick: 100ms\n      drain_period: 100ms\n      scaler:\n        process:\n          command: {command}\n          start_timeout: 10s\n          stop_grace: 2s\n"
+    );
+    ControlConfig::parse(&yaml, "control.yaml").expect("valid control config")
+}
+
+fn lazy_proxy_yaml(grpc: SocketAddr) -> String {
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\nclusters:\n  - name: lazy\n    service: demo/lazy\n    activation: {{ queue_timeout: 15s }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scales_from_zero_on_the_first_request_and_back_to_zero() {
+    // A threaded Python server with a deep accept backlog.
+    let server = "import http.server as h, os; h.ThreadingHTTPServer.request_queue_size = 128; \
+                  h.ThreadingHTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()";
+    let plane = ControlPlane::start(scale_to_zero_config(&format!(
+        "[python3, -c, \"{server}\"]"
+    )))
+    .await
+    .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let (p, addr) = proxy(&lazy_proxy_yaml(grpc)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, view) = call(
+        api,
+        Method::GET,
+        "/v1/services/demo/lazy",
+        serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(
+        view["endpoints"].as_array().map(Vec::len),
+        Some(0),
+        "starts at zero: {view}"
+    );
+    // The first request is held while an instance starts, then answered.
+    let (s, _, _) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(
+        metrics.contains("meshless_proxy_activations_total{result=\"sent\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("meshless_proxy_activation_phase_seconds_count{phase=\"ready\"}"),
+        "{metrics}"
+    );
+    // Concurrent requests at one instance are all served.
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        tasks.push(tokio::spawn(async move {
+            get(&client(), addr, "/", &[]).await.0
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), StatusCode::OK);
+    }
+    // Idle: back to zero instances.
+    wait_for("scale to zero", || async {
+        let (_, v) = call(
+            api,
+            Method::GET,
+            "/v1/services/demo/lazy",
+            serde_json::Value::Null,
+        )
+        .await;
+        v["endpoints"].as_array().is_some_and(|e| e.is_empty())
+    })
+    .await;
+    // And up again on the next request.
+    assert_eq!(get(&client(), addr, "/", &[]).await.0, StatusCode::OK);
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_requests_fail_at_once_when_the_instance_cannot_start() {
+    let plane = ControlPlane::start(scale_to_zero_config(
+        "[python3, -c, \"raise SystemExit(3)\"]",
+    ))
+    .await
+    .expect("plane");
+    let (p, addr) = proxy(&lazy_proxy_yaml(plane.grpc_addr())).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let (s, _, body) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("failed to start"), "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "not held until the queue timeout"
+    );
+    p.shutdown().await;
+    plane.shutdown().await;
+}

@@ -1,0 +1,346 @@
+//! Autoscaled services: one loop per service joins the proxies' load
+//! reports, the KPA autoscaler and a scaler. With the process scaler, each
+//! instance is registered as a not-ready endpoint the moment it is spawned
+//! (so proxies can probe it themselves), marked ready when its port
+//! accepts, marked terminating and drained before it is stopped, and
+//! replaced with backoff when it exits on its own. A start failure is
+//! announced to proxies so requests held for the service fail at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use meshless_model::{Conditions, EndpointId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::autoscaler::{AutoscaleConfig, Autoscaler};
+use crate::plane::PlaneState;
+use crate::process_scaler::{self, ProcessSpec};
+use crate::registry::EndpointInput;
+
+/// `autoscaling:` of a service in the control plane's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceScaling {
+    #[serde(default)]
+    pub min_instances: u32,
+    #[serde(default = "ten")]
+    pub max_instances: u32,
+    /// Concurrent requests one instance should carry.
+    #[serde(default = "hundred")]
+    pub target_concurrency: f64,
+    /// Share of the target aimed at.
+    #[serde(default = "seventy")]
+    pub target_utilization: f64,
+    #[serde(default = "stable", with = "meshless_model::serde_duration")]
+    pub stable_window: Duration,
+    #[serde(default = "panic_window", with = "meshless_model::serde_duration")]
+    pub panic_window: Duration,
+    #[serde(default = "two")]
+    pub panic_threshold: f64,
+    #[serde(default = "to_zero", with = "meshless_model::serde_duration")]
+    pub scale_to_zero_after: Duration,
+    /// How often the autoscaler decides (activations decide at once).
+    #[serde(default = "tick", with = "meshless_model::serde_duration")]
+    pub tick: Duration,
+    /// Between marking an instance terminating and stopping it.
+    #[serde(default = "drain", with = "meshless_model::serde_duration")]
+    pub drain_period: Duration,
+    /// How instances are run.
+    pub scaler: ScalerConfig,
+}
+
+fn ten() -> u32 {
+    10
+}
+fn hundred() -> f64 {
+    100.0
+}
+fn seventy() -> f64 {
+    0.7
+}
+fn stable() -> Duration {
+    Duration::from_secs(60)
+}
+fn panic_window() -> Duration {
+    Duration::from_secs(6)
+}
+fn two() -> f64 {
+    2.0
+}
+fn to_zero() -> Duration {
+    Duration::from_secs(30)
+}
+fn tick() -> Duration {
+    Duration::from_secs(2)
+}
+fn drain() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The scaler of a service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScalerConfig {
+    /// One local process per instance.
+    Process(ProcessSpec),
+    /// POST `{"service": ..., "desired": N}` to `url` on every change;
+    /// instances register themselves through the API.
+    Webhook { url: String },
+}
+
+impl ServiceScaling {
+    /// The autoscaler's settings.
+    pub fn autoscale(&self) -> AutoscaleConfig {
+        AutoscaleConfig {
+            min_instances: self.min_instances,
+            max_instances: self.max_instances,
+            target_concurrency: self.target_concurrency,
+            target_utilization: self.target_utilization,
+            stable_window: self.stable_window,
+            panic_window: self.panic_window,
+            panic_threshold: self.panic_threshold,
+            scale_to_zero_after: self.scale_to_zero_after,
+            ..AutoscaleConfig::default()
+        }
+    }
+
+    /// Field and reason at fault.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        self.autoscale().validate()?;
+        match &self.scaler {
+            ScalerConfig::Process(p) if p.command.is_empty() => {
+                Err(("scaler.process.command".into(), "must not be empty".into()))
+            }
+            ScalerConfig::Webhook { url } if !url.starts_with("http://") => {
+                Err(("scaler.webhook.url".into(), "must be an http:// URL".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One instance run by the process scaler.
+#[derive(Debug)]
+struct Managed {
+    id: String,
+    ready: Arc<AtomicBool>,
+    /// Set when the instance is gone (exited, failed, or stopped).
+    gone: Arc<AtomicBool>,
+    stop: watch::Sender<bool>,
+}
+
+fn conditions(ready: bool, terminating: bool) -> Conditions {
+    Conditions {
+        ready,
+        serving: ready || terminating,
+        terminating,
+    }
+}
+
+fn put(state: &PlaneState, service: &str, id: &str, address: std::net::SocketAddr, c: Conditions) {
+    let input = EndpointInput {
+        id: id.to_owned(),
+        addresses: vec![address.ip()],
+        port: address.port(),
+        weight: 1,
+        zone: None,
+        node: None,
+        conditions: c,
+        ttl_seconds: None,
+    };
+    if let Err(e) = state.write(|r| r.put_endpoints(service, vec![input])) {
+        tracing::error!(service, instance = id, error = %e, "cannot register instance");
+    }
+}
+
+fn remove(state: &PlaneState, service: &str, id: &str) {
+    let ids = [EndpointId::new(id)];
+    let _ = state.write(|r| r.delete_endpoints(service, &ids, false));
+}
+
+/// What one instance's task needs.
+struct InstanceJob {
+    state: Arc<PlaneState>,
+    service: String,
+    spec: ProcessSpec,
+    id: String,
+    ready: Arc<AtomicBool>,
+    gone: Arc<AtomicBool>,
+    drain: Duration,
+}
+
+/// Runs one process instance for its whole life.
+async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
+    let InstanceJob {
+        state,
+        service,
+        spec,
+        id,
+        ready,
+        gone,
+        drain,
+    } = job;
+    let mut inst = match process_scaler::spawn(&spec, &id) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::error!(service, instance = %id, error = %e, "instance failed to start");
+            state
+                .distributor
+                .publish_activation_error(&service, &e.to_string());
+            gone.store(true, Ordering::Relaxed);
+            return;
+        }
+    };
+    let address = inst.address;
+    // Announced at once, not ready: proxies may probe it directly.
+    put(&state, &service, &id, address, conditions(false, false));
+    tokio::select! {
+        r = process_scaler::wait_ready(&spec, &mut inst) => match r {
+            Ok(took) => {
+                tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = took.as_millis() as u64, "instance ready");
+                ready.store(true, Ordering::Relaxed);
+                put(&state, &service, &id, address, conditions(true, false));
+            }
+            Err(e) => {
+                tracing::error!(service, instance = %id, error = %e, "instance failed to start");
+                state.distributor.publish_activation_error(&service, &e.to_string());
+                remove(&state, &service, &id);
+                process_scaler::stop(inst, spec.stop_grace).await;
+                gone.store(true, Ordering::Relaxed);
+                return;
+            }
+        },
+        _ = stop.changed() => {
+            remove(&state, &service, &id);
+            process_scaler::stop(inst, spec.stop_grace).await;
+            gone.store(true, Ordering::Relaxed);
+            return;
+        }
+    }
+    tokio::select! {
+        status = inst.wait() => {
+            tracing::warn!(service, instance = %id, status = ?status, "instance exited; it will be replaced");
+            remove(&state, &service, &id);
+        }
+        _ = stop.changed() => {
+            // Terminating: no new requests; in-flight ones get the drain period.
+            put(&state, &service, &id, address, conditions(false, true));
+            tokio::time::sleep(drain).await;
+            remove(&state, &service, &id);
+            process_scaler::stop(inst, spec.stop_grace).await;
+        }
+    }
+    gone.store(true, Ordering::Relaxed);
+}
+
+/// The scaling loop of one service, until `stop` changes.
+pub async fn run(
+    state: Arc<PlaneState>,
+    service: String,
+    cfg: ServiceScaling,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut autoscaler = Autoscaler::new(cfg.autoscale());
+    let started = Instant::now();
+    let activation = state.distributor.activation(&service);
+    let mut instances: Vec<Managed> = Vec::new();
+    let mut serial = 0u64;
+    let mut backoff = Duration::from_millis(100);
+    let mut last_failure: Option<Instant> = None;
+    let mut webhook_desired: Option<u32> = None;
+    let http: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut tick = tokio::time::interval(cfg.tick);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = activation.notified() => {}
+            _ = stop.changed() => break,
+        }
+        // Instances that died count as failures for the backoff.
+        let before = instances.len();
+        instances.retain(|m| !m.gone.load(Ordering::Relaxed));
+        if instances.len() < before {
+            last_failure = Some(Instant::now());
+        }
+        let (in_flight, queued) = state.distributor.load(&service);
+        let now = started.elapsed();
+        autoscaler.record(now, (in_flight + queued) as f64);
+        let running = instances.len() as u32;
+        let mut d = autoscaler.decide(now, running);
+        if queued > 0 && d.desired == 0 {
+            d.desired = 1;
+        }
+        match &cfg.scaler {
+            ScalerConfig::Webhook { url } => {
+                if webhook_desired != Some(d.desired) {
+                    let body =
+                        serde_json::json!({ "service": service, "desired": d.desired }).to_string();
+                    let req = http::Request::post(url.as_str())
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body)));
+                    match req {
+                        Ok(req) => match http.request(req).await {
+                            Ok(r) if r.status().is_success() => webhook_desired = Some(d.desired),
+                            Ok(r) => {
+                                tracing::warn!(service, status = %r.status(), "scaler webhook refused")
+                            }
+                            Err(e) => {
+                                tracing::warn!(service, error = %e, "scaler webhook unreachable")
+                            }
+                        },
+                        Err(e) => tracing::error!(service, error = %e, "scaler webhook url"),
+                    }
+                }
+            }
+            ScalerConfig::Process(spec) => {
+                let backing_off = last_failure.is_some_and(|t| t.elapsed() < backoff);
+                if (instances.len() as u32) < d.desired && !backing_off {
+                    if last_failure.is_some() {
+                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                    }
+                    while (instances.len() as u32) < d.desired {
+                        serial += 1;
+                        let id = format!("{}-{serial}", service.replace('/', "-"));
+                        let (tx, rx) = watch::channel(false);
+                        let m = Managed {
+                            id: id.clone(),
+                            ready: Arc::new(AtomicBool::new(false)),
+                            gone: Arc::new(AtomicBool::new(false)),
+                            stop: tx,
+                        };
+                        let job = InstanceJob {
+                            state: Arc::clone(&state),
+                            service: service.clone(),
+                            spec: spec.clone(),
+                            id,
+                            ready: Arc::clone(&m.ready),
+                            gone: Arc::clone(&m.gone),
+                            drain: cfg.drain_period,
+                        };
+                        tokio::spawn(run_instance(job, rx));
+                        instances.push(m);
+                    }
+                } else if last_failure.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
+                    backoff = Duration::from_millis(100);
+                    last_failure = None;
+                }
+                while (instances.len() as u32) > d.desired {
+                    // Stop the newest (least warmed-up) first.
+                    if let Some(m) = instances.pop() {
+                        tracing::info!(service, instance = %m.id, ready = m.ready.load(Ordering::Relaxed), "scaling down");
+                        let _ = m.stop.send(true);
+                    }
+                }
+            }
+        }
+    }
+    for m in instances {
+        let _ = m.stop.send(true);
+    }
+}
