@@ -21,7 +21,8 @@ use tokio::sync::{Mutex, watch};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessSpec {
-    /// Program and arguments; `{port}` in an argument is replaced by the port.
+    /// Program and arguments; `{port}` in an argument is replaced by the
+    /// port, and `{meshless}` by the path of the running meshless binary.
     pub command: Vec<String>,
     /// Extra environment.
     #[serde(default)]
@@ -111,9 +112,16 @@ pub fn spawn(spec: &ProcessSpec, id: &str) -> Result<Instance, ProcessError> {
         .command
         .split_first()
         .ok_or(ProcessError::EmptyCommand)?;
+    let program = if program == "{meshless}" {
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "meshless".to_owned())
+    } else {
+        program.clone()
+    };
     let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let port = free_port(host)?;
-    let mut cmd = Command::new(program);
+    let mut cmd = Command::new(&program);
     cmd.args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
         .envs(&spec.env)
         .env(&spec.port_env, port.to_string())

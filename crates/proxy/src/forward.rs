@@ -144,6 +144,8 @@ pub async fn handle(
     let max_attempts = if replayable { 1 + retries.count } else { 1 };
     let mut body = Some(body.boxed());
     let mut tried: [usize; 4] = [usize::MAX; 4];
+    // Set when this request was held for activation: its cold-start timeline.
+    let mut held_at: Option<Instant> = None;
     loop {
         done.attempts += 1;
         let attempt = done.attempts;
@@ -167,6 +169,7 @@ pub async fn handle(
                 Ok(c) => {
                     cluster = c;
                     done.attempts -= 1;
+                    held_at.get_or_insert(started);
                     continue;
                 }
                 Err(refusal) => return Ok(refused(done, refusal)),
@@ -224,6 +227,22 @@ pub async fn handle(
         let (outcome, failure) = match sent {
             Ok(Ok(mut resp)) => {
                 let status = resp.status();
+                if let Some(held) = held_at.take() {
+                    let total = held.elapsed();
+                    state
+                        .metrics
+                        .activation_phase
+                        .get_or_create(&crate::metrics::PhaseLabels { phase: "response" })
+                        .observe(total.as_secs_f64());
+                    tracing::info!(
+                        cluster = %base.name,
+                        endpoint = %cluster.endpoint_labels[index],
+                        request_id = %done.request_id,
+                        status = status.as_u16(),
+                        held_to_response_ms = total.as_millis() as u64,
+                        "activation: held request answered"
+                    );
+                }
                 let may_retry = status.is_server_error()
                     && retries.on.contains(&RetryOn::FiveXx)
                     && attempt < max_attempts
