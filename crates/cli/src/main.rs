@@ -1,5 +1,6 @@
 //! `meshless`: service load balancing without a service mesh.
 
+mod bench_coldstart;
 mod bench_distribution;
 mod distribution_model;
 mod progress;
@@ -42,11 +43,15 @@ enum Command {
 enum BenchCommand {
     /// A real control plane and N real subscriber streams on 127.0.0.1.
     Distribution(bench_distribution::DistributionBenchArgs),
+    /// First-response latency at zero instances, against the backend's own start time.
+    Coldstart(bench_coldstart::ColdstartArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // Measurements print their own report: only warnings in the log.
+    let quiet = matches!(cli.command, Command::Bench(_) | Command::Simulate(_));
+    init_logging(if quiet { "warn" } else { "info" });
     let result = match cli.command {
         Command::Proxy(args) => serve::proxy(args),
         Command::Control(args) => serve::control(args),
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
         Command::Demo => serve::demo(),
         Command::Simulate(cmd) => simulate::run(cmd),
         Command::Bench(BenchCommand::Distribution(args)) => bench_distribution::run(args),
+        Command::Bench(BenchCommand::Coldstart(args)) => bench_coldstart::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -65,11 +71,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`), `MESHLESS_LOG=json`
+/// Logs to stderr; `RUST_LOG` filters (default `info`, `warn` for `bench`
+/// and `simulate`), `MESHLESS_LOG=json`
 /// switches to JSON lines.
-fn init_logging() {
+fn init_logging(default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

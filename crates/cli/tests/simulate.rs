@@ -146,3 +146,36 @@ fn bench_distribution_runs_against_a_real_control_plane() {
     assert_eq!(v["samples"], 5 * (5 + 2));
     assert!(v["bytes_written"].as_u64().unwrap_or(0) > 0);
 }
+
+#[test]
+fn bench_coldstart_measures_a_real_cold_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
+        .args([
+            "bench",
+            "coldstart",
+            "--startup-delay",
+            "50",
+            "--runs",
+            "1",
+            "--burst",
+            "20",
+            "--json",
+        ])
+        .output()
+        .expect("run meshless");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        v["first_response_ms_p50"].as_f64().unwrap_or(0.0) >= 50.0,
+        "{v}"
+    );
+    assert_eq!(v["burst_failures"], 0, "{v}");
+    assert!(
+        v["burst_instances_started"].as_u64().unwrap_or(0) >= 1,
+        "{v}"
+    );
+}
