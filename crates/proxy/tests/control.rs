@@ -673,3 +673,133 @@ async fn held_requests_fail_at_once_when_the_instance_cannot_start() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_requests_time_out_and_the_queue_is_bounded() {
+    // An instance that starts but never listens.
+    let plane = ControlPlane::start(scale_to_zero_config(
+        "[python3, -c, \"import time; time.sleep(30)\"]",
+    ))
+    .await
+    .expect("plane");
+    let yaml = lazy_proxy_yaml(plane.grpc_addr()).replace(
+        "activation: { queue_timeout: 15s }",
+        "activation: { queue_timeout: 700ms, max_queued: 2 }",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        tasks.push(tokio::spawn(async move {
+            let req = Request::get(format!("http://{addr}/"))
+                .body(Full::new(Bytes::new()))
+                .expect("req");
+            let resp = client().request(req).await.expect("response");
+            (resp.status(), resp.headers().get("retry-after").is_some())
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    let timed_out = out
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::GATEWAY_TIMEOUT)
+        .count();
+    let shed = out
+        .iter()
+        .filter(|(s, ra)| *s == StatusCode::SERVICE_UNAVAILABLE && *ra)
+        .count();
+    assert_eq!((timed_out, shed), (2, 2), "{out:?}");
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// A webhook receiver: records each POST body, answers 200.
+async fn webhook_receiver() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length: ")
+                                    .map(str::to_owned)
+                            })
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            let _ = tx.send(serde_json::from_str(&body[..len]).unwrap_or_default());
+                            let _ = s
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                                .await;
+                            buf.clear();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_scaler_is_told_the_desired_count() {
+    let (hook, mut calls) = webhook_receiver().await;
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      tick: 100ms\n      scaler: {{ webhook: {{ url: \"http://{hook}/scale\" }} }}\n"
+    );
+    let plane = ControlPlane::start(ControlConfig::parse(&yaml, "c.yaml").expect("config"))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let (p, addr) = proxy(&lazy_proxy_yaml(plane.grpc_addr())).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = tokio::spawn(async move { get(&client(), addr, "/", &[]).await.0 });
+    // The scaler is asked for one instance; the instance registers itself.
+    let mut desired = 0;
+    while desired == 0 {
+        let call = tokio::time::timeout(Duration::from_secs(5), calls.recv())
+            .await
+            .expect("webhook called")
+            .expect("call");
+        assert_eq!(call["service"], "demo/lazy");
+        desired = call["desired"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(desired, 1);
+    let b = backend("w1").await;
+    let (s, _) = call(
+        api,
+        Method::PUT,
+        "/v1/services/demo/lazy/endpoints/w1",
+        endpoint("w1", b.local_addr()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(held.await.expect("held request"), StatusCode::OK);
+    p.shutdown().await;
+    plane.shutdown().await;
+}
