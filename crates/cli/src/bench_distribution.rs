@@ -81,8 +81,11 @@ impl Drop for ChildGuard {
     }
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+/// Two distinct free ports (both held until both are chosen).
+fn free_ports() -> Result<(SocketAddr, SocketAddr)> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?, b.local_addr()?))
 }
 
 fn proc_cpu_seconds(pid: u32) -> f64 {
@@ -255,7 +258,7 @@ pub fn run(args: DistributionBenchArgs) -> Result<()> {
 }
 
 async fn bench(args: &DistributionBenchArgs) -> Result<DistributionReport> {
-    let (api, grpc) = (free_port()?, free_port()?);
+    let (api, grpc) = free_ports()?;
     let dir: PathBuf =
         std::env::temp_dir().join(format!("meshless-bench-dist-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

@@ -13,9 +13,16 @@ fn meshless() -> Command {
 }
 
 fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct free ports: all are held until all are chosen, so no two
+/// calls can be handed the same port.
+fn free_ports<const N: usize>() -> [SocketAddr; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("address"))
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns status and body.
@@ -105,7 +112,8 @@ fn temp_dir(name: &str) -> PathBuf {
 #[test]
 fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
     let dir = temp_dir("check");
-    let path = write_config(&dir, free_port(), free_port(), free_port(), "v1");
+    let [a, b, c] = free_ports();
+    let path = write_config(&dir, a, b, c, "v1");
     let out = meshless()
         .args(["proxy", "--check", "--config"])
         .arg(&path)
@@ -154,7 +162,7 @@ fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
 fn sighup_and_watch_reload_and_sigterm_drains() {
     let (_backend, backend) = start_backend("app-1");
     let dir = temp_dir("reload");
-    let (listen, admin) = (free_port(), free_port());
+    let [listen, admin] = free_ports();
     let path = write_config(&dir, listen, admin, backend, "v1");
     let child = meshless()
         .args(["proxy", "--watch", "--threads", "2", "--config"])
@@ -244,8 +252,7 @@ fn demo_serves_round_robin_affinity_and_admin() {
 #[test]
 fn up_runs_control_plane_proxy_and_backends_from_one_file() {
     let dir = temp_dir("up");
-    let (api, grpc, admin, web) = (free_port(), free_port(), free_port(), free_port());
-    let (b1, b2) = (free_port(), free_port());
+    let [api, grpc, admin, web, b1, b2] = free_ports();
     let stack = format!(
         "control:\n  api_address: \"{api}\"\n  grpc_address: \"{grpc}\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\n  - {{ name: two, listen: \"{b2}\" }}\nproxy:\n  admin: {{ address: \"{admin}\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",
         b1.port()
