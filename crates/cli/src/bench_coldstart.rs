@@ -109,7 +109,7 @@ async fn stack(delay: u64, target: u32, max: u32) -> Result<(ControlPlane, Proxy
     let cmd = serde_json::to_string(&command(delay)?)?;
     let control = ControlConfig::parse(
         &format!(
-            "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: bench\n    name: cold\n    autoscaling:\n      min_instances: 0\n      max_instances: {max}\n      target_concurrency: {target}\n      target_utilization: 1.0\n      tick: 100ms\n      scaler:\n        process: {{ command: {cmd}, start_timeout: 30s }}\n"
+            "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: bench\n    name: cold\n    autoscaling:\n      min_instances: 0\n      max_instances: {max}\n      target_concurrency: {target}\n      target_utilization: 1.0\n      tick: 100ms\n      scaler:\n        process: {{ command: {cmd}, env: {{ RUST_LOG: warn }}, start_timeout: 30s }}\n"
         ),
         "bench",
     )?;

@@ -164,6 +164,8 @@ pub async fn handle(
         {
             if let Some(g) = picked {
                 g.finish(Outcome::Cancelled);
+                // The key's endpoint is full: after the wait, pick by load, not by key.
+                ctx.key = None;
             }
             match crate::activation::hold(&state, &base.name, service, act, &counters).await {
                 Ok(c) => {
