@@ -258,6 +258,9 @@ pub struct UpArgs {
     /// Stack file: `control`, `proxy` and `backends` (see examples/stack.yaml).
     #[arg(long, default_value = "examples/stack.yaml")]
     pub config: PathBuf,
+    /// Validate the file and exit: 0 when valid.
+    #[arg(long)]
+    pub check: bool,
 }
 
 pub fn up(args: UpArgs) -> Result<()> {
@@ -288,6 +291,10 @@ pub fn up(args: UpArgs) -> Result<()> {
         &serde_json::to_string(&proxy_value)?,
         &format!("{file} (proxy)"),
     )?;
+    if args.check {
+        println!("{file}: ok");
+        return Ok(());
+    }
     runtime(None)?.block_on(async {
         let mut backends = Vec::new();
         for b in &stack.backends {

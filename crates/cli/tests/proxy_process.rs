@@ -291,3 +291,25 @@ fn up_runs_control_plane_proxy_and_backends_from_one_file() {
     assert!(up.0.wait().expect("wait").success());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The shipped examples stay valid.
+#[test]
+fn examples_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for (cmd, file) in [
+        ("proxy", "examples/demo.yaml"),
+        ("up", "examples/stack.yaml"),
+        ("up", "examples/scale-to-zero.yaml"),
+    ] {
+        let out = meshless()
+            .args([cmd, "--check", "--config"])
+            .arg(root.join(file))
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
