@@ -20,6 +20,9 @@ pub struct ControlMetrics {
     pub rejected_writes: Counter,
     pub slice_writes: Counter,
     pub expired: Counter,
+    pub instance_start: Histogram,
+    pub instance_start_failures: Counter,
+    pub activation_to_spawn: Histogram,
 }
 
 impl Default for ControlMetrics {
@@ -93,8 +96,29 @@ impl ControlMetrics {
             "Endpoints removed because their TTL ran out",
             expired.clone(),
         );
+        let instance_start = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "instance_start_seconds",
+            "Cold start, control side: from spawning an instance to its port accepting",
+            instance_start.clone(),
+        );
+        let instance_start_failures = Counter::default();
+        registry.register(
+            "instance_start_failures",
+            "Instances that exited or timed out before accepting connections",
+            instance_start_failures.clone(),
+        );
+        let activation_to_spawn = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "activation_to_spawn_seconds",
+            "Cold start, control side: from a proxy's activation request to the spawn",
+            activation_to_spawn.clone(),
+        );
         Self {
             registry,
+            instance_start,
+            instance_start_failures,
+            activation_to_spawn,
             subscribers,
             deltas,
             bytes_sent,

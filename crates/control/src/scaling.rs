@@ -43,6 +43,12 @@ pub struct ServiceScaling {
     pub panic_window: Duration,
     #[serde(default = "two")]
     pub panic_threshold: f64,
+    /// At most this many times the running instances per decision.
+    #[serde(default = "up_rate")]
+    pub max_scale_up_rate: f64,
+    /// At least the running instances divided by this per decision.
+    #[serde(default = "two")]
+    pub max_scale_down_rate: f64,
     #[serde(default = "to_zero", with = "meshless_model::serde_duration")]
     pub scale_to_zero_after: Duration,
     /// How often the autoscaler decides (activations decide at once).
@@ -72,6 +78,9 @@ fn panic_window() -> Duration {
 }
 fn two() -> f64 {
     2.0
+}
+fn up_rate() -> f64 {
+    1000.0
 }
 fn to_zero() -> Duration {
     Duration::from_secs(30)
@@ -105,8 +114,9 @@ impl ServiceScaling {
             stable_window: self.stable_window,
             panic_window: self.panic_window,
             panic_threshold: self.panic_threshold,
+            max_scale_up_rate: self.max_scale_up_rate,
+            max_scale_down_rate: self.max_scale_down_rate,
             scale_to_zero_after: self.scale_to_zero_after,
-            ..AutoscaleConfig::default()
         }
     }
 
@@ -190,6 +200,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         Ok(i) => i,
         Err(e) => {
             tracing::error!(service, instance = %id, error = %e, "instance failed to start");
+            state.metrics.instance_start_failures.inc();
             state
                 .distributor
                 .publish_activation_error(&service, &e.to_string());
@@ -198,17 +209,20 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         }
     };
     let address = inst.address;
+    let spawned = Instant::now();
     // Announced at once, not ready: proxies may probe it directly.
     put(&state, &service, &id, address, conditions(false, false));
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
             Ok(took) => {
+                state.metrics.instance_start.observe(spawned.elapsed().as_secs_f64());
                 tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = took.as_millis() as u64, "instance ready");
                 ready.store(true, Ordering::Relaxed);
                 put(&state, &service, &id, address, conditions(true, false));
             }
             Err(e) => {
                 tracing::error!(service, instance = %id, error = %e, "instance failed to start");
+                state.metrics.instance_start_failures.inc();
                 state.distributor.publish_activation_error(&service, &e.to_string());
                 remove(&state, &service, &id);
                 process_scaler::stop(inst, spec.stop_grace).await;
@@ -256,10 +270,14 @@ pub async fn run(
     let mut webhook_desired: Option<u32> = None;
     let http: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut tick = tokio::time::interval(cfg.tick);
+    // When a proxy last asked for activation, until an instance is spawned for it.
+    let mut woken: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = activation.notified() => {}
+            _ = activation.notified() => {
+                woken = Some(Instant::now());
+            }
             _ = stop.changed() => break,
         }
         // Instances that died count as failures for the backoff.
@@ -324,6 +342,12 @@ pub async fn run(
                             drain: cfg.drain_period,
                         };
                         tokio::spawn(run_instance(job, rx));
+                        if let Some(t) = woken.take() {
+                            state
+                                .metrics
+                                .activation_to_spawn
+                                .observe(t.elapsed().as_secs_f64());
+                        }
                         instances.push(m);
                     }
                 } else if last_failure.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
