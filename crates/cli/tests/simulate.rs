@@ -2,9 +2,9 @@
 
 use std::process::Command;
 
-fn simulate(args: &[&str]) -> serde_json::Value {
+/// Runs `meshless ARGS` and reads the one JSON object it prints.
+fn meshless_json(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
-        .args(["simulate", "balance"])
         .args(args)
         .output()
         .expect("run meshless");
@@ -13,8 +13,14 @@ fn simulate(args: &[&str]) -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.stderr.is_empty(), "no progress when piped");
+    assert!(out.stderr.is_empty(), "no progress or logs when piped");
     serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn simulate(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["simulate", "balance"];
+    all.extend_from_slice(args);
+    meshless_json(&all)
 }
 
 const WORKLOAD: [&str; 14] = [
@@ -89,24 +95,15 @@ fn bad_flags_fail_with_a_message_naming_them() {
 
 #[test]
 fn simulate_distribution_reports_every_scheme_as_json() {
-    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
-        .args([
-            "simulate",
-            "distribution",
-            "--nodes",
-            "50",
-            "--endpoints",
-            "300",
-            "--json",
-        ])
-        .output()
-        .expect("run meshless");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = meshless_json(&[
+        "simulate",
+        "distribution",
+        "--nodes",
+        "50",
+        "--endpoints",
+        "300",
+        "--json",
+    ]);
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 12);
     let ours = rows
@@ -122,26 +119,17 @@ fn simulate_distribution_reports_every_scheme_as_json() {
 
 #[test]
 fn bench_distribution_runs_against_a_real_control_plane() {
-    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
-        .args([
-            "bench",
-            "distribution",
-            "--subscribers",
-            "5",
-            "--endpoints",
-            "200",
-            "--changes",
-            "5",
-            "--json",
-        ])
-        .output()
-        .expect("run meshless");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = meshless_json(&[
+        "bench",
+        "distribution",
+        "--subscribers",
+        "5",
+        "--endpoints",
+        "200",
+        "--changes",
+        "5",
+        "--json",
+    ]);
     // 5 single changes and 2 tracked rolling replacements, at each of 5 subscribers.
     assert_eq!(v["samples"], 5 * (5 + 2));
     assert!(v["bytes_written"].as_u64().unwrap_or(0) > 0);
@@ -149,26 +137,17 @@ fn bench_distribution_runs_against_a_real_control_plane() {
 
 #[test]
 fn bench_coldstart_measures_a_real_cold_start() {
-    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
-        .args([
-            "bench",
-            "coldstart",
-            "--startup-delay",
-            "50",
-            "--runs",
-            "1",
-            "--burst",
-            "20",
-            "--json",
-        ])
-        .output()
-        .expect("run meshless");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = meshless_json(&[
+        "bench",
+        "coldstart",
+        "--startup-delay",
+        "50",
+        "--runs",
+        "1",
+        "--burst",
+        "20",
+        "--json",
+    ]);
     assert!(
         v["first_response_ms_p50"].as_f64().unwrap_or(0.0) >= 50.0,
         "{v}"
