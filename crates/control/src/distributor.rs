@@ -143,7 +143,9 @@ impl Distributor {
 
     /// Tells the proxies watching `service` that its instances cannot start.
     pub fn publish_activation_error(&self, service: &str, reason: &str) {
-        let version = self.registry().next_version();
+        // Held across `publish`, so the version is published in order.
+        let mut registry = self.registry();
+        let version = registry.next_version();
         let delta = ServiceDelta {
             service: service.to_owned(),
             version,
@@ -153,6 +155,7 @@ impl Distributor {
             activation_error: Some(reason.to_owned()),
         };
         self.publish(&delta, Instant::now());
+        drop(registry);
     }
 
     /// Encodes `delta` once and hands it to every subscriber. Call with the
@@ -228,8 +231,11 @@ impl Distributor {
     /// Deltas after `version` for `services`, if the history still holds
     /// every one of them.
     fn replay(&self, version: u64, services: &BTreeSet<String>) -> Option<Vec<Arc<EncodedDelta>>> {
+        // Lock order is registry, then history (as `publish` takes them):
+        // read the registry before taking the history lock.
+        let registry_version = self.registry().version();
         let h = self.history.lock().unwrap_or_else(PoisonError::into_inner);
-        if h.dropped_up_to > version || version > self.registry().version() {
+        if h.dropped_up_to > version || version > registry_version {
             return None;
         }
         Some(
