@@ -18,6 +18,7 @@ use meshless_proxy::{Proxy, ProxyConfig};
 use serde::Serialize;
 
 use crate::progress::Progress;
+use crate::report::percentile;
 
 /// Arguments of `bench coldstart`.
 #[derive(Debug, Clone, Args)]
@@ -64,13 +65,6 @@ fn command(delay: u64) -> Result<Vec<String>> {
         "--startup-delay".into(),
         format!("{delay}ms"),
     ])
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Time from spawning the command to its port accepting, probed every 1 ms.
@@ -143,13 +137,7 @@ pub fn run(args: ColdstartArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs: must be at least 1");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let report = rt.block_on(bench(&args))?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
+    crate::report::run_report(args.json, bench(&args), |report| {
         println!(
             "startup delay             {} ms, {} runs",
             report.startup_delay_ms, report.runs
@@ -171,8 +159,7 @@ pub fn run(args: ColdstartArgs) -> Result<()> {
                 report.burst_latency_ms_p99
             );
         }
-    }
-    Ok(())
+    })
 }
 
 async fn bench(args: &ColdstartArgs) -> Result<ColdstartReport> {
@@ -236,14 +223,14 @@ async fn bench(args: &ColdstartArgs) -> Result<ColdstartReport> {
     Ok(ColdstartReport {
         startup_delay_ms: args.startup_delay,
         runs: args.runs,
-        first_response_ms_p50: pct(&first, 0.5),
-        baseline_ms_p50: pct(&base, 0.5),
-        overhead_ms_p50: pct(&overhead, 0.5),
-        overhead_ms_p99: pct(&overhead, 0.99),
-        overhead_ms_max: pct(&overhead, 1.0),
+        first_response_ms_p50: percentile(&first, 0.5),
+        baseline_ms_p50: percentile(&base, 0.5),
+        overhead_ms_p50: percentile(&overhead, 0.5),
+        overhead_ms_p99: percentile(&overhead, 0.99),
+        overhead_ms_max: percentile(&overhead, 1.0),
         burst_requests: args.burst,
         burst_failures: failures,
         burst_instances_started: started,
-        burst_latency_ms_p99: pct(&burst_latency, 0.99),
+        burst_latency_ms_p99: percentile(&burst_latency, 0.99),
     })
 }

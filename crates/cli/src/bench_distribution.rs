@@ -27,6 +27,7 @@ use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::progress::Progress;
+use crate::report::percentile;
 
 /// Arguments of `bench distribution`.
 #[derive(Debug, Clone, Args)]
@@ -208,13 +209,7 @@ pub fn run(args: DistributionBenchArgs) -> Result<()> {
     if !(1..=1000).contains(&args.slice_size) {
         bail!("--slice-size: must be 1..=1000");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let report = rt.block_on(bench(&args))?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
+    crate::report::run_report(args.json, bench(&args), |report| {
         println!("subscribers               {}", report.subscribers);
         println!(
             "endpoints                 {} (slices of {})",
@@ -253,8 +248,7 @@ pub fn run(args: DistributionBenchArgs) -> Result<()> {
             "memory per subscriber     {:.0} bytes",
             report.memory_per_subscriber_bytes
         );
-    }
-    Ok(())
+    })
 }
 
 async fn bench(args: &DistributionBenchArgs) -> Result<DistributionReport> {
@@ -396,12 +390,6 @@ async fn bench(args: &DistributionBenchArgs) -> Result<DistributionReport> {
         }
     }
     latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| -> f64 {
-        if latencies.is_empty() {
-            return f64::NAN;
-        }
-        latencies[((latencies.len() - 1) as f64 * p).round() as usize]
-    };
     let _ = std::fs::remove_dir_all(&dir);
     let total_changes = (args.changes + args.endpoints) as f64;
     Ok(DistributionReport {
@@ -415,9 +403,9 @@ async fn bench(args: &DistributionBenchArgs) -> Result<DistributionReport> {
         bytes_per_change_per_subscriber: (bytes2 - bytes0) as f64
             / total_changes
             / args.subscribers as f64,
-        propagation_ms_p50: pct(0.5),
-        propagation_ms_p99: pct(0.99),
-        propagation_ms_max: pct(1.0),
+        propagation_ms_p50: percentile(&latencies, 0.5),
+        propagation_ms_p99: percentile(&latencies, 0.99),
+        propagation_ms_max: percentile(&latencies, 1.0),
         samples: latencies.len(),
         control_cpu_seconds: cpu,
         control_peak_rss_mib: peak / 1024.0,

@@ -4,6 +4,7 @@ mod bench_coldstart;
 mod bench_distribution;
 mod distribution_model;
 mod progress;
+mod report;
 mod serve;
 mod simulate;
 
