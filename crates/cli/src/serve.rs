@@ -267,14 +267,8 @@ pub fn up(args: UpArgs) -> Result<()> {
     let file = args.config.display().to_string();
     let text =
         std::fs::read_to_string(&args.config).with_context(|| format!("{file}: cannot read"))?;
-    let mut path = String::new();
-    let stack: Stack = serde_saphyr::with_deserializer_from_str(&text, |de| {
-        serde_path_to_error::deserialize::<_, Stack>(de).map_err(|e| {
-            path = e.path().to_string();
-            e.into_inner()
-        })
-    })
-    .map_err(|e| anyhow::anyhow!("{file}: {path}: {e}"))?;
+    let stack: Stack = meshless_model::yaml::from_str(&text)
+        .map_err(|(path, reason)| anyhow::anyhow!("{file}: {path}: {reason}"))?;
     // The control section goes through the control plane's own validation.
     let control_yaml = serde_json::to_string(&stack.control)?;
     let control = ControlConfig::parse(&control_yaml, &format!("{file} (control)"))?;

@@ -131,28 +131,13 @@ impl ControlConfig {
 
     /// Parses and validates YAML `text`.
     pub fn parse(text: &str, file: &str) -> Result<Self, ControlConfigError> {
-        let mut path = String::new();
-        let parsed = serde_saphyr::with_deserializer_from_str(text, |de| {
-            serde_path_to_error::deserialize::<_, ControlConfig>(de).map_err(|e| {
-                path = e.path().to_string();
-                e.into_inner()
-            })
-        });
         let err = |path: String, reason: String| ControlConfigError {
             file: file.to_owned(),
             path,
             reason,
         };
-        let config = parsed.map_err(|e| {
-            err(
-                if path.is_empty() {
-                    "(top level)".into()
-                } else {
-                    path
-                },
-                e.to_string(),
-            )
-        })?;
+        let config: ControlConfig =
+            meshless_model::yaml::from_str(text).map_err(|(path, reason)| err(path, reason))?;
         if !(1..=MAX_MAX_PER_SLICE).contains(&config.max_endpoints_per_slice) {
             return Err(err(
                 "max_endpoints_per_slice".into(),

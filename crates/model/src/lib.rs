@@ -7,6 +7,7 @@
 
 mod endpoint;
 pub mod serde_duration;
+pub mod yaml;
 
 pub use endpoint::{
     Conditions, Endpoint, EndpointError, EndpointId, MAX_WEIGHT, routable_endpoints,

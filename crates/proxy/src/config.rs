@@ -669,22 +669,14 @@ impl ProxyConfig {
 
     /// Parses and validates YAML `text`; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Self, ConfigFileError> {
-        let mut path = String::new();
-        let parsed = serde_saphyr::with_deserializer_from_str(text, |de| {
-            serde_path_to_error::deserialize::<_, ProxyConfig>(de).map_err(|e| {
-                path = e.path().to_string();
-                e.into_inner()
-            })
-        });
-        let config = parsed.map_err(|e| ConfigFileError::Invalid {
-            file: file.to_owned(),
-            path: if path.is_empty() || path == "." {
-                "(top level)".into()
-            } else {
-                path
-            },
-            reason: e.to_string(),
-        })?;
+        let config: ProxyConfig =
+            meshless_model::yaml::from_str(text).map_err(|(path, reason)| {
+                ConfigFileError::Invalid {
+                    file: file.to_owned(),
+                    path,
+                    reason,
+                }
+            })?;
         config
             .validate()
             .map_err(|(path, reason)| ConfigFileError::Invalid {
