@@ -1,21 +1,19 @@
 //! The process scaler: runs one OS process per instance of a service, with
 //! its port in an environment variable; knows an instance is ready when its
 //! port accepts a connection (probed every few milliseconds); stops
-//! instances with SIGTERM, then SIGKILL after a grace period; restarts
-//! instances that exit on their own, with backoff.
+//! instances with SIGTERM, then SIGKILL after a grace period.
 //!
-//! Driven by [`crate::scaling`], which registers the instances as endpoints.
+//! Driven by [`crate::scaling`], which registers the instances as endpoints
+//! and replaces those that exit on their own, with backoff.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
-use tokio::sync::{Mutex, watch};
 
 /// How to run one instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -193,52 +191,6 @@ pub async fn stop(mut instance: Instance, grace: Duration) -> bool {
     }
 }
 
-/// Keeps one instance running: restarts it with exponential backoff
-/// (100 ms doubling to 10 s) whenever it exits, until `stop` is set.
-/// `on_ready` is told each new instance's address once it accepts
-/// connections.
-pub async fn supervise(
-    spec: ProcessSpec,
-    id: String,
-    on_ready: Arc<Mutex<Vec<SocketAddr>>>,
-    mut stop_rx: watch::Receiver<bool>,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        if *stop_rx.borrow() {
-            return;
-        }
-        let mut instance = match spawn(&spec, &id) {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::warn!(instance = %id, error = %e, "cannot start instance");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-                continue;
-            }
-        };
-        match wait_ready(&spec, &mut instance).await {
-            Ok(took) => {
-                tracing::info!(instance = %id, address = %instance.address, ms = took.as_millis() as u64, "instance ready");
-                on_ready.lock().await.push(instance.address);
-                backoff = Duration::from_millis(100);
-            }
-            Err(e) => tracing::warn!(instance = %id, error = %e, "instance failed to start"),
-        }
-        tokio::select! {
-            status = instance.child.wait() => {
-                tracing::warn!(instance = %id, status = ?status.ok(), "instance exited; restarting");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-            _ = stop_rx.changed() => {
-                stop(instance, spec.stop_grace).await;
-                return;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,25 +245,5 @@ mod tests {
             !stop(inst, Duration::from_millis(300)).await,
             "needed SIGKILL"
         );
-    }
-
-    #[tokio::test]
-    async fn a_crashed_instance_is_restarted() {
-        // Serves one connection, then exits: the supervisor starts it again.
-        let mut spec = server_spec("");
-        spec.command[2] = "import os, socket\ns = socket.socket()\ns.bind(('127.0.0.1', int(os.environ['PORT'])))\ns.listen()\nc, _ = s.accept()\nc.close()\n".into();
-        let ready = Arc::new(Mutex::new(Vec::new()));
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(supervise(spec, "svc-3".into(), Arc::clone(&ready), stop_rx));
-        // The readiness probe's own connection ends each instance.
-        for _ in 0..200 {
-            if ready.lock().await.len() >= 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        assert!(ready.lock().await.len() >= 2, "restarted after exiting");
-        let _ = stop_tx.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
 }

@@ -806,3 +806,31 @@ async fn the_webhook_scaler_is_told_the_desired_count() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_instance_is_replaced() {
+    // Serves one connection (the readiness probe), then exits.
+    let once = "import os, socket; s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['PORT']))); \
+                s.listen(); c, _ = s.accept(); c.close()";
+    let mut cfg = scale_to_zero_config(&format!("[python3, -c, \"{once}\"]"));
+    if let Some(a) = cfg.services[0].autoscaling.as_mut() {
+        a.min_instances = 1;
+    }
+    let plane = ControlPlane::start(cfg).await.expect("plane");
+    let api = plane.api_addr();
+    // Instances keep dying; each is replaced by a new one with a new id.
+    wait_for("a replacement instance", || async {
+        let (_, v) = call(
+            api,
+            Method::GET,
+            "/v1/services/demo/lazy",
+            serde_json::Value::Null,
+        )
+        .await;
+        v["endpoints"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["id"] == "demo-lazy-2"))
+    })
+    .await;
+    plane.shutdown().await;
+}
