@@ -1,10 +1,6 @@
 //! `meshless`: service load balancing without a service mesh.
 
-mod bench_coldstart;
-mod bench_distribution;
-mod distribution_model;
-mod progress;
-mod report;
+mod bench;
 mod serve;
 mod simulate;
 
@@ -34,18 +30,10 @@ enum Command {
     Demo,
     /// Measurements that back the performance claims.
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(bench::BenchCommand),
     /// Scale models: see how a policy behaves before it meets traffic.
     #[command(subcommand)]
     Simulate(simulate::SimulateCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// A real control plane and N real subscriber streams on 127.0.0.1.
-    Distribution(bench_distribution::DistributionBenchArgs),
-    /// First-response latency at zero instances, against the backend's own start time.
-    Coldstart(bench_coldstart::ColdstartArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,8 +48,7 @@ fn main() -> ExitCode {
         Command::Backend(args) => serve::backend(args),
         Command::Demo => serve::demo(),
         Command::Simulate(cmd) => simulate::run(cmd),
-        Command::Bench(BenchCommand::Distribution(args)) => bench_distribution::run(args),
-        Command::Bench(BenchCommand::Coldstart(args)) => bench_coldstart::run(args),
+        Command::Bench(cmd) => bench::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,6 +10,7 @@ use clap::Args;
 use meshless_backend::{Backend, BackendConfig};
 use meshless_control::config::ControlConfig;
 use meshless_control::plane::ControlPlane;
+use meshless_proxy::config::ControlLink;
 use meshless_proxy::{Proxy, ProxyConfig};
 use serde::Deserialize;
 use tokio::signal::unix::{SignalKind, signal};
@@ -54,7 +55,7 @@ pub struct BackendArgs {
 /// The async runtime: one thread runs everything with `--threads 1` (no
 /// cross-thread scheduling, as a single HAProxy or nginx worker does);
 /// otherwise a work-stealing pool of `threads` workers (default: cores).
-fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+pub fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
     let mut b = match threads {
         Some(0) => bail!("--threads: must be at least 1"),
         Some(1) => tokio::runtime::Builder::new_current_thread(),
@@ -107,22 +108,8 @@ async fn run_proxy(config: ProxyConfig, path: &Path, watch: bool) -> Result<()> 
             }
         };
         if reload {
-            match ProxyConfig::load(path) {
-                Ok(c) => {
-                    let _ = proxy.reload(c).await;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "reload rejected; the running configuration stays");
-                    proxy
-                        .state()
-                        .metrics
-                        .reloads
-                        .get_or_create(&meshless_proxy::metrics::ReloadLabels {
-                            result: "failure".into(),
-                        })
-                        .inc();
-                }
-            }
+            // Counted and logged by the proxy; the running config stays on failure.
+            let _ = proxy.reload_from(path).await;
         }
     }
     tracing::info!("shutting down: draining in-flight requests");
@@ -152,26 +139,16 @@ const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
 
 pub fn demo() -> Result<()> {
     let config = ProxyConfig::parse(DEMO_CONFIG, "examples/demo.yaml")?;
+    let wanted: Vec<StackBackend> = (1..=3)
+        .map(|i| StackBackend {
+            name: format!("backend-{i}"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9100 + i)),
+        })
+        .collect();
     runtime(None)?.block_on(async {
-        let mut backends = Vec::new();
-        for (port, name) in [
-            (9101, "backend-1"),
-            (9102, "backend-2"),
-            (9103, "backend-3"),
-        ] {
-            let b = Backend::start(BackendConfig {
-                name: name.into(),
-                listen: SocketAddr::from(([127, 0, 0, 1], port)),
-                latency: Duration::ZERO,
-                fail_rate: 0.0,
-                startup_delay: Duration::ZERO,
-            })
-            .await
-            .with_context(|| format!("starting {name}"))?;
-            backends.push(b);
-        }
+        let backends = start_backends(&wanted).await?;
         let proxy = Proxy::start(config).await?;
-        println!("{}", DEMO_HELP);
+        print!("{DEMO_HELP}");
         terminated().await?;
         proxy.shutdown().await;
         for b in backends {
@@ -181,27 +158,8 @@ pub fn demo() -> Result<()> {
     })
 }
 
-const DEMO_HELP: &str = "\
-meshless demo: proxy on http://127.0.0.1:8080, admin on http://127.0.0.1:9901
-backends: backend-1 (127.0.0.1:9101, zone-a), backend-2 (:9102, zone-a), backend-3 (:9103, zone-b)
-
-Balancing per request (round robin), even on one keep-alive connection:
-  curl -s http://127.0.0.1:8080/ http://127.0.0.1:8080/ http://127.0.0.1:8080/
-
-Affinity by header, with bounded load (the same user sticks to one backend):
-  for i in 1 2 3; do curl -s -H 'x-user: alice' http://127.0.0.1:8080/sticky; done
-
-Ejection of a failing backend (3 consecutive 5xx eject it for 15 s; retries hide the failures):
-  curl -s http://127.0.0.1:9103/admin/fail
-  for i in $(seq 6); do curl -s http://127.0.0.1:8080/; done
-  curl -s http://127.0.0.1:9901/clusters
-  curl -s http://127.0.0.1:9103/admin/recover
-
-Lookaside (which backend would serve this key) and metrics:
-  curl -s 'http://127.0.0.1:9901/pick?cluster=sticky&key=alice'
-  curl -s http://127.0.0.1:9901/metrics | grep meshless_proxy_requests
-
-Ctrl-C stops the demo.";
+/// What `meshless demo` prints: the commands to try.
+const DEMO_HELP: &str = include_str!("../../../examples/demo.txt");
 
 /// Arguments of `meshless control`.
 #[derive(Debug, Args)]
@@ -240,7 +198,7 @@ pub fn control(args: ControlArgs) -> Result<()> {
 struct Stack {
     #[serde(default)]
     control: ControlConfig,
-    proxy: serde_json::Value,
+    proxy: ProxyConfig,
     #[serde(default)]
     backends: Vec<StackBackend>,
 }
@@ -250,6 +208,51 @@ struct Stack {
 struct StackBackend {
     name: String,
     listen: SocketAddr,
+}
+
+/// Starts demo backends (no latency, no failures) on their addresses.
+async fn start_backends(wanted: &[StackBackend]) -> Result<Vec<Backend>> {
+    let mut backends = Vec::new();
+    for b in wanted {
+        let started = Backend::start(BackendConfig {
+            name: b.name.clone(),
+            listen: b.listen,
+            latency: Duration::ZERO,
+            fail_rate: 0.0,
+            startup_delay: Duration::ZERO,
+        })
+        .await
+        .with_context(|| format!("starting backend {}", b.name))?;
+        backends.push(started);
+    }
+    Ok(backends)
+}
+
+impl Stack {
+    /// Reads the stack file; each part passes its own validation, with
+    /// errors at `control.…` or `proxy.…`. A proxy without `control:`
+    /// follows this file's control plane.
+    fn load(path: &Path) -> Result<Self> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).with_context(|| format!("{file}: cannot read"))?;
+        let mut stack: Stack =
+            meshless_model::yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        stack
+            .control
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{file}: {}", e.at("control")))?;
+        if stack.proxy.control.is_none() {
+            stack.proxy.control = Some(ControlLink {
+                address: stack.control.grpc_address.to_string(),
+                token_file: None,
+            });
+        }
+        stack
+            .proxy
+            .validate()
+            .map_err(|(path, reason)| anyhow::anyhow!("{file}: proxy.{path}: {reason}"))?;
+        Ok(stack)
+    }
 }
 
 /// Arguments of `meshless up`.
@@ -264,45 +267,18 @@ pub struct UpArgs {
 }
 
 pub fn up(args: UpArgs) -> Result<()> {
-    let file = args.config.display().to_string();
-    let text =
-        std::fs::read_to_string(&args.config).with_context(|| format!("{file}: cannot read"))?;
-    let stack: Stack = meshless_model::yaml::from_str(&text)
-        .map_err(|(path, reason)| anyhow::anyhow!("{file}: {path}: {reason}"))?;
-    // The control section goes through the control plane's own validation.
-    let control_yaml = serde_json::to_string(&stack.control)?;
-    let control = ControlConfig::parse(&control_yaml, &format!("{file} (control)"))?;
-    let mut proxy_value = stack.proxy;
-    if proxy_value.get("control").is_none()
-        && let Some(obj) = proxy_value.as_object_mut()
-    {
-        obj.insert(
-            "control".into(),
-            serde_json::json!({ "address": control.grpc_address.to_string() }),
-        );
-    }
-    let proxy = ProxyConfig::parse(
-        &serde_json::to_string(&proxy_value)?,
-        &format!("{file} (proxy)"),
-    )?;
+    let stack = Stack::load(&args.config)?;
     if args.check {
-        println!("{file}: ok");
+        println!("{}: ok", args.config.display());
         return Ok(());
     }
+    let Stack {
+        control,
+        proxy,
+        backends: wanted,
+    } = stack;
     runtime(None)?.block_on(async {
-        let mut backends = Vec::new();
-        for b in &stack.backends {
-            let started = Backend::start(BackendConfig {
-                name: b.name.clone(),
-                listen: b.listen,
-                latency: Duration::ZERO,
-                fail_rate: 0.0,
-                startup_delay: Duration::ZERO,
-            })
-            .await
-            .with_context(|| format!("starting backend {}", b.name))?;
-            backends.push(started);
-        }
+        let backends = start_backends(&wanted).await?;
         let plane = ControlPlane::start(control).await?;
         let proxy = Proxy::start(proxy).await?;
         println!(

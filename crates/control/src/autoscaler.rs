@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use meshless_model::FieldError;
 use serde::{Deserialize, Serialize};
 
 /// Autoscaling settings of one service (Knative KPA defaults).
@@ -18,16 +19,19 @@ pub struct AutoscaleConfig {
     #[serde(default)]
     pub min_instances: u32,
     /// Most instances.
-    #[serde(default = "default_max")]
+    #[serde(default = "default_max_instances")]
     pub max_instances: u32,
     /// Concurrent requests one instance should carry.
-    #[serde(default = "default_target")]
+    #[serde(default = "default_target_concurrency")]
     pub target_concurrency: f64,
     /// Share of the target aimed at (Knative: 70%), leaving headroom.
-    #[serde(default = "default_utilization")]
+    #[serde(default = "default_target_utilization")]
     pub target_utilization: f64,
     /// Averaging window of the stable mode.
-    #[serde(default = "default_stable", with = "meshless_model::serde_duration")]
+    #[serde(
+        default = "default_stable_window",
+        with = "meshless_model::serde_duration"
+    )]
     pub stable_window: Duration,
     /// Averaging window of the panic mode.
     #[serde(
@@ -39,26 +43,29 @@ pub struct AutoscaleConfig {
     #[serde(default = "default_panic_threshold")]
     pub panic_threshold: f64,
     /// At most this many times the ready instances per decision.
-    #[serde(default = "default_up_rate")]
+    #[serde(default = "default_max_scale_up_rate")]
     pub max_scale_up_rate: f64,
     /// At least the ready instances divided by this per decision.
-    #[serde(default = "default_down_rate")]
+    #[serde(default = "default_max_scale_down_rate")]
     pub max_scale_down_rate: f64,
     /// With no request for this long, scale to `min_instances` (maybe zero).
-    #[serde(default = "default_to_zero", with = "meshless_model::serde_duration")]
+    #[serde(
+        default = "default_scale_to_zero_after",
+        with = "meshless_model::serde_duration"
+    )]
     pub scale_to_zero_after: Duration,
 }
 
-fn default_max() -> u32 {
+fn default_max_instances() -> u32 {
     10
 }
-fn default_target() -> f64 {
+fn default_target_concurrency() -> f64 {
     100.0
 }
-fn default_utilization() -> f64 {
+fn default_target_utilization() -> f64 {
     0.7
 }
-fn default_stable() -> Duration {
+fn default_stable_window() -> Duration {
     Duration::from_secs(60)
 }
 fn default_panic_window() -> Duration {
@@ -67,13 +74,13 @@ fn default_panic_window() -> Duration {
 fn default_panic_threshold() -> f64 {
     2.0
 }
-fn default_up_rate() -> f64 {
+fn default_max_scale_up_rate() -> f64 {
     1000.0
 }
-fn default_down_rate() -> f64 {
+fn default_max_scale_down_rate() -> f64 {
     2.0
 }
-fn default_to_zero() -> Duration {
+fn default_scale_to_zero_after() -> Duration {
     Duration::from_secs(30)
 }
 
@@ -81,23 +88,23 @@ impl Default for AutoscaleConfig {
     fn default() -> Self {
         Self {
             min_instances: 0,
-            max_instances: default_max(),
-            target_concurrency: default_target(),
-            target_utilization: default_utilization(),
-            stable_window: default_stable(),
+            max_instances: default_max_instances(),
+            target_concurrency: default_target_concurrency(),
+            target_utilization: default_target_utilization(),
+            stable_window: default_stable_window(),
             panic_window: default_panic_window(),
             panic_threshold: default_panic_threshold(),
-            max_scale_up_rate: default_up_rate(),
-            max_scale_down_rate: default_down_rate(),
-            scale_to_zero_after: default_to_zero(),
+            max_scale_up_rate: default_max_scale_up_rate(),
+            max_scale_down_rate: default_max_scale_down_rate(),
+            scale_to_zero_after: default_scale_to_zero_after(),
         }
     }
 }
 
 impl AutoscaleConfig {
-    /// Checks ranges; returns the field and reason at fault.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let err = |f: &str, r: &str| Err((f.to_owned(), r.to_owned()));
+    /// Checks ranges; the error names the field at fault.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let err = |f: &str, r: &str| Err(FieldError::new(f, r));
         if self.max_instances == 0 || self.max_instances < self.min_instances {
             return err(
                 "max_instances",
@@ -366,10 +373,10 @@ mod tests {
     fn validation_names_the_field() {
         let mut cfg = config();
         cfg.panic_window = secs(120);
-        assert_eq!(cfg.validate().expect_err("window").0, "panic_window");
+        assert_eq!(cfg.validate().expect_err("window").path, "panic_window");
         let mut cfg = config();
         cfg.max_instances = 0;
-        assert_eq!(cfg.validate().expect_err("max").0, "max_instances");
+        assert_eq!(cfg.validate().expect_err("max").path, "max_instances");
         assert!(config().validate().is_ok());
     }
 }

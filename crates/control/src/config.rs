@@ -1,24 +1,28 @@
-//! The control plane's YAML configuration.
+//! The control plane's YAML configuration: addresses, slice and history
+//! settings, and services declared at start with their autoscaling.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use meshless_model::serde_duration as duration;
+use meshless_model::{AtPath, FieldError};
 use serde::{Deserialize, Serialize};
 
+use crate::api::{EndpointInput, ServicePort, ServiceSpec};
+use crate::autoscaler::AutoscaleConfig;
+use crate::process_scaler::ProcessSpec;
 use crate::reconciler::{DEFAULT_MAX_PER_SLICE, MAX_MAX_PER_SLICE};
-use crate::registry::{EndpointInput, ServiceSpec};
 
 /// `meshless control --config FILE`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
     /// Registration API (HTTP JSON) and `/metrics`.
-    #[serde(default = "default_api")]
+    #[serde(default = "default_api_address")]
     pub api_address: SocketAddr,
     /// Distribution stream (gRPC).
-    #[serde(default = "default_grpc")]
+    #[serde(default = "default_grpc_address")]
     pub grpc_address: SocketAddr,
     /// File holding the bearer token; required when either address is not loopback.
     #[serde(default)]
@@ -27,19 +31,19 @@ pub struct ControlConfig {
     #[serde(default)]
     pub data_dir: Option<PathBuf>,
     /// Endpoints per slice, 1..=1000.
-    #[serde(default = "default_max_per_slice")]
+    #[serde(default = "default_max_endpoints_per_slice")]
     pub max_endpoints_per_slice: usize,
     /// Changes within this window are reconciled and sent together; 0 = at once.
     #[serde(default, with = "duration")]
     pub batch_period: Duration,
     /// Sparse slices of a service are merged once it has been quiet this long.
-    #[serde(default = "default_quiet", with = "duration")]
+    #[serde(default = "default_compact_after", with = "duration")]
     pub compact_after: Duration,
     /// Deltas kept for resuming proxies.
     #[serde(default = "default_history")]
     pub history: usize,
     /// Largest accepted API request body, in bytes.
-    #[serde(default = "default_max_body")]
+    #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
     /// Services (and endpoints) registered at start.
     #[serde(default)]
@@ -53,12 +57,12 @@ pub struct StaticService {
     pub namespace: String,
     pub name: String,
     #[serde(default)]
-    pub ports: Vec<crate::registry::ServicePort>,
+    pub ports: Vec<ServicePort>,
     #[serde(default)]
     pub endpoints: Vec<EndpointInput>,
     /// Scale the service by load (and to zero): see docs/control.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub autoscaling: Option<crate::scaling::ServiceScaling>,
+    pub autoscaling: Option<ServiceScaling>,
 }
 
 impl StaticService {
@@ -72,89 +76,221 @@ impl StaticService {
     }
 }
 
-fn default_api() -> SocketAddr {
+/// `autoscaling:` of a service: the autoscaler's settings (written at the
+/// same level in YAML), how often it decides, and how instances are run.
+/// Unknown keys are still rejected: serde checks what neither this struct
+/// nor the flattened [`AutoscaleConfig`] consumed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceScaling {
+    #[serde(flatten)]
+    pub autoscale: AutoscaleConfig,
+    /// How often the autoscaler decides (activations decide at once).
+    #[serde(default = "default_tick", with = "duration")]
+    pub tick: Duration,
+    /// Between marking an instance terminating and stopping it.
+    #[serde(default = "default_drain_period", with = "duration")]
+    pub drain_period: Duration,
+    /// How instances are run.
+    pub scaler: ScalerConfig,
+}
+
+/// The scaler of a service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScalerConfig {
+    /// One local process per instance.
+    Process(ProcessSpec),
+    /// POST `{"service": ..., "desired": N}` to `url` on every change;
+    /// instances register themselves through the API.
+    Webhook { url: String },
+}
+
+impl ServiceScaling {
+    /// Checks ranges and the scaler; the error names the field at fault.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        self.autoscale.validate()?;
+        if self.tick.is_zero() {
+            return Err(FieldError::new("tick", "must be above zero"));
+        }
+        match &self.scaler {
+            ScalerConfig::Process(p) if p.command.is_empty() => Err(FieldError::new(
+                "scaler.process.command",
+                "must not be empty",
+            )),
+            ScalerConfig::Webhook { url } if !url.starts_with("http://") => Err(FieldError::new(
+                "scaler.webhook.url",
+                "must be an http:// URL",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn default_api_address() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9400))
 }
-fn default_grpc() -> SocketAddr {
+fn default_grpc_address() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9401))
 }
-fn default_max_per_slice() -> usize {
+fn default_max_endpoints_per_slice() -> usize {
     DEFAULT_MAX_PER_SLICE
 }
-fn default_quiet() -> Duration {
+fn default_compact_after() -> Duration {
     Duration::from_secs(30)
 }
 fn default_history() -> usize {
     10_000
 }
-fn default_max_body() -> usize {
+fn default_max_body_bytes() -> usize {
     4 << 20
+}
+fn default_tick() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_drain_period() -> Duration {
+    Duration::from_secs(10)
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
         Self {
-            api_address: default_api(),
-            grpc_address: default_grpc(),
+            api_address: default_api_address(),
+            grpc_address: default_grpc_address(),
             token_file: None,
             data_dir: None,
-            max_endpoints_per_slice: default_max_per_slice(),
+            max_endpoints_per_slice: default_max_endpoints_per_slice(),
             batch_period: Duration::ZERO,
-            compact_after: default_quiet(),
+            compact_after: default_compact_after(),
             history: default_history(),
-            max_body_bytes: default_max_body(),
+            max_body_bytes: default_max_body_bytes(),
             services: Vec::new(),
         }
     }
 }
 
-/// A rejected control-plane configuration.
+/// A rejected control-plane configuration: the file and the field at fault.
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {path}: {reason}")]
-pub struct ControlConfigError {
-    pub file: String,
-    pub path: String,
-    pub reason: String,
+pub enum ControlConfigError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    /// A field is missing, unknown or out of range.
+    #[error("{file}: {error}")]
+    Invalid { file: String, error: FieldError },
 }
 
 impl ControlConfig {
     /// Reads and validates `file`.
     pub fn load(file: &Path) -> Result<Self, ControlConfigError> {
         let name = file.display().to_string();
-        let text = std::fs::read_to_string(file).map_err(|e| ControlConfigError {
+        let text = std::fs::read_to_string(file).map_err(|source| ControlConfigError::Read {
             file: name.clone(),
-            path: "(file)".into(),
-            reason: e.to_string(),
+            source,
         })?;
         Self::parse(&text, &name)
     }
 
-    /// Parses and validates YAML `text`.
+    /// Parses and validates YAML `text`; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Self, ControlConfigError> {
-        let err = |path: String, reason: String| ControlConfigError {
+        let invalid = |error| ControlConfigError::Invalid {
             file: file.to_owned(),
-            path,
-            reason,
+            error,
         };
-        let config: ControlConfig =
-            meshless_model::yaml::from_str(text).map_err(|(path, reason)| err(path, reason))?;
-        if !(1..=MAX_MAX_PER_SLICE).contains(&config.max_endpoints_per_slice) {
-            return Err(err(
-                "max_endpoints_per_slice".into(),
-                "must be 1..=1000".into(),
-            ));
-        }
-        if config.history == 0 {
-            return Err(err("history".into(), "must be at least 1".into()));
-        }
-        let exposed =
-            !config.api_address.ip().is_loopback() || !config.grpc_address.ip().is_loopback();
-        if exposed && config.token_file.is_none() {
-            return Err(err(
-                "token_file".into(),
-                "required when api_address or grpc_address is not a loopback address".into(),
-            ));
-        }
+        let config: ControlConfig = meshless_model::yaml::from_str(text).map_err(invalid)?;
+        config.validate().map_err(invalid)?;
         Ok(config)
+    }
+
+    /// Checks what the types alone cannot: ranges, the token when exposed,
+    /// each service's autoscaling.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if !(1..=MAX_MAX_PER_SLICE).contains(&self.max_endpoints_per_slice) {
+            return Err(FieldError::new(
+                "max_endpoints_per_slice",
+                format!("must be 1..={MAX_MAX_PER_SLICE}"),
+            ));
+        }
+        if self.history == 0 {
+            return Err(FieldError::new("history", "must be at least 1"));
+        }
+        let exposed = !self.api_address.ip().is_loopback() || !self.grpc_address.ip().is_loopback();
+        if exposed && self.token_file.is_none() {
+            return Err(FieldError::new(
+                "token_file",
+                "required when api_address or grpc_address is not a loopback address",
+            ));
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            if let Some(a) = &s.autoscaling {
+                a.validate().at(format!("services[{i}].autoscaling"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCALED: &str = "services:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 3\n      stable_window: 3s\n      panic_window: 1s\n      tick: 100ms\n      scaler: { webhook: { url: \"http://127.0.0.1:1/scale\" } }\n";
+
+    #[test]
+    fn autoscaling_keeps_its_flat_yaml_and_nests_the_autoscaler() {
+        let c = ControlConfig::parse(SCALED, "t").expect("valid");
+        let a = c.services[0].autoscaling.as_ref().expect("autoscaling");
+        assert_eq!(a.autoscale.max_instances, 3);
+        assert_eq!(a.autoscale.panic_window, Duration::from_secs(1));
+        assert_eq!(
+            a.autoscale.target_concurrency, 100.0,
+            "defaults fill the rest"
+        );
+        assert_eq!(a.tick, Duration::from_millis(100));
+        assert_eq!(a.drain_period, default_drain_period());
+    }
+
+    #[test]
+    fn unknown_autoscaling_keys_are_still_rejected() {
+        let text = SCALED.replace("min_instances: 0", "min_instance: 0");
+        let e = ControlConfig::parse(&text, "t").expect_err("typo");
+        assert!(e.to_string().contains("min_instance"), "{e}");
+    }
+
+    #[test]
+    fn autoscaling_is_validated_with_its_path() {
+        let text = SCALED.replace("panic_window: 1s", "panic_window: 9s");
+        match ControlConfig::parse(&text, "t") {
+            Err(ControlConfigError::Invalid { error, .. }) => {
+                assert_eq!(error.path, "services[0].autoscaling.panic_window");
+            }
+            other => panic!("{other:?}"),
+        }
+        let text = SCALED.replace("http://127", "ftp://127");
+        let e = ControlConfig::parse(&text, "t").expect_err("url");
+        assert!(
+            e.to_string()
+                .contains("services[0].autoscaling.scaler.webhook.url"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ranges_and_the_token_are_checked() {
+        let e = ControlConfig::parse("max_endpoints_per_slice: 0\n", "f.yaml").expect_err("0");
+        assert_eq!(
+            e.to_string(),
+            "f.yaml: max_endpoints_per_slice: must be 1..=1000"
+        );
+        let e = ControlConfig::parse("api_address: \"0.0.0.0:9400\"\n", "f").expect_err("token");
+        assert!(e.to_string().contains("token_file"), "{e}");
+        assert!(ControlConfig::parse("history: 0\n", "f").is_err());
+        assert_eq!(
+            ControlConfig::parse("{}", "f").expect("empty"),
+            ControlConfig::default()
+        );
     }
 }

@@ -5,25 +5,16 @@
 //! memory per subscriber stays bounded and nobody else waits for it.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
-use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
-use meshless_api::{Distribution, encode_delta, endpoint_to_wire};
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use meshless_api::v1;
+use meshless_api::{encode_delta, endpoint_to_wire};
+use tokio::sync::broadcast;
 
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, ServiceDelta};
-
-/// How often an idle stream carries a heartbeat.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
-/// Messages queued per subscriber before it counts as slow.
-const QUEUE: usize = 64;
 
 /// One published delta.
 #[derive(Debug)]
@@ -49,12 +40,12 @@ struct History {
 #[derive(Debug)]
 pub struct Distributor {
     registry: Arc<Mutex<Registry>>,
-    metrics: Arc<ControlMetrics>,
+    pub(crate) metrics: Arc<ControlMetrics>,
     history: Mutex<History>,
     history_len: usize,
-    tx: broadcast::Sender<Arc<EncodedDelta>>,
+    pub(crate) tx: broadcast::Sender<Arc<EncodedDelta>>,
     /// Set on shutdown: every subscriber stream ends.
-    closing: tokio::sync::watch::Sender<bool>,
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
     /// The last reset (snapshot) encoding per service and the version it
     /// reflects: subscribers connecting together share one encoding.
     resets: Mutex<std::collections::HashMap<String, (u64, Bytes)>>,
@@ -62,7 +53,7 @@ pub struct Distributor {
     loads: Mutex<LoadTable>,
     /// Woken when a proxy asks to activate a service.
     activations: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
-    next_subscriber: std::sync::atomic::AtomicU64,
+    pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
 }
 
 impl Distributor {
@@ -124,7 +115,7 @@ impl Distributor {
         Arc::clone(a.entry(service.to_owned()).or_default())
     }
 
-    fn record_load(&self, subscriber: u64, load: &v1::Load) {
+    pub(crate) fn record_load(&self, subscriber: u64, load: &v1::Load) {
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
         for s in &load.services {
             loads
@@ -134,7 +125,7 @@ impl Distributor {
         }
     }
 
-    fn forget_subscriber(&self, subscriber: u64) {
+    pub(crate) fn forget_subscriber(&self, subscriber: u64) {
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
         for per in loads.values_mut() {
             per.remove(&subscriber);
@@ -194,7 +185,10 @@ impl Distributor {
 
     /// Reset deltas with every endpoint of each service (empty if unknown),
     /// all read under one lock, and the registry version they reflect.
-    fn resets<'a>(&self, services: impl IntoIterator<Item = &'a String>) -> (u64, Vec<Bytes>) {
+    pub(crate) fn resets<'a>(
+        &self,
+        services: impl IntoIterator<Item = &'a String>,
+    ) -> (u64, Vec<Bytes>) {
         let reg = self.registry();
         let mut cache = self.resets.lock().unwrap_or_else(PoisonError::into_inner);
         let out = services
@@ -230,7 +224,11 @@ impl Distributor {
 
     /// Deltas after `version` for `services`, if the history still holds
     /// every one of them.
-    fn replay(&self, version: u64, services: &BTreeSet<String>) -> Option<Vec<Arc<EncodedDelta>>> {
+    pub(crate) fn replay(
+        &self,
+        version: u64,
+        services: &BTreeSet<String>,
+    ) -> Option<Vec<Arc<EncodedDelta>>> {
         // Lock order is registry, then history (as `publish` takes them):
         // read the registry before taking the history lock.
         let registry_version = self.registry().version();
@@ -245,171 +243,5 @@ impl Distributor {
                 .cloned()
                 .collect(),
         )
-    }
-}
-
-/// The tonic service over a shared distributor.
-#[derive(Debug, Clone)]
-pub struct DistributionService {
-    pub distributor: Arc<Distributor>,
-}
-
-type OutStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
-
-fn delta_msg(bytes: Bytes) -> ServerMessage {
-    ServerMessage {
-        msg: Some(server_message::Msg::Delta(bytes)),
-    }
-}
-
-#[tonic::async_trait]
-impl Distribution for DistributionService {
-    type StreamStream = OutStream;
-
-    async fn stream(
-        &self,
-        request: Request<Streaming<ClientMessage>>,
-    ) -> Result<Response<OutStream>, Status> {
-        let mut inbound = request.into_inner();
-        let hello = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
-            Ok(Ok(Some(ClientMessage {
-                msg: Some(client_message::Msg::Hello(h)),
-            }))) => h,
-            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message must be Hello")),
-            Ok(Err(s)) => return Err(s),
-            Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
-        };
-        let (out, rx) = mpsc::channel(QUEUE);
-        let d = Arc::clone(&self.distributor);
-        tokio::spawn(async move {
-            d.metrics.subscribers.inc();
-            let node = hello.node.clone();
-            let id = d
-                .next_subscriber
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if let Err(e) = serve_subscriber(&d, id, hello, inbound, out).await {
-                tracing::debug!(node = %node, error = %e, "subscriber stream ended");
-            }
-            d.forget_subscriber(id);
-            d.metrics.subscribers.dec();
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-async fn send(
-    d: &Distributor,
-    out: &mpsc::Sender<Result<ServerMessage, Status>>,
-    msg: ServerMessage,
-    delta_bytes: usize,
-) -> Result<(), String> {
-    out.send(Ok(msg))
-        .await
-        .map_err(|_| "subscriber went away".to_owned())?;
-    d.metrics.messages_sent.inc();
-    d.metrics.bytes_sent.inc_by(delta_bytes as u64);
-    Ok(())
-}
-
-async fn send_resets(
-    d: &Distributor,
-    out: &mpsc::Sender<Result<ServerMessage, Status>>,
-    services: impl IntoIterator<Item = &String>,
-) -> Result<u64, String> {
-    let (version, resets) = d.resets(services);
-    for bytes in resets {
-        let n = bytes.len();
-        send(d, out, delta_msg(bytes), n).await?;
-    }
-    Ok(version)
-}
-
-async fn serve_subscriber(
-    d: &Distributor,
-    id: u64,
-    hello: v1::Hello,
-    mut inbound: Streaming<ClientMessage>,
-    out: mpsc::Sender<Result<ServerMessage, Status>>,
-) -> Result<(), String> {
-    let mut closing = d.closing.subscribe();
-    if *closing.borrow() {
-        return Ok(());
-    }
-    let mut watched: BTreeSet<String> = hello.services.into_iter().collect();
-    // Subscribe before reading state, so no delta falls between the two.
-    let mut rx = d.tx.subscribe();
-    let replay = (hello.resume_version > 0)
-        .then(|| d.replay(hello.resume_version, &watched))
-        .flatten();
-    let mut sent_up_to = match replay {
-        Some(deltas) => {
-            let mut v = hello.resume_version;
-            for delta in deltas {
-                v = v.max(delta.version);
-                send(d, &out, delta_msg(delta.bytes.clone()), delta.bytes.len()).await?;
-            }
-            v
-        }
-        None => {
-            d.metrics.snapshots.inc();
-            let v = send_resets(d, &out, &watched).await?;
-            let done = ServerMessage {
-                msg: Some(server_message::Msg::SnapshotDone(v1::SnapshotDone {
-                    version: v,
-                })),
-            };
-            send(d, &out, done, 0).await?;
-            v
-        }
-    };
-    let mut heartbeat = tokio::time::interval(HEARTBEAT);
-    heartbeat.tick().await;
-    loop {
-        tokio::select! {
-            got = rx.recv() => match got {
-                Ok(delta) => {
-                    // Older deltas are already in what was sent (snapshot or replay).
-                    if delta.version <= sent_up_to || !watched.contains(&delta.service) {
-                        continue;
-                    }
-                    let n = delta.bytes.len();
-                    send(d, &out, delta_msg(delta.bytes.clone()), n).await?;
-                    d.metrics.propagation.observe(delta.committed.elapsed().as_secs_f64());
-                    sent_up_to = sent_up_to.max(delta.version);
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    // Too slow for the ring: one reset per service replaces what was missed.
-                    d.metrics.coalesced.inc();
-                    rx = d.tx.subscribe();
-                    sent_up_to = sent_up_to.max(send_resets(d, &out, &watched).await?);
-                }
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
-            },
-            msg = inbound.message() => match msg {
-                Ok(Some(ClientMessage { msg: Some(client_message::Msg::Subscribe(s)) })) => {
-                    let next: BTreeSet<String> = s.services.into_iter().collect();
-                    let added: Vec<String> = next.difference(&watched).cloned().collect();
-                    watched = next;
-                    send_resets(d, &out, &added).await?;
-                }
-                Ok(Some(ClientMessage { msg: Some(client_message::Msg::Ack(_)) })) => {}
-                Ok(Some(ClientMessage { msg: Some(client_message::Msg::Load(load)) })) => {
-                    d.record_load(id, &load);
-                }
-                Ok(Some(ClientMessage { msg: Some(client_message::Msg::Activate(a)) })) => {
-                    d.activation(&a.service).notify_one();
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => return Ok(()),
-                Err(s) => return Err(s.to_string()),
-            },
-            _ = closing.changed() => return Ok(()),
-            _ = heartbeat.tick() => {
-                let hb = ServerMessage {
-                    msg: Some(server_message::Msg::Heartbeat(v1::Heartbeat { version: sent_up_to })),
-                };
-                send(d, &out, hb, 0).await?;
-            }
-        }
     }
 }

@@ -1,14 +1,20 @@
 //! The meshless control plane: the registry of services and endpoints, the
 //! slice reconciler, the embedded store, the registration API and endpoint
-//! distribution to proxies.
+//! distribution to proxies. Module map: ARCHITECTURE.md.
 
+pub mod api;
 pub mod autoscaler;
+pub mod client;
 pub mod config;
 pub mod distributor;
+pub mod grpc;
+pub mod http;
 pub mod metrics;
 pub mod plane;
 pub mod process_scaler;
 pub mod reconciler;
 pub mod registry;
 pub mod scaling;
+pub mod state;
 pub mod store;
+pub mod tasks;

@@ -32,10 +32,16 @@ pub struct ProcessSpec {
     #[serde(default = "default_port_env")]
     pub port_env: String,
     /// After SIGTERM, SIGKILL follows this much later.
-    #[serde(default = "default_grace", with = "meshless_model::serde_duration")]
+    #[serde(
+        default = "default_stop_grace",
+        with = "meshless_model::serde_duration"
+    )]
     pub stop_grace: Duration,
     /// How often a starting instance's port is probed.
-    #[serde(default = "default_probe", with = "meshless_model::serde_duration")]
+    #[serde(
+        default = "default_probe_interval",
+        with = "meshless_model::serde_duration"
+    )]
     pub probe_interval: Duration,
     /// An instance not accepting connections by then has failed to start.
     #[serde(
@@ -48,10 +54,10 @@ pub struct ProcessSpec {
 fn default_port_env() -> String {
     "PORT".into()
 }
-fn default_grace() -> Duration {
+fn default_stop_grace() -> Duration {
     Duration::from_secs(10)
 }
-fn default_probe() -> Duration {
+fn default_probe_interval() -> Duration {
     Duration::from_millis(5)
 }
 fn default_start_timeout() -> Duration {

@@ -3,112 +3,37 @@
 //! write, and the deltas that writes produce for distribution.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use meshless_model::{Conditions, Endpoint, EndpointId, MAX_WEIGHT};
-use serde::{Deserialize, Serialize};
+use meshless_model::{Endpoint, EndpointId, FieldError, MAX_WEIGHT};
 
+pub use crate::api::{
+    EndpointInput, EndpointView, MAX_TTL_SECONDS, ServicePort, ServiceSpec, ServiceView, SliceView,
+};
 use crate::reconciler::{SliceChanges, SliceSet};
+pub use crate::store::{ServiceRecord, StoredEndpoint};
 use crate::store::{Store, StoreError, WriteBatch};
 
-/// Longest accepted endpoint TTL.
-pub const MAX_TTL_SECONDS: u64 = 24 * 3600;
-
-/// One port of a service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServicePort {
-    #[serde(default)]
-    pub name: Option<String>,
-    pub port: u16,
-    #[serde(default = "tcp")]
-    pub protocol: String,
-}
-
-fn tcp() -> String {
-    "TCP".into()
-}
-
-/// What a service is, apart from its endpoints.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceSpec {
-    pub namespace: String,
-    pub name: String,
-    #[serde(default)]
-    pub ports: Vec<ServicePort>,
-}
-
-impl ServiceSpec {
-    /// `namespace/name`.
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
-
-/// A service as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceRecord {
-    pub spec: ServiceSpec,
-    pub version: u64,
-    pub next_slice: u64,
-}
-
-/// An endpoint as stored: the endpoint and its optional TTL.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredEndpoint {
-    pub endpoint: Endpoint,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_seconds: Option<u64>,
-}
-
-/// An endpoint as the registration API accepts it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointInput {
-    pub id: String,
-    pub addresses: Vec<IpAddr>,
-    pub port: u16,
-    #[serde(default = "one")]
-    pub weight: u32,
-    #[serde(default)]
-    pub zone: Option<String>,
-    #[serde(default)]
-    pub node: Option<String>,
-    #[serde(default)]
-    pub conditions: Conditions,
-    /// Seconds until the endpoint is removed unless renewed (as Consul's TTL checks).
-    #[serde(default)]
-    pub ttl_seconds: Option<u64>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-impl EndpointInput {
-    fn into_stored(self) -> StoredEndpoint {
-        StoredEndpoint {
-            endpoint: Endpoint {
-                id: EndpointId::new(self.id),
-                addresses: self.addresses,
-                port: self.port,
-                weight: self.weight,
-                zone: self.zone,
-                node: self.node,
-                conditions: self.conditions,
-            },
-            ttl_seconds: self.ttl_seconds,
-        }
+fn into_stored(input: EndpointInput) -> StoredEndpoint {
+    StoredEndpoint {
+        endpoint: Endpoint {
+            id: EndpointId::new(input.id),
+            addresses: input.addresses,
+            port: input.port,
+            weight: input.weight,
+            zone: input.zone,
+            node: input.node,
+            conditions: input.conditions,
+        },
+        ttl_seconds: input.ttl_seconds,
     }
 }
 
 /// A rejected write; nothing was stored.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("{field}: {reason}")]
-    Invalid { field: String, reason: String },
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
     #[error("unknown service {0:?}")]
     UnknownService(String),
     #[error("service {service:?} has no endpoint {id:?}")]
@@ -118,10 +43,7 @@ pub enum RegistryError {
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> RegistryError {
-    RegistryError::Invalid {
-        field: field.into(),
-        reason: reason.into(),
-    }
+    RegistryError::Invalid(FieldError::new(field, reason))
 }
 
 /// What changed in one service, for distribution: endpoints (with the
@@ -150,34 +72,6 @@ struct Service {
     dirty: BTreeSet<EndpointId>,
     last_change: Instant,
     compacted_since_change: bool,
-}
-
-/// A service with its endpoints and slices, as the API returns it.
-#[derive(Debug, Clone, Serialize)]
-pub struct ServiceView {
-    pub namespace: String,
-    pub name: String,
-    pub ports: Vec<ServicePort>,
-    pub version: u64,
-    pub endpoints: Vec<EndpointView>,
-    pub slices: Vec<SliceView>,
-}
-
-/// An endpoint in a [`ServiceView`].
-#[derive(Debug, Clone, Serialize)]
-pub struct EndpointView {
-    #[serde(flatten)]
-    pub endpoint: Endpoint,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttl_seconds: Option<u64>,
-    pub slice: Option<String>,
-}
-
-/// A slice in a [`ServiceView`].
-#[derive(Debug, Clone, Serialize)]
-pub struct SliceView {
-    pub name: String,
-    pub endpoints: Vec<String>,
 }
 
 /// Every service, versioned and persisted.
@@ -443,7 +337,7 @@ impl Registry {
                     format!("must be 1..={MAX_WEIGHT}"),
                 ));
             }
-            let e = input.into_stored();
+            let e = into_stored(input);
             e.endpoint
                 .validate()
                 .map_err(|err| invalid(at.clone(), err.to_string()))?;
@@ -727,10 +621,9 @@ impl Registry {
             endpoints: svc
                 .endpoints
                 .values()
-                .map(|e| EndpointView {
-                    endpoint: e.endpoint.clone(),
-                    ttl_seconds: e.ttl_seconds,
-                    slice: svc.slices.slice_of(&e.endpoint.id).map(str::to_owned),
+                .map(|e| {
+                    let slice = svc.slices.slice_of(&e.endpoint.id).map(str::to_owned);
+                    EndpointView::new(&e.endpoint, e.ttl_seconds, slice)
                 })
                 .collect(),
             slices: svc

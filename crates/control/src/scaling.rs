@@ -15,125 +15,13 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use meshless_model::{Conditions, EndpointId};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::autoscaler::{AutoscaleConfig, Autoscaler};
-use crate::plane::PlaneState;
+use crate::api::EndpointInput;
+use crate::autoscaler::Autoscaler;
+use crate::config::{ScalerConfig, ServiceScaling};
 use crate::process_scaler::{self, ProcessSpec};
-use crate::registry::EndpointInput;
-
-/// `autoscaling:` of a service in the control plane's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceScaling {
-    #[serde(default)]
-    pub min_instances: u32,
-    #[serde(default = "ten")]
-    pub max_instances: u32,
-    /// Concurrent requests one instance should carry.
-    #[serde(default = "hundred")]
-    pub target_concurrency: f64,
-    /// Share of the target aimed at.
-    #[serde(default = "seventy")]
-    pub target_utilization: f64,
-    #[serde(default = "stable", with = "meshless_model::serde_duration")]
-    pub stable_window: Duration,
-    #[serde(default = "panic_window", with = "meshless_model::serde_duration")]
-    pub panic_window: Duration,
-    #[serde(default = "two")]
-    pub panic_threshold: f64,
-    /// At most this many times the running instances per decision.
-    #[serde(default = "up_rate")]
-    pub max_scale_up_rate: f64,
-    /// At least the running instances divided by this per decision.
-    #[serde(default = "two")]
-    pub max_scale_down_rate: f64,
-    #[serde(default = "to_zero", with = "meshless_model::serde_duration")]
-    pub scale_to_zero_after: Duration,
-    /// How often the autoscaler decides (activations decide at once).
-    #[serde(default = "tick", with = "meshless_model::serde_duration")]
-    pub tick: Duration,
-    /// Between marking an instance terminating and stopping it.
-    #[serde(default = "drain", with = "meshless_model::serde_duration")]
-    pub drain_period: Duration,
-    /// How instances are run.
-    pub scaler: ScalerConfig,
-}
-
-fn ten() -> u32 {
-    10
-}
-fn hundred() -> f64 {
-    100.0
-}
-fn seventy() -> f64 {
-    0.7
-}
-fn stable() -> Duration {
-    Duration::from_secs(60)
-}
-fn panic_window() -> Duration {
-    Duration::from_secs(6)
-}
-fn two() -> f64 {
-    2.0
-}
-fn up_rate() -> f64 {
-    1000.0
-}
-fn to_zero() -> Duration {
-    Duration::from_secs(30)
-}
-fn tick() -> Duration {
-    Duration::from_secs(2)
-}
-fn drain() -> Duration {
-    Duration::from_secs(10)
-}
-
-/// The scaler of a service.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum ScalerConfig {
-    /// One local process per instance.
-    Process(ProcessSpec),
-    /// POST `{"service": ..., "desired": N}` to `url` on every change;
-    /// instances register themselves through the API.
-    Webhook { url: String },
-}
-
-impl ServiceScaling {
-    /// The autoscaler's settings.
-    pub fn autoscale(&self) -> AutoscaleConfig {
-        AutoscaleConfig {
-            min_instances: self.min_instances,
-            max_instances: self.max_instances,
-            target_concurrency: self.target_concurrency,
-            target_utilization: self.target_utilization,
-            stable_window: self.stable_window,
-            panic_window: self.panic_window,
-            panic_threshold: self.panic_threshold,
-            max_scale_up_rate: self.max_scale_up_rate,
-            max_scale_down_rate: self.max_scale_down_rate,
-            scale_to_zero_after: self.scale_to_zero_after,
-        }
-    }
-
-    /// Field and reason at fault.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        self.autoscale().validate()?;
-        match &self.scaler {
-            ScalerConfig::Process(p) if p.command.is_empty() => {
-                Err(("scaler.process.command".into(), "must not be empty".into()))
-            }
-            ScalerConfig::Webhook { url } if !url.starts_with("http://") => {
-                Err(("scaler.webhook.url".into(), "must be an http:// URL".into()))
-            }
-            _ => Ok(()),
-        }
-    }
-}
+use crate::state::PlaneState;
 
 /// One instance run by the process scaler.
 #[derive(Debug)]
@@ -260,7 +148,7 @@ pub async fn run(
     cfg: ServiceScaling,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut autoscaler = Autoscaler::new(cfg.autoscale());
+    let mut autoscaler = Autoscaler::new(cfg.autoscale.clone());
     let started = Instant::now();
     let activation = state.distributor.activation(&service);
     let mut instances: Vec<Managed> = Vec::new();

@@ -5,10 +5,27 @@
 
 use std::path::Path;
 
-use meshless_model::EndpointId;
+use meshless_model::{Endpoint, EndpointId};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
 
-use crate::registry::{ServiceRecord, StoredEndpoint};
+use crate::api::ServiceSpec;
+
+/// A service as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    pub spec: ServiceSpec,
+    pub version: u64,
+    pub next_slice: u64,
+}
+
+/// An endpoint as stored: the endpoint and its optional TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEndpoint {
+    pub endpoint: Endpoint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");

@@ -41,9 +41,7 @@ fn writes_are_validated_and_nothing_is_stored_on_error() {
     let mut r = Registry::open(None, 100).expect("registry");
     let mut bad = spec();
     bad.name = "Cart!".into();
-    assert!(
-        matches!(r.put_service(bad), Err(RegistryError::Invalid { field, .. }) if field == "name")
-    );
+    assert!(matches!(r.put_service(bad), Err(RegistryError::Invalid(e)) if e.path == "name"));
     assert!(matches!(
         r.put_endpoints("shop/cart", vec![input(1)]),
         Err(RegistryError::UnknownService(_))

@@ -6,9 +6,11 @@
 //! `1..=MAX_WEIGHT`.
 
 mod endpoint;
+pub mod field_error;
 pub mod serde_duration;
 pub mod yaml;
 
 pub use endpoint::{
     Conditions, Endpoint, EndpointError, EndpointId, MAX_WEIGHT, routable_endpoints,
 };
+pub use field_error::{AtPath, FieldError};

@@ -669,14 +669,13 @@ impl ProxyConfig {
 
     /// Parses and validates YAML `text`; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Self, ConfigFileError> {
-        let config: ProxyConfig =
-            meshless_model::yaml::from_str(text).map_err(|(path, reason)| {
-                ConfigFileError::Invalid {
-                    file: file.to_owned(),
-                    path,
-                    reason,
-                }
-            })?;
+        let config: ProxyConfig = meshless_model::yaml::from_str(text).map_err(
+            |meshless_model::FieldError { path, reason }| ConfigFileError::Invalid {
+                file: file.to_owned(),
+                path,
+                reason,
+            },
+        )?;
         config
             .validate()
             .map_err(|(path, reason)| ConfigFileError::Invalid {

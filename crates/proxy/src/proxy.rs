@@ -179,6 +179,26 @@ impl Proxy {
         result
     }
 
+    /// Reads and validates the file at `path`, then [`Proxy::reload`]s it.
+    /// A file that cannot be read or is invalid is a failed reload too:
+    /// counted and logged the same way, and the running config stays.
+    pub async fn reload_from(&self, path: &std::path::Path) -> Result<(), ProxyError> {
+        match ProxyConfig::load(path) {
+            Ok(config) => self.reload(config).await,
+            Err(e) => {
+                self.state
+                    .metrics
+                    .reloads
+                    .get_or_create(&ReloadLabels {
+                        result: "failure".into(),
+                    })
+                    .inc();
+                tracing::error!(error = %e, "reload rejected; the running configuration stays");
+                Err(ProxyError::Invalid(e.to_string()))
+            }
+        }
+    }
+
     async fn reload_inner(&self, config: ProxyConfig) -> Result<(), ProxyError> {
         let _one_at_a_time = self.reloading.lock().await;
         let current = self.state.snapshot.load_full();

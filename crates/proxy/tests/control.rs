@@ -814,7 +814,7 @@ async fn a_crashed_instance_is_replaced() {
                 s.listen(); c, _ = s.accept(); c.close()";
     let mut cfg = scale_to_zero_config(&format!("[python3, -c, \"{once}\"]"));
     if let Some(a) = cfg.services[0].autoscaling.as_mut() {
-        a.min_instances = 1;
+        a.autoscale.min_instances = 1;
     }
     let plane = ControlPlane::start(cfg).await.expect("plane");
     let api = plane.api_addr();

@@ -1,57 +1,49 @@
-//! `meshless bench distribution`: a real control plane (a child process)
+//! The distribution benchmark: a real control plane (a child process)
 //! and N real gRPC subscriber streams over 127.0.0.1. Registers E
 //! endpoints, applies K single-endpoint changes, then a rolling update that
 //! replaces every endpoint, and reports bytes written, bytes per change per
 //! subscriber, propagation latency at every subscriber, and the control
 //! plane's CPU and memory.
 
-use std::net::SocketAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use bytes::Bytes;
-use clap::Args;
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use meshless_api::v1::{self, ClientMessage, client_message, server_message};
 use meshless_api::{DistributionClient, decode_delta};
+use meshless_control::api::{BulkInput, EndpointInput, ServiceInput, ServicePort};
+use meshless_control::client::ApiClient;
+use meshless_sim::human;
+use meshless_sim::progress::Progress;
 use serde::Serialize;
-use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::progress::Progress;
-use crate::report::percentile;
+use crate::{BenchError, percentile};
 
-/// Arguments of `bench distribution`.
-#[derive(Debug, Clone, Args)]
-pub struct DistributionBenchArgs {
+type Result<T> = std::result::Result<T, BenchError>;
+
+/// Settings of the distribution benchmark.
+#[derive(Debug, Clone)]
+pub struct DistributionBenchSettings {
+    /// The `meshless` binary: its `control` command is the control plane measured.
+    pub exe: PathBuf,
     /// Subscriber streams (simulated proxies), each its own connection.
-    #[arg(long, default_value_t = 100)]
     pub subscribers: usize,
     /// Endpoints of the service.
-    #[arg(long, default_value_t = 2000)]
     pub endpoints: usize,
-    /// Endpoints per slice.
-    #[arg(long, default_value_t = 100)]
+    /// Endpoints per slice, 1..=1000.
     pub slice_size: usize,
     /// Single-endpoint changes before the rolling update.
-    #[arg(long, default_value_t = 100)]
     pub changes: usize,
-    /// Print one JSON object.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// What the benchmark measured.
 #[derive(Debug, Serialize)]
-pub struct DistributionReport {
+pub struct DistributionBenchReport {
     pub subscribers: usize,
     pub endpoints: usize,
     pub slice_size: usize,
@@ -84,9 +76,13 @@ impl Drop for ChildGuard {
 
 /// Two distinct free ports (both held until both are chosen).
 fn free_ports() -> Result<(SocketAddr, SocketAddr)> {
-    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?, b.local_addr()?))
+    let bind = || std::net::TcpListener::bind("127.0.0.1:0");
+    let (a, b) = (bind(), bind());
+    let addr = |l: std::io::Result<std::net::TcpListener>| l.and_then(|l| l.local_addr());
+    Ok((
+        addr(a).map_err(BenchError::io("choosing a free port"))?,
+        addr(b).map_err(BenchError::io("choosing a free port"))?,
+    ))
 }
 
 fn proc_cpu_seconds(pid: u32) -> f64 {
@@ -112,59 +108,26 @@ fn proc_kb(pid: u32, key: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-type Http = Client<HttpConnector, Full<Bytes>>;
-
-async fn call(
-    http: &Http,
-    api: SocketAddr,
-    method: Method,
-    path: &str,
-    body: serde_json::Value,
-) -> Result<serde_json::Value> {
-    let req = Request::builder()
-        .method(method)
-        .uri(format!("http://{api}{path}"))
-        .body(Full::new(Bytes::from(body.to_string())))?;
-    let resp = http.request(req).await?;
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    if !status.is_success() {
-        bail!("{path}: {status}: {}", String::from_utf8_lossy(&bytes));
-    }
-    Ok(serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
-}
-
-async fn bytes_sent(http: &Http, api: SocketAddr) -> Result<u64> {
-    let req = Request::get(format!("http://{api}/metrics")).body(Full::new(Bytes::new()))?;
-    let body = http
-        .request(req)
-        .await?
-        .into_body()
-        .collect()
-        .await?
-        .to_bytes();
-    let text = String::from_utf8_lossy(&body);
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix("meshless_control_bytes_sent_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0))
-}
-
-fn endpoint(id: &str, i: usize) -> serde_json::Value {
+fn endpoint(id: &str, i: usize) -> EndpointInput {
     let zone = ["us-east-1a", "us-east-1b", "us-east-1c"][i % 3];
-    json!({
-        "id": id,
-        "addresses": [format!("10.{}.{}.{}", 244 + (i >> 16) % 8, (i >> 8) & 255, i & 255)],
-        "port": 8080,
-        "zone": zone,
-        "node": format!("ip-10-0-{}-{}.ec2.internal", (i * 7) % 256, (i * 13) % 256),
-    })
+    let ip = Ipv4Addr::new(10, 244 + ((i >> 16) % 8) as u8, (i >> 8) as u8, i as u8);
+    EndpointInput {
+        zone: Some(zone.into()),
+        node: Some(format!(
+            "ip-10-0-{}-{}.ec2.internal",
+            (i * 7) % 256,
+            (i * 13) % 256
+        )),
+        ..EndpointInput::new(id, IpAddr::V4(ip), 8080)
+    }
 }
 
 /// Receipt times of tracked endpoints (ids starting with `t-`), per subscriber.
 async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(String, Instant)>> {
-    let mut client = DistributionClient::connect(format!("http://{grpc}")).await?;
+    let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
+    let mut client = DistributionClient::connect(format!("http://{grpc}"))
+        .await
+        .map_err(|e| failed(&e))?;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(ClientMessage {
         msg: Some(client_message::Msg::Hello(v1::Hello {
@@ -174,8 +137,13 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
             resume_version: 0,
         })),
     })
-    .await?;
-    let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
+    .await
+    .map_err(|e| failed(&e))?;
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .map_err(|e| failed(&e))?
+        .into_inner();
     let mut seen = Vec::new();
     loop {
         let msg = match tokio::time::timeout(Duration::from_secs(120), inbound.message()).await {
@@ -188,7 +156,7 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
                 ready.fetch_add(1, Ordering::Relaxed);
             }
             Some(server_message::Msg::Delta(b)) => {
-                let d = decode_delta(&b)?;
+                let d = decode_delta(&b).map_err(|e| failed(&e))?;
                 for e in d.upserted {
                     if e.id.starts_with("t-") {
                         seen.push((e.id, now));
@@ -202,60 +170,89 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
     Ok(seen)
 }
 
-pub fn run(args: DistributionBenchArgs) -> Result<()> {
-    if args.subscribers == 0 || args.endpoints == 0 {
-        bail!("--subscribers and --endpoints must be at least 1");
-    }
-    if !(1..=1000).contains(&args.slice_size) {
-        bail!("--slice-size: must be 1..=1000");
-    }
-    crate::report::run_report(args.json, bench(&args), |report| {
-        println!("subscribers               {}", report.subscribers);
-        println!(
+impl fmt::Display for DistributionBenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "subscribers               {}", self.subscribers)?;
+        writeln!(
+            f,
             "endpoints                 {} (slices of {})",
-            report.endpoints, report.slice_size
-        );
-        println!(
+            self.endpoints, self.slice_size
+        )?;
+        writeln!(
+            f,
             "changes                   {} single + rolling update of {}",
-            report.changes, report.endpoints
-        );
-        println!(
+            self.changes, self.endpoints
+        )?;
+        writeln!(
+            f,
             "bytes written             {} (single changes {}, rolling update {})",
-            crate::distribution_model::human(report.bytes_written),
-            crate::distribution_model::human(report.bytes_single_changes),
-            crate::distribution_model::human(report.bytes_rolling_update)
-        );
-        println!(
+            human(self.bytes_written),
+            human(self.bytes_single_changes),
+            human(self.bytes_rolling_update)
+        )?;
+        writeln!(
+            f,
             "bytes/change/subscriber   {:.0}",
-            report.bytes_per_change_per_subscriber
-        );
-        println!(
+            self.bytes_per_change_per_subscriber
+        )?;
+        writeln!(
+            f,
             "propagation p50/p99/max   {:.2} / {:.2} / {:.2} ms ({} samples)",
-            report.propagation_ms_p50,
-            report.propagation_ms_p99,
-            report.propagation_ms_max,
-            report.samples
-        );
-        println!(
+            self.propagation_ms_p50, self.propagation_ms_p99, self.propagation_ms_max, self.samples
+        )?;
+        writeln!(
+            f,
             "control plane CPU         {:.2} s",
-            report.control_cpu_seconds
-        );
-        println!(
+            self.control_cpu_seconds
+        )?;
+        writeln!(
+            f,
             "control plane peak RSS    {:.1} MiB",
-            report.control_peak_rss_mib
-        );
-        println!(
+            self.control_peak_rss_mib
+        )?;
+        write!(
+            f,
             "memory per subscriber     {:.0} bytes",
-            report.memory_per_subscriber_bytes
-        );
-    })
+            self.memory_per_subscriber_bytes
+        )
+    }
 }
 
-async fn bench(args: &DistributionBenchArgs) -> Result<DistributionReport> {
+fn check(args: &DistributionBenchSettings) -> Result<()> {
+    let setting = |flag, reason: &str| {
+        Err(BenchError::Setting {
+            flag,
+            reason: reason.into(),
+        })
+    };
+    if args.subscribers == 0 {
+        return setting("subscribers", "must be at least 1");
+    }
+    if args.endpoints == 0 {
+        return setting("endpoints", "must be at least 1");
+    }
+    if !(1..=1000).contains(&args.slice_size) {
+        return setting("slice-size", "must be 1..=1000");
+    }
+    Ok(())
+}
+
+/// The control plane child process, its client and its stream address.
+struct Plane {
+    child: ChildGuard,
+    api: ApiClient,
+    grpc: SocketAddr,
+    dir: PathBuf,
+}
+
+const SERVICE: &str = "bench/svc";
+
+/// Starts `meshless control` with the benchmark's settings and waits until ready.
+async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
     let (api, grpc) = free_ports()?;
     let dir: PathBuf =
         std::env::temp_dir().join(format!("meshless-bench-dist-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&dir).map_err(BenchError::io("creating the work directory"))?;
     let config = dir.join("control.yaml");
     std::fs::write(
         &config,
@@ -263,136 +260,167 @@ async fn bench(args: &DistributionBenchArgs) -> Result<DistributionReport> {
             "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n",
             args.slice_size
         ),
-    )?;
-    let exe = std::env::current_exe().context("locating the meshless binary")?;
-    let child = Command::new(exe)
+    )
+    .map_err(BenchError::io("writing the control plane's config"))?;
+    let child = Command::new(&args.exe)
         .args(["control", "--config"])
         .arg(&config)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .context("starting the control plane")?;
-    let child = ChildGuard(child);
-    let pid = child.0.id();
-    let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        .map_err(BenchError::io("starting the control plane"))?;
+    let plane = Plane {
+        child: ChildGuard(child),
+        api: ApiClient::new(api),
+        grpc,
+        dir,
+    };
     let start = Instant::now();
-    while call(&http, api, Method::GET, "/ready", serde_json::Value::Null)
-        .await
-        .is_err()
-    {
+    while plane.api.ready().await.is_err() {
         if start.elapsed() > Duration::from_secs(10) {
-            bail!("the control plane did not start");
+            return Err(BenchError::Failed("the control plane did not start".into()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    call(
-        &http,
-        api,
-        Method::PUT,
-        "/v1/services/bench/svc",
-        json!({ "ports": [{ "port": 80 }] }),
-    )
-    .await?;
+    plane
+        .api
+        .put_service(
+            SERVICE,
+            &ServiceInput {
+                ports: vec![ServicePort::tcp(80)],
+            },
+        )
+        .await?;
     for chunk in (0..args.endpoints).collect::<Vec<_>>().chunks(5000) {
-        let put: Vec<_> = chunk
+        let put = chunk
             .iter()
             .map(|&i| endpoint(&format!("e-{i}"), i))
             .collect();
-        call(
-            &http,
-            api,
-            Method::POST,
-            "/v1/services/bench/svc/endpoints",
-            json!({ "put": put }),
-        )
-        .await?;
+        let bulk = BulkInput {
+            put,
+            delete: Vec::new(),
+        };
+        plane.api.bulk(SERVICE, &bulk).await?;
     }
-    let rss_before = proc_kb(pid, "VmRSS:");
+    Ok(plane)
+}
+
+/// Connects every subscriber and waits until each has its snapshot.
+async fn connect(
+    grpc: SocketAddr,
+    n: usize,
+) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant)>>>>> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
-    let mut progress = Progress::new("connecting subscribers", args.subscribers as u64);
-    for i in 0..args.subscribers {
+    let mut progress = Progress::new("connecting subscribers", n as u64);
+    for i in 0..n {
         subs.push(tokio::spawn(subscriber(grpc, Arc::clone(&ready))));
         if i % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         progress.update(i as u64);
     }
-    while (ready.load(Ordering::Relaxed) as usize) < args.subscribers {
+    let start = Instant::now();
+    while (ready.load(Ordering::Relaxed) as usize) < n {
         if start.elapsed() > Duration::from_secs(120) {
-            bail!("subscribers did not all receive their snapshot");
+            return Err(BenchError::Failed(
+                "subscribers did not all receive their snapshot".into(),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     progress.finish();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let rss_connected = proc_kb(pid, "VmRSS:");
-    let cpu0 = proc_cpu_seconds(pid);
-    let bytes0 = bytes_sent(&http, api).await?;
-    // Single changes: one tracked endpoint each.
-    let mut sent_at: Vec<(String, Instant)> = Vec::new();
-    let mut progress = Progress::new("single changes", args.changes as u64);
-    for k in 0..args.changes {
+    Ok(subs)
+}
+
+/// Single changes, one tracked endpoint each; returns when each was sent.
+async fn single_changes(api: &ApiClient, changes: usize) -> Result<Vec<(String, Instant)>> {
+    let mut sent_at = Vec::new();
+    let mut progress = Progress::new("single changes", changes as u64);
+    for k in 0..changes {
         let id = format!("t-single-{k}");
         let t0 = Instant::now();
-        call(
-            &http,
-            api,
-            Method::PUT,
-            &format!("/v1/services/bench/svc/endpoints/{id}"),
-            endpoint(&id, k),
-        )
-        .await?;
+        api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
         sent_at.push((id, t0));
         progress.update(k as u64);
     }
     progress.finish();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let bytes1 = bytes_sent(&http, api).await?;
-    // Rolling update: each endpoint replaced by a new one (one write each);
-    // every 100th replacement is tracked.
-    let mut progress = Progress::new("rolling update", args.endpoints as u64);
-    for i in 0..args.endpoints {
+    Ok(sent_at)
+}
+
+/// Rolling update: each endpoint replaced by a new one (one write each);
+/// every 100th replacement is tracked.
+async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String, Instant)>> {
+    let mut sent_at = Vec::new();
+    let mut progress = Progress::new("rolling update", endpoints as u64);
+    for i in 0..endpoints {
         let id = if i % 100 == 0 {
             format!("t-roll-{i}")
         } else {
             format!("n-{i}")
         };
         let t0 = Instant::now();
-        let body = json!({ "put": [endpoint(&id, i)], "delete": [format!("e-{i}")] });
-        call(
-            &http,
-            api,
-            Method::POST,
-            "/v1/services/bench/svc/endpoints",
-            body,
-        )
-        .await?;
+        let bulk = BulkInput {
+            put: vec![endpoint(&id, i)],
+            delete: vec![format!("e-{i}")],
+        };
+        api.bulk(SERVICE, &bulk).await?;
         if id.starts_with("t-") {
             sent_at.push((id, t0));
         }
         progress.update(i as u64);
     }
     progress.finish();
+    Ok(sent_at)
+}
+
+/// Delta bytes the control plane has written, from its own counter.
+async fn bytes_sent(api: &ApiClient) -> Result<u64> {
+    let text = api.metrics().await?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("meshless_control_bytes_sent_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+/// Runs the benchmark.
+pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchReport> {
+    check(args)?;
+    let plane = start_plane(args).await?;
+    let pid = plane.child.0.id();
+    let rss_before = proc_kb(pid, "VmRSS:");
+    let subs = connect(plane.grpc, args.subscribers).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_connected = proc_kb(pid, "VmRSS:");
+    let cpu0 = proc_cpu_seconds(pid);
+    let bytes0 = bytes_sent(&plane.api).await?;
+    let mut sent_at = single_changes(&plane.api, args.changes).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let bytes1 = bytes_sent(&plane.api).await?;
+    sent_at.extend(rolling_update(&plane.api, args.endpoints).await?);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let bytes2 = bytes_sent(&http, api).await?;
+    let bytes2 = bytes_sent(&plane.api).await?;
     let cpu = proc_cpu_seconds(pid) - cpu0;
     let peak = proc_kb(pid, "VmHWM:");
-    drop(child);
+    drop(plane.child);
     let sent: std::collections::HashMap<String, Instant> = sent_at.into_iter().collect();
     let mut latencies = Vec::new();
     for s in subs {
-        for (id, at) in s.await.context("subscriber task")?? {
+        let seen = s
+            .await
+            .map_err(|e| BenchError::Failed(format!("subscriber task: {e}")))??;
+        for (id, at) in seen {
             if let Some(t0) = sent.get(&id) {
                 latencies.push(at.saturating_duration_since(*t0).as_secs_f64() * 1000.0);
             }
         }
     }
     latencies.sort_by(f64::total_cmp);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&plane.dir);
     let total_changes = (args.changes + args.endpoints) as f64;
-    Ok(DistributionReport {
+    Ok(DistributionBenchReport {
         subscribers: args.subscribers,
         endpoints: args.endpoints,
         slice_size: args.slice_size,

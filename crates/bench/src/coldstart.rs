@@ -1,4 +1,4 @@
-//! `meshless bench coldstart`: the first response's latency for a service
+//! The cold-start benchmark: the first response's latency for a service
 //! at zero instances, against the time the same backend command takes to
 //! accept connections when started directly; and a burst of concurrent
 //! requests at zero.
@@ -6,35 +6,35 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use std::fmt;
+use std::path::PathBuf;
+
 use bytes::Bytes;
-use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use meshless_control::client::ApiClient;
 use meshless_control::config::ControlConfig;
 use meshless_control::plane::ControlPlane;
 use meshless_proxy::{Proxy, ProxyConfig};
+use meshless_sim::progress::Progress;
 use serde::Serialize;
 
-use crate::progress::Progress;
-use crate::report::percentile;
+use crate::{BenchError, percentile};
 
-/// Arguments of `bench coldstart`.
-#[derive(Debug, Clone, Args)]
-pub struct ColdstartArgs {
+type Result<T> = std::result::Result<T, BenchError>;
+
+/// Settings of the cold-start benchmark.
+#[derive(Debug, Clone)]
+pub struct ColdstartSettings {
+    /// The `meshless` binary: its `backend` command is the instance started.
+    pub exe: PathBuf,
     /// The backend waits this many milliseconds before it listens.
-    #[arg(long, default_value_t = 200)]
     pub startup_delay: u64,
-    /// Cold starts to measure.
-    #[arg(long, default_value_t = 10)]
+    /// Cold starts to measure (at least 1).
     pub runs: usize,
     /// Concurrent requests of the burst at zero (0 skips it).
-    #[arg(long, default_value_t = 1000)]
     pub burst: usize,
-    /// Print one JSON object.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// What the benchmark measured (milliseconds).
@@ -53,9 +53,8 @@ pub struct ColdstartReport {
     pub burst_latency_ms_p99: f64,
 }
 
-fn command(delay: u64) -> Result<Vec<String>> {
-    let exe = std::env::current_exe().context("locating the meshless binary")?;
-    Ok(vec![
+fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
+    vec![
         exe.display().to_string(),
         "backend".into(),
         "--listen".into(),
@@ -64,13 +63,14 @@ fn command(delay: u64) -> Result<Vec<String>> {
         "cold".into(),
         "--startup-delay".into(),
         format!("{delay}ms"),
-    ])
+    ]
 }
 
 /// Time from spawning the command to its port accepting, probed every 1 ms.
 async fn baseline(cmd: &[String]) -> Result<Duration> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(BenchError::io("choosing a free port"))?
         .port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let args: Vec<String> = cmd[1..]
@@ -84,7 +84,8 @@ async fn baseline(cmd: &[String]) -> Result<Duration> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
-        .spawn()?;
+        .spawn()
+        .map_err(BenchError::io("starting the backend"))?;
     loop {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             let took = start.elapsed();
@@ -92,15 +93,17 @@ async fn baseline(cmd: &[String]) -> Result<Duration> {
             return Ok(took);
         }
         if start.elapsed() > Duration::from_secs(30) {
-            bail!("the backend did not listen within 30 s");
+            return Err(BenchError::Failed(
+                "the backend did not listen within 30 s".into(),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
 /// A control plane with service bench/cold at zero and a proxy in front.
-async fn stack(delay: u64, target: u32, max: u32) -> Result<(ControlPlane, Proxy, SocketAddr)> {
-    let cmd = serde_json::to_string(&command(delay)?)?;
+async fn stack(cmd: &[String], target: u32, max: u32) -> Result<(ControlPlane, Proxy, SocketAddr)> {
+    let cmd = serde_json::to_string(cmd).map_err(|e| BenchError::Failed(e.to_string()))?;
     let control = ControlConfig::parse(
         &format!(
             "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: bench\n    name: cold\n    autoscaling:\n      min_instances: 0\n      max_instances: {max}\n      target_concurrency: {target}\n      target_utilization: 1.0\n      tick: 100ms\n      scaler:\n        process: {{ command: {cmd}, env: {{ RUST_LOG: warn }}, start_timeout: 30s }}\n"
@@ -116,7 +119,10 @@ async fn stack(delay: u64, target: u32, max: u32) -> Result<(ControlPlane, Proxy
         "bench",
     )?;
     let proxy = Proxy::start(proxy).await?;
-    let addr = proxy.listener_addr("web").await.context("listener")?;
+    let addr = proxy
+        .listener_addr("web")
+        .await
+        .ok_or_else(|| BenchError::Failed("the proxy has no listener `web`".into()))?;
     // Let the proxy subscribe before the first request.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok((plane, proxy, addr))
@@ -126,44 +132,58 @@ async fn get(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
     addr: SocketAddr,
 ) -> Result<u16> {
-    let req = http::Request::get(format!("http://{addr}/")).body(Full::new(Bytes::new()))?;
-    let resp = client.request(req).await?;
+    let req = http::Request::get(format!("http://{addr}/"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| BenchError::Failed(e.to_string()))?;
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|e| BenchError::Failed(format!("GET http://{addr}/: {e}")))?;
     let status = resp.status().as_u16();
     let _ = resp.into_body().collect().await;
     Ok(status)
 }
 
-pub fn run(args: ColdstartArgs) -> Result<()> {
-    if args.runs == 0 {
-        bail!("--runs: must be at least 1");
-    }
-    crate::report::run_report(args.json, bench(&args), |report| {
-        println!(
+impl fmt::Display for ColdstartReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
             "startup delay             {} ms, {} runs",
-            report.startup_delay_ms, report.runs
-        );
-        println!(
-            "first response p50        {:.1} ms (baseline: spawn to listening {:.1} ms)",
-            report.first_response_ms_p50, report.baseline_ms_p50
-        );
-        println!(
-            "overhead p50/p99/max      {:.1} / {:.1} / {:.1} ms",
-            report.overhead_ms_p50, report.overhead_ms_p99, report.overhead_ms_max
-        );
-        if report.burst_requests > 0 {
-            println!(
-                "burst at zero             {} requests: {} failed, {} instances started, p99 {:.1} ms",
-                report.burst_requests,
-                report.burst_failures,
-                report.burst_instances_started,
-                report.burst_latency_ms_p99
-            );
+            self.startup_delay_ms, self.runs
+        )?;
+        write!(
+            f,
+            "\nfirst response p50        {:.1} ms (baseline: spawn to listening {:.1} ms)",
+            self.first_response_ms_p50, self.baseline_ms_p50
+        )?;
+        write!(
+            f,
+            "\noverhead p50/p99/max      {:.1} / {:.1} / {:.1} ms",
+            self.overhead_ms_p50, self.overhead_ms_p99, self.overhead_ms_max
+        )?;
+        if self.burst_requests > 0 {
+            write!(
+                f,
+                "\nburst at zero             {} requests: {} failed, {} instances started, p99 {:.1} ms",
+                self.burst_requests,
+                self.burst_failures,
+                self.burst_instances_started,
+                self.burst_latency_ms_p99
+            )?;
         }
-    })
+        Ok(())
+    }
 }
 
-async fn bench(args: &ColdstartArgs) -> Result<ColdstartReport> {
-    let cmd = command(args.startup_delay)?;
+/// Runs the benchmark: `runs` cold starts, then the burst.
+pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
+    if args.runs == 0 {
+        return Err(BenchError::Setting {
+            flag: "runs",
+            reason: "must be at least 1".into(),
+        });
+    }
+    let cmd = command(&args.exe, args.startup_delay);
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(2000)
         .build_http();
@@ -173,12 +193,14 @@ async fn bench(args: &ColdstartArgs) -> Result<ColdstartReport> {
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
         let b = baseline(&cmd).await?.as_secs_f64() * 1000.0;
-        let (plane, proxy, addr) = stack(args.startup_delay, 10, 5).await?;
+        let (plane, proxy, addr) = stack(&cmd, 10, 5).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
         let f = start.elapsed().as_secs_f64() * 1000.0;
         if status != 200 {
-            bail!("cold start {run}: status {status}");
+            return Err(BenchError::Failed(format!(
+                "cold start {run}: status {status}"
+            )));
         }
         proxy.shutdown().await;
         plane.shutdown().await;
@@ -190,7 +212,7 @@ async fn bench(args: &ColdstartArgs) -> Result<ColdstartReport> {
     progress.finish();
     let (mut burst_latency, mut failures, mut started) = (Vec::new(), 0, 0);
     if args.burst > 0 {
-        let (plane, proxy, addr) = stack(args.startup_delay, 10, 20).await?;
+        let (plane, proxy, addr) = stack(&cmd, 10, 20).await?;
         let mut tasks = Vec::with_capacity(args.burst);
         for _ in 0..args.burst {
             let client = client.clone();
@@ -201,19 +223,18 @@ async fn bench(args: &ColdstartArgs) -> Result<ColdstartReport> {
             }));
         }
         for t in tasks {
-            let (ok, ms) = t.await?;
+            let (ok, ms) = t
+                .await
+                .map_err(|e| BenchError::Failed(format!("burst request: {e}")))?;
             if !ok {
                 failures += 1;
             }
             burst_latency.push(ms);
         }
-        let view = plane
-            .state
-            .registry
-            .lock()
-            .map_err(|_| anyhow::anyhow!("registry lock"))?
-            .view("bench/cold");
-        started = view.map_or(0, |v| v.endpoints.len());
+        let view = ApiClient::new(plane.api_addr())
+            .service("bench/cold")
+            .await?;
+        started = view.endpoints.len();
         proxy.shutdown().await;
         plane.shutdown().await;
     }

@@ -1,5 +1,5 @@
-//! Progress for long-running commands: a percentage on a terminal, nothing
-//! when stderr is piped (so scripts read clean output).
+//! Progress for long-running models and benchmarks: a percentage on a
+//! terminal, nothing when stderr is piped (so scripts read clean output).
 
 use std::io::{IsTerminal, Write};
 
@@ -15,11 +15,16 @@ pub struct Progress {
 impl Progress {
     /// A progress line for `total` units of work.
     pub fn new(label: &'static str, total: u64) -> Self {
+        Self::with_enabled(label, total, std::io::stderr().is_terminal())
+    }
+
+    /// A progress line that draws only when `enabled` (and stderr is a terminal).
+    pub fn with_enabled(label: &'static str, total: u64, enabled: bool) -> Self {
         Self {
             label,
             total: total.max(1),
             shown: u64::MAX,
-            enabled: std::io::stderr().is_terminal(),
+            enabled: enabled && std::io::stderr().is_terminal(),
         }
     }
 

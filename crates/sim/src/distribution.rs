@@ -1,33 +1,28 @@
-//! `meshless simulate distribution`: the bytes and events that endpoint
+//! The distribution model: the bytes and events that endpoint
 //! changes cost under four schemes, from actually encoded objects:
 //! one Kubernetes Endpoints object, EndpointSlices of S, EndpointSlices of
 //! 1, and meshless deltas (protobuf, only changed endpoints).
 
-use anyhow::{Result, bail};
-use clap::Args;
+use std::fmt;
+
 use meshless_api::v1;
 use prost::Message;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// Arguments of `simulate distribution`.
-#[derive(Debug, Clone, Args)]
-pub struct DistributionArgs {
+use crate::SimError;
+
+/// A scenario for [`model`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistributionWorkload {
     /// Nodes, each running a proxy (watcher).
-    #[arg(long, default_value_t = 5000)]
     pub nodes: u64,
     /// Endpoints of the service.
-    #[arg(long, default_value_t = 20_000)]
     pub endpoints: u64,
-    /// Endpoints per EndpointSlice.
-    #[arg(long, default_value_t = 100)]
+    /// Endpoints per EndpointSlice, 1..=1000.
     pub slice_size: u64,
     /// Seed of the generated names and addresses.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Print one JSON object instead of tables.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// One scheme in one scenario.
@@ -183,12 +178,15 @@ fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -
 }
 
 /// Runs the model.
-pub fn model(a: &DistributionArgs) -> Result<Vec<Row>> {
-    if a.nodes == 0 || a.endpoints == 0 {
-        bail!("--nodes and --endpoints must be at least 1");
+pub fn model(a: &DistributionWorkload) -> Result<Vec<Row>, SimError> {
+    if a.nodes == 0 {
+        return Err(SimError::new("nodes", "must be at least 1"));
+    }
+    if a.endpoints == 0 {
+        return Err(SimError::new("endpoints", "must be at least 1"));
     }
     if a.slice_size == 0 || a.slice_size > 1000 {
-        bail!("--slice-size: must be 1..=1000");
+        return Err(SimError::new("slice-size", "must be 1..=1000"));
     }
     let (n, e, s) = (a.nodes, a.endpoints, a.slice_size);
     let all = pods(e, a.seed);
@@ -280,43 +278,59 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-pub fn run(a: &DistributionArgs) -> Result<()> {
-    let rows = model(a)?;
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&json!({
-                "nodes": a.nodes, "endpoints": a.endpoints, "slice_size": a.slice_size, "rows": rows
-            }))?
-        );
-        return Ok(());
-    }
-    println!(
-        "{} endpoints, {} nodes watching, slices of {}; sizes from encoded objects\n",
-        a.endpoints, a.nodes, a.slice_size
-    );
-    let mut scenario = "";
-    for r in &rows {
-        if r.scenario != scenario {
-            scenario = r.scenario;
-            println!("{scenario}");
-            println!(
-                "  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  talk",
-                "scheme", "writes", "bytes/write", "events/node", "total events", "total bytes"
-            );
+/// The model's rows with the scenario they describe, as `simulate
+/// distribution` prints them: JSON `{nodes, endpoints, slice_size, rows}`
+/// or tables through `Display`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DistributionReport {
+    pub nodes: u64,
+    pub endpoints: u64,
+    pub slice_size: u64,
+    pub rows: Vec<Row>,
+}
+
+/// Runs the model into a report.
+pub fn report(a: &DistributionWorkload) -> Result<DistributionReport, SimError> {
+    Ok(DistributionReport {
+        nodes: a.nodes,
+        endpoints: a.endpoints,
+        slice_size: a.slice_size,
+        rows: model(a)?,
+    })
+}
+
+impl fmt::Display for DistributionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} endpoints, {} nodes watching, slices of {}; sizes from encoded objects",
+            self.endpoints, self.nodes, self.slice_size
+        )?;
+        let mut scenario = "";
+        for r in &self.rows {
+            if r.scenario != scenario {
+                scenario = r.scenario;
+                write!(f, "\n{scenario}")?;
+                write!(
+                    f,
+                    "\n  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  talk",
+                    "scheme", "writes", "bytes/write", "events/node", "total events", "total bytes"
+                )?;
+            }
+            write!(
+                f,
+                "\n  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  {}",
+                r.scheme,
+                r.writes,
+                human(r.bytes_per_write),
+                r.events_per_watcher,
+                r.total_events,
+                human(r.total_bytes),
+                r.talk_estimate.unwrap_or("")
+            )?;
         }
-        println!(
-            "  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  {}",
-            r.scheme,
-            r.writes,
-            human(r.bytes_per_write),
-            r.events_per_watcher,
-            r.total_events,
-            human(r.total_bytes),
-            r.talk_estimate.unwrap_or("")
-        );
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -325,12 +339,11 @@ mod tests {
 
     #[test]
     fn kubernetes_columns_land_near_the_talk_and_deltas_are_far_smaller() {
-        let rows = model(&DistributionArgs {
+        let rows = model(&DistributionWorkload {
             nodes: 5000,
             endpoints: 20_000,
             slice_size: 100,
             seed: 1,
-            json: true,
         })
         .expect("model");
         let total = |scenario: &str, k: usize| {

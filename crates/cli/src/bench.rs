@@ -1,0 +1,80 @@
+//! `meshless bench`: flags onto the settings of `meshless-bench`, run on
+//! a multi-thread runtime, reports printed as JSON (`--json`) or text.
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use meshless_bench::{ColdstartSettings, DistributionBenchSettings};
+
+/// Measurements that back the performance claims.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// A real control plane and N real subscriber streams on 127.0.0.1.
+    Distribution(DistributionBenchArgs),
+    /// First-response latency at zero instances, against the backend's own start time.
+    Coldstart(ColdstartArgs),
+}
+
+/// Arguments of `bench distribution`.
+#[derive(Debug, Clone, Args)]
+pub struct DistributionBenchArgs {
+    /// Subscriber streams (simulated proxies), each its own connection.
+    #[arg(long, default_value_t = 100)]
+    pub subscribers: usize,
+    /// Endpoints of the service.
+    #[arg(long, default_value_t = 2000)]
+    pub endpoints: usize,
+    /// Endpoints per slice.
+    #[arg(long, default_value_t = 100)]
+    pub slice_size: usize,
+    /// Single-endpoint changes before the rolling update.
+    #[arg(long, default_value_t = 100)]
+    pub changes: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `bench coldstart`.
+#[derive(Debug, Clone, Args)]
+pub struct ColdstartArgs {
+    /// The backend waits this many milliseconds before it listens.
+    #[arg(long, default_value_t = 200)]
+    pub startup_delay: u64,
+    /// Cold starts to measure.
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+    /// Concurrent requests of the burst at zero (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    pub burst: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the meshless binary")?;
+    let rt = crate::serve::runtime(None)?;
+    match cmd {
+        BenchCommand::Distribution(a) => {
+            let settings = DistributionBenchSettings {
+                exe,
+                subscribers: a.subscribers,
+                endpoints: a.endpoints,
+                slice_size: a.slice_size,
+                changes: a.changes,
+            };
+            let report = rt.block_on(meshless_bench::distribution::run(&settings))?;
+            crate::simulate::print(a.json, &report)
+        }
+        BenchCommand::Coldstart(a) => {
+            let settings = ColdstartSettings {
+                exe,
+                startup_delay: a.startup_delay,
+                runs: a.runs,
+                burst: a.burst,
+            };
+            let report = rt.block_on(meshless_bench::coldstart::run(&settings))?;
+            crate::simulate::print(a.json, &report)
+        }
+    }
+}

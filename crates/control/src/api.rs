@@ -1,0 +1,234 @@
+//! The registration API's inputs and outputs: what `PUT`, `POST` and `GET`
+//! under `/v1/services` accept and return, shared by the server
+//! ([`crate::http`]), the typed client ([`crate::client`]), the config file
+//! (services declared at start) and tests. Inputs reject unknown fields;
+//! outputs accept them, so an older client reads a newer server.
+
+use std::net::IpAddr;
+
+use meshless_model::{Conditions, Endpoint};
+use serde::{Deserialize, Serialize};
+
+/// Longest accepted endpoint TTL.
+pub const MAX_TTL_SECONDS: u64 = 24 * 3600;
+
+/// One port of a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePort {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub port: u16,
+    /// `TCP` (default), `UDP` or `SCTP`.
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+}
+
+fn default_protocol() -> String {
+    "TCP".into()
+}
+
+impl ServicePort {
+    /// An unnamed TCP port.
+    pub fn tcp(port: u16) -> Self {
+        Self {
+            name: None,
+            port,
+            protocol: default_protocol(),
+        }
+    }
+}
+
+/// What a service is, apart from its endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+}
+
+impl ServiceSpec {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Body of `PUT /v1/services/NS/NAME`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceInput {
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+}
+
+/// An endpoint as the registration API accepts it (body of
+/// `PUT /v1/services/NS/NAME/endpoints/ID`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointInput {
+    pub id: String,
+    pub addresses: Vec<IpAddr>,
+    pub port: u16,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub conditions: Conditions,
+    /// Seconds until the endpoint is removed unless renewed (as Consul's TTL checks).
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl EndpointInput {
+    /// A ready endpoint of weight 1 at `address:port`, no placement, no TTL.
+    pub fn new(id: impl Into<String>, address: IpAddr, port: u16) -> Self {
+        Self {
+            id: id.into(),
+            addresses: vec![address],
+            port,
+            weight: default_weight(),
+            zone: None,
+            node: None,
+            conditions: Conditions::READY,
+            ttl_seconds: None,
+        }
+    }
+}
+
+/// Body of `POST /v1/services/NS/NAME/endpoints`: puts, then deletes, as
+/// one write; ids to delete that are absent are skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkInput {
+    #[serde(default)]
+    pub put: Vec<EndpointInput>,
+    #[serde(default)]
+    pub delete: Vec<String>,
+}
+
+/// Reply to every write: the registry version once the write's deltas are
+/// published (what proxies will see).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionReply {
+    pub version: u64,
+}
+
+/// Reply to `POST .../endpoints/ID/renew`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewReply {
+    pub renewed: String,
+}
+
+/// Reply to `GET /v1/services`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceList {
+    pub version: u64,
+    pub services: Vec<ServiceListItem>,
+}
+
+/// One service in a [`ServiceList`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceListItem {
+    /// `namespace/name`.
+    pub service: String,
+}
+
+/// Every error reply: `{"error": "..."}`, naming the field at fault when
+/// one is (`body: endpoints[0].weight: ...`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub error: String,
+}
+
+/// A service with its endpoints and slices (`GET /v1/services/NS/NAME`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceView {
+    pub namespace: String,
+    pub name: String,
+    pub ports: Vec<ServicePort>,
+    pub version: u64,
+    pub endpoints: Vec<EndpointView>,
+    pub slices: Vec<SliceView>,
+}
+
+/// An endpoint in a [`ServiceView`]: the endpoint's fields, its TTL and slice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointView {
+    pub id: String,
+    pub addresses: Vec<IpAddr>,
+    pub port: u16,
+    pub weight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub conditions: Conditions,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    pub slice: Option<String>,
+}
+
+impl EndpointView {
+    /// `endpoint` with its TTL and slice.
+    pub fn new(endpoint: &Endpoint, ttl_seconds: Option<u64>, slice: Option<String>) -> Self {
+        Self {
+            id: endpoint.id.to_string(),
+            addresses: endpoint.addresses.clone(),
+            port: endpoint.port,
+            weight: endpoint.weight,
+            zone: endpoint.zone.clone(),
+            node: endpoint.node.clone(),
+            conditions: endpoint.conditions,
+            ttl_seconds,
+            slice,
+        }
+    }
+}
+
+/// A slice in a [`ServiceView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceView {
+    pub name: String,
+    pub endpoints: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_view_serializes_as_the_endpoint_plus_ttl_and_slice() {
+        let e = Endpoint::new("a", "10.0.0.1:80".parse().expect("addr")).with_weight(3);
+        let v = EndpointView::new(&e, Some(5), Some("s-1".into()));
+        let mut want = serde_json::to_value(&e).expect("json");
+        want["ttl_seconds"] = 5.into();
+        want["slice"] = "s-1".into();
+        assert_eq!(serde_json::to_value(&v).expect("json"), want);
+        let back: EndpointView = serde_json::from_value(want).expect("reads back");
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn inputs_reject_unknown_fields_and_default_the_rest() {
+        let e: EndpointInput =
+            serde_json::from_str(r#"{"id":"a","addresses":["10.0.0.1"],"port":80}"#)
+                .expect("minimal");
+        assert_eq!(
+            e,
+            EndpointInput::new("a", "10.0.0.1".parse().expect("ip"), 80)
+        );
+        assert!(serde_json::from_str::<BulkInput>(r#"{"puts":[]}"#).is_err());
+        let p: ServicePort = serde_json::from_str(r#"{"port":80}"#).expect("port");
+        assert_eq!(p, ServicePort::tcp(80));
+    }
+}

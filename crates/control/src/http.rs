@@ -1,0 +1,359 @@
+//! The registration API over HTTP/1.1 and h2c: a small router over
+//! `/v1/services`, `/metrics` and `/ready`, JSON in and out (types in
+//! [`crate::api`]), one bearer-token check ([`crate::state::Auth`]) for
+//! everything under `/v1`, and bodies limited to `max_body_bytes`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use meshless_model::EndpointId;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::api::{
+    BulkInput, EndpointInput, ErrorReply, RenewReply, ServiceInput, ServiceList, ServiceListItem,
+    ServiceSpec, VersionReply,
+};
+use crate::registry::RegistryError;
+use crate::state::{PlaneState, UNAUTHENTICATED};
+
+type Reply = Response<Full<Bytes>>;
+
+/// After a failed accept (EMFILE, ENFILE, ENOBUFS...), wait this long
+/// before the next one, doubling up to [`ACCEPT_BACKOFF_MAX`]; reset by a
+/// successful accept. Without it a full descriptor table spins a core.
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause between failed accepts.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The pause after `failures` accept errors in a row (0 = none).
+pub fn accept_backoff(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    ACCEPT_BACKOFF_MIN
+        .saturating_mul(1 << (failures - 1).min(16))
+        .min(ACCEPT_BACKOFF_MAX)
+}
+
+/// Serves the API on `listener` until `stop` changes.
+pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watch::Receiver<bool>) {
+    let mut failures = 0u32;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                failures = 0;
+                stream
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let pause = accept_backoff(failures);
+                tracing::warn!(error = %e, pause_ms = pause.as_millis() as u64, "API accept failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+        };
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(Arc::clone(&state), req));
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(state: Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply, Infallible> {
+    Ok(route(&state, req).await.unwrap_or_else(|r| r))
+}
+
+/// A JSON reply.
+pub fn json(status: StatusCode, value: &impl Serialize) -> Reply {
+    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// `{"error": message}` with `status`.
+pub fn error(status: StatusCode, message: impl std::fmt::Display) -> Reply {
+    json(
+        status,
+        &ErrorReply {
+            error: message.to_string(),
+        },
+    )
+}
+
+fn registry_error(e: RegistryError) -> Reply {
+    let status = match e {
+        RegistryError::Invalid(_) => StatusCode::BAD_REQUEST,
+        RegistryError::UnknownService(_) | RegistryError::UnknownEndpoint { .. } => {
+            StatusCode::NOT_FOUND
+        }
+        RegistryError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, e)
+}
+
+/// Decodes a JSON body of at most `max` bytes: 413 when larger, 400
+/// naming the field (or line and column) at fault when malformed.
+pub async fn read_json<T, B>(body: B, max: usize) -> Result<T, Reply>
+where
+    T: serde::de::DeserializeOwned,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let body = Limited::new(body, max)
+        .collect()
+        .await
+        .map_err(|_| {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over {max} bytes"),
+            )
+        })?
+        .to_bytes();
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("body: {path}: {}", e.into_inner()),
+        )
+    })
+}
+
+fn version(v: u64) -> Reply {
+    json(StatusCode::OK, &VersionReply { version: v })
+}
+
+const ROUTES: &str = "routes: GET /v1/services, GET|PUT|DELETE /v1/services/NS/NAME, \
+     PUT|DELETE /v1/services/NS/NAME/endpoints/ID, POST /v1/services/NS/NAME/endpoints (bulk), \
+     POST /v1/services/NS/NAME/endpoints/ID/renew, GET /metrics, GET /ready";
+
+async fn route(state: &PlaneState, req: Request<Incoming>) -> Result<Reply, Reply> {
+    let path = req.uri().path().trim_matches('/').to_owned();
+    let parts: Vec<&str> = path.split('/').collect();
+    let method = req.method().clone();
+    match (&method, parts.as_slice()) {
+        (&Method::GET, ["metrics"]) => return Ok(metrics(state)),
+        (&Method::GET, ["ready"]) => {
+            return Ok(json(StatusCode::OK, &serde_json::json!({"ready": true})));
+        }
+        _ => {}
+    }
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !state.auth.allows(authorization) {
+        return Err(error(StatusCode::UNAUTHORIZED, UNAUTHENTICATED));
+    }
+    match (&method, parts.as_slice()) {
+        (&Method::GET, ["v1", "services"]) => Ok(list(state)),
+        (&Method::GET, ["v1", "services", ns, name]) => Ok(view(state, &format!("{ns}/{name}"))),
+        (_, ["v1", "services", ns, name, rest @ ..]) => {
+            let (ns, name) = ((*ns).to_owned(), (*name).to_owned());
+            let rest: Vec<String> = rest.iter().map(|s| (*s).to_owned()).collect();
+            write(state, req, &ns, &name, &rest).await
+        }
+        _ => Err(error(StatusCode::NOT_FOUND, ROUTES)),
+    }
+}
+
+fn metrics(state: &PlaneState) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(state.metrics.encode())));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    r
+}
+
+fn list(state: &PlaneState) -> Reply {
+    let reg = state.lock();
+    let services = reg
+        .service_keys()
+        .into_iter()
+        .map(|service| ServiceListItem { service })
+        .collect();
+    json(
+        StatusCode::OK,
+        &ServiceList {
+            version: reg.version(),
+            services,
+        },
+    )
+}
+
+fn view(state: &PlaneState, key: &str) -> Reply {
+    match state.lock().view(key) {
+        Some(v) => json(StatusCode::OK, &v),
+        None => error(StatusCode::NOT_FOUND, format!("unknown service {key:?}")),
+    }
+}
+
+/// Every route that changes a service: `rest` is the path after `NS/NAME`.
+async fn write(
+    state: &PlaneState,
+    req: Request<Incoming>,
+    ns: &str,
+    name: &str,
+    rest: &[String],
+) -> Result<Reply, Reply> {
+    let key = format!("{ns}/{name}");
+    let max = state.config.max_body_bytes;
+    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+    match (req.method().clone(), rest.as_slice()) {
+        (Method::PUT, []) => {
+            let body: ServiceInput = read_json(req.into_body(), max).await?;
+            let spec = ServiceSpec {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                ports: body.ports,
+            };
+            let v = state
+                .write(|r| r.put_service(spec))
+                .map_err(registry_error)?;
+            Ok(version(v))
+        }
+        (Method::DELETE, []) => {
+            let committed = Instant::now();
+            let mut reg = state.lock();
+            let delta = reg.delete_service(&key).map_err(registry_error)?;
+            state.distributor.publish(&delta, committed);
+            Ok(version(delta.version))
+        }
+        (Method::PUT, ["endpoints", id]) => {
+            let body: EndpointInput = read_json(req.into_body(), max).await?;
+            if body.id != *id {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("id: body says {:?}, path says {id:?}", body.id),
+                ));
+            }
+            let (_, v) = state
+                .write_versioned(|r| r.put_endpoints(&key, vec![body]))
+                .map_err(registry_error)?;
+            Ok(version(v))
+        }
+        (Method::DELETE, ["endpoints", id]) => {
+            let ids = [EndpointId::new(*id)];
+            let (_, v) = state
+                .write_versioned(|r| r.delete_endpoints(&key, &ids, true))
+                .map_err(registry_error)?;
+            Ok(version(v))
+        }
+        (Method::POST, ["endpoints", id, "renew"]) => {
+            let id = EndpointId::new(*id);
+            state.lock().renew(&key, &id).map_err(registry_error)?;
+            let renewed = id.to_string();
+            Ok(json(StatusCode::OK, &RenewReply { renewed }))
+        }
+        (Method::POST, ["endpoints"]) => {
+            let body: BulkInput = read_json(req.into_body(), max).await?;
+            Ok(bulk(state, &key, body))
+        }
+        _ => Err(error(StatusCode::NOT_FOUND, ROUTES)),
+    }
+}
+
+fn bulk(state: &PlaneState, key: &str, body: BulkInput) -> Reply {
+    let ids: Vec<EndpointId> = body.delete.into_iter().map(EndpointId::new).collect();
+    let written = state.write_versioned(|r| {
+        let mut v = r.version();
+        if !body.put.is_empty() {
+            v = r.put_endpoints(key, body.put)?;
+        }
+        if !ids.is_empty() {
+            v = r.delete_endpoints(key, &ids, false)?;
+        }
+        Ok(v)
+    });
+    match written {
+        Ok((_, v)) => version(v),
+        Err(e) => registry_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_backoff_doubles_from_the_minimum_to_the_maximum() {
+        assert_eq!(accept_backoff(0), Duration::ZERO);
+        assert_eq!(accept_backoff(1), ACCEPT_BACKOFF_MIN);
+        assert_eq!(accept_backoff(2), ACCEPT_BACKOFF_MIN * 2);
+        for n in 1..100 {
+            assert!(accept_backoff(n + 1) >= accept_backoff(n));
+            assert!(accept_backoff(n) <= ACCEPT_BACKOFF_MAX);
+        }
+        assert_eq!(accept_backoff(u32::MAX), ACCEPT_BACKOFF_MAX);
+    }
+
+    fn body(text: &'static str) -> Full<Bytes> {
+        Full::new(Bytes::from_static(text.as_bytes()))
+    }
+
+    async fn status_and_error<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        text: &'static str,
+        max: usize,
+    ) -> (StatusCode, String) {
+        let reply = read_json::<T, _>(body(text), max)
+            .await
+            .expect_err("rejected");
+        let status = reply.status();
+        let bytes = reply.into_body().collect().await.expect("body").to_bytes();
+        let e: ErrorReply = serde_json::from_slice(&bytes).expect("error json");
+        (status, e.error)
+    }
+
+    #[tokio::test]
+    async fn malformed_bodies_are_400_and_name_the_problem() {
+        let (s, e) = status_and_error::<EndpointInput>(
+            r#"{"id":"a","addresses":["10.0.0.1"],"port":"x"}"#,
+            1024,
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(e.starts_with("body: port:"), "{e}");
+        let (s, e) = status_and_error::<BulkInput>(
+            r#"{"put":[{"id":"a","addresses":["nope"],"port":1}]}"#,
+            1024,
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(e.contains("put[0].addresses[0]"), "{e}");
+        let (s, e) = status_and_error::<BulkInput>(r#"{"put":[{"id":"a","#, 1024).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(e.contains("EOF"), "truncated: {e}");
+        let (s, e) = status_and_error::<BulkInput>(r#"{"puts":[]}"#, 1024).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(e.contains("unknown field `puts`"), "{e}");
+        let (s, _) = status_and_error::<BulkInput>(r#"{"put":[]}"#, 4).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+}

@@ -1,0 +1,124 @@
+//! What the API, the stream, the scaling loops and the background tasks
+//! share: the registry, the distributor, metrics, settings, and the one
+//! bearer-token check both servers apply.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::config::ControlConfig;
+use crate::distributor::Distributor;
+use crate::metrics::ControlMetrics;
+use crate::registry::{Registry, RegistryError};
+
+/// The refusal text of both servers when the token is missing or wrong.
+pub const UNAUTHENTICATED: &str = "a valid bearer token is required";
+
+/// The bearer-token check of the registration API and the stream: with no
+/// token configured everything passes; otherwise the `authorization`
+/// value must be exactly `Bearer TOKEN` (compared in constant time).
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    expected: Option<Arc<str>>,
+}
+
+impl Auth {
+    /// Requires `token` when given.
+    pub fn new(token: Option<&str>) -> Self {
+        Self {
+            expected: token.map(|t| Arc::from(format!("Bearer {t}"))),
+        }
+    }
+
+    /// Whether a request with this `authorization` value may pass.
+    pub fn allows(&self, authorization: Option<&str>) -> bool {
+        let Some(want) = &self.expected else {
+            return true;
+        };
+        let got = authorization.unwrap_or("").as_bytes();
+        let want = want.as_bytes();
+        // Every byte is compared whatever the first difference.
+        let diff = got.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        diff == 0 && got.len() == want.len()
+    }
+}
+
+/// State shared by the API, the stream and the background tasks.
+#[derive(Debug)]
+pub struct PlaneState {
+    pub registry: Arc<Mutex<Registry>>,
+    pub distributor: Arc<Distributor>,
+    pub metrics: Arc<ControlMetrics>,
+    pub config: ControlConfig,
+    pub auth: Auth,
+}
+
+impl PlaneState {
+    /// The registry, even if a panicking writer poisoned the lock (every
+    /// write leaves it consistent: the store first, then memory).
+    pub fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs one write; without a batch period, reconciles and publishes at once.
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&mut Registry) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
+        let committed = Instant::now();
+        let mut reg = self.lock();
+        let out = f(&mut reg);
+        match &out {
+            Ok(_) => self.metrics.writes.inc(),
+            Err(_) => self.metrics.rejected_writes.inc(),
+        };
+        if out.is_ok() && self.config.batch_period.is_zero() {
+            self.flush(&mut reg, committed)?;
+        }
+        out
+    }
+
+    /// [`PlaneState::write`], also returning the registry version once the
+    /// write's deltas are published: the version proxies will see.
+    pub fn write_versioned<T>(
+        &self,
+        f: impl FnOnce(&mut Registry) -> Result<T, RegistryError>,
+    ) -> Result<(T, u64), RegistryError> {
+        let out = self.write(f)?;
+        Ok((out, self.lock().version()))
+    }
+
+    /// Reconciles every changed service and publishes its delta. Call with
+    /// the registry lock held (`reg`), so deltas publish in version order.
+    pub fn flush(&self, reg: &mut Registry, committed: Instant) -> Result<(), RegistryError> {
+        for key in reg.dirty_services() {
+            if let Some((delta, changes)) = reg.reconcile(&key)? {
+                self.metrics.slice_writes.inc_by(changes.writes() as u64);
+                self.distributor.publish(&delta, committed);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_passes_only_the_exact_bearer_value() {
+        let open = Auth::new(None);
+        assert!(open.allows(None) && open.allows(Some("anything")));
+        let auth = Auth::new(Some("s3cret"));
+        assert!(auth.allows(Some("Bearer s3cret")));
+        for bad in [
+            None,
+            Some(""),
+            Some("Bearer s3cre"),
+            Some("Bearer s3cret2"),
+            Some("bearer s3cret"),
+            Some("s3cret"),
+        ] {
+            assert!(!auth.allows(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Background work of the control plane: TTL expiry and compaction of
+//! quiet services once a second, and, with a batch period, one
+//! reconcile-and-publish per period.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::state::PlaneState;
+
+/// How often TTLs are checked and quiet services compacted.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
+
+/// One housekeeping round at `now`: removes endpoints whose TTL ran out
+/// (publishing their deltas as any write does) and compacts services quiet
+/// for `compact_after`.
+pub fn housekeep(state: &PlaneState, now: Instant) {
+    match state.write(|r| r.expire(now)) {
+        Ok(0) => {}
+        Ok(n) => {
+            state.metrics.expired.inc_by(n as u64);
+            tracing::info!(expired = n, "endpoints removed: TTL ran out");
+        }
+        Err(e) => tracing::error!(error = %e, "TTL expiry failed"),
+    }
+    let mut reg = state.lock();
+    match reg.compact_quiet(state.config.compact_after) {
+        Ok(deltas) => {
+            for d in deltas {
+                state.distributor.publish(&d, now);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "compaction failed"),
+    }
+}
+
+/// [`housekeep`] every [`HOUSEKEEPING_PERIOD`] until `stop` changes.
+pub async fn housekeeping(state: Arc<PlaneState>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(HOUSEKEEPING_PERIOD);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        housekeep(&state, Instant::now());
+    }
+}
+
+/// With a batch period: reconcile and publish what changed, once per period.
+pub async fn batches(state: Arc<PlaneState>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(state.config.batch_period);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let mut reg = state.lock();
+        if let Err(e) = state.flush(&mut reg, Instant::now()) {
+            tracing::error!(error = %e, "reconcile failed");
+        }
+    }
+}
