@@ -12,7 +12,7 @@ pub use crate::api::{
 };
 use crate::reconciler::{SliceChanges, SliceSet};
 pub use crate::store::{ServiceRecord, StoredEndpoint};
-use crate::store::{Store, StoreError, WriteBatch};
+use crate::store::{Storage, Store, StoreError, WriteBatch};
 
 fn into_stored(input: EndpointInput) -> StoredEndpoint {
     StoredEndpoint {
@@ -79,7 +79,7 @@ struct Service {
 pub struct Registry {
     version: u64,
     services: BTreeMap<String, Service>,
-    store: Option<Store>,
+    store: Option<Box<dyn Storage>>,
     max_per_slice: usize,
 }
 
@@ -106,6 +106,17 @@ fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryErr
 impl Registry {
     /// An empty registry, persisted to `store` when given (its contents are loaded).
     pub fn open(store: Option<Store>, max_per_slice: usize) -> Result<Self, RegistryError> {
+        Self::open_with(
+            store.map(|s| Box::new(s) as Box<dyn Storage>),
+            max_per_slice,
+        )
+    }
+
+    /// [`Registry::open`] over any [`Storage`].
+    pub fn open_with(
+        store: Option<Box<dyn Storage>>,
+        max_per_slice: usize,
+    ) -> Result<Self, RegistryError> {
         let mut reg = Self {
             version: 0,
             services: BTreeMap::new(),
@@ -478,11 +489,13 @@ impl Registry {
 
     /// Packs a service's changed endpoints into slices, persists the slices
     /// that changed, and returns the delta (None when nothing changed).
+    /// The store is written first: when it fails, memory is unchanged and
+    /// the endpoints stay dirty, so the next flush tries again.
     pub fn reconcile(
         &mut self,
         key: &str,
     ) -> Result<Option<(ServiceDelta, SliceChanges)>, RegistryError> {
-        let Some(svc) = self.services.get_mut(key) else {
+        let Some(svc) = self.services.get(key) else {
             return Ok(None);
         };
         if svc.dirty.is_empty() {
@@ -493,14 +506,20 @@ impl Registry {
             .iter()
             .map(|(id, e)| (id.clone(), e.endpoint.clone()))
             .collect();
-        let changes = svc.slices.reconcile(&desired);
-        let dirty = std::mem::take(&mut svc.dirty);
+        let mut slices = svc.slices.clone();
+        let changes = slices.reconcile(&desired);
         // Each delta gets its own version, so deltas are ordered as published.
-        self.version += 1;
-        svc.version = self.version;
+        let version = self.version + 1;
+        let batch = Self::slice_batch(version, key, &svc.spec, &slices, &changes);
+        self.commit(&batch)?;
+        self.version = version;
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.slices = slices;
+        svc.version = version;
+        let dirty = std::mem::take(&mut svc.dirty);
         let mut delta = ServiceDelta {
             service: key.to_owned(),
-            version: svc.version,
+            version,
             upserted: Vec::new(),
             removed: Vec::new(),
             reset: false,
@@ -515,22 +534,29 @@ impl Registry {
                 None => delta.removed.push(id),
             }
         }
-        let batch = Self::slice_batch(self.version, key, svc, &changes);
-        if let Some(store) = &self.store {
-            store.apply(&batch)?;
-        }
         Ok(Some((delta, changes)))
     }
 
-    fn slice_batch(version: u64, key: &str, svc: &Service, changes: &SliceChanges) -> WriteBatch {
+    /// The store write for `slices` after `changes`, at `version`.
+    fn slice_batch(
+        version: u64,
+        key: &str,
+        spec: &ServiceSpec,
+        slices: &SliceSet,
+        changes: &SliceChanges,
+    ) -> WriteBatch {
+        let record = ServiceRecord {
+            spec: spec.clone(),
+            version,
+            next_slice: slices.next_suffix(),
+        };
         let mut batch = WriteBatch {
             version,
-            services: vec![(key.to_owned(), Some(Self::record(svc)))],
+            services: vec![(key.to_owned(), Some(record))],
             ..WriteBatch::default()
         };
         for name in changes.created.iter().chain(&changes.updated) {
-            let ids = svc
-                .slices
+            let ids = slices
                 .slice(name)
                 .map(|s| s.endpoints.keys().cloned().collect());
             batch.slices.push((key.to_owned(), name.clone(), ids));
@@ -542,49 +568,70 @@ impl Registry {
     }
 
     /// Merges sparse slices of services quiet for `quiet`; returns the
-    /// deltas (moved endpoints with their new slice).
+    /// deltas (moved endpoints with their new slice). Each service's
+    /// compaction is written to the store before memory changes; on a
+    /// store error the deltas so far are lost to the caller but memory and
+    /// store agree, and the failed service is tried again next time.
     pub fn compact_quiet(&mut self, quiet: Duration) -> Result<Vec<ServiceDelta>, RegistryError> {
         let now = Instant::now();
+        let due: Vec<String> = self
+            .services
+            .iter()
+            .filter(|(_, s)| {
+                !s.compacted_since_change
+                    && now.duration_since(s.last_change) >= quiet
+                    && s.dirty.is_empty()
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
         let mut out = Vec::new();
-        for (key, svc) in self.services.iter_mut() {
-            if svc.compacted_since_change
-                || now.duration_since(svc.last_change) < quiet
-                || !svc.dirty.is_empty()
-            {
-                continue;
+        for key in due {
+            if let Some(delta) = self.compact_one(&key)? {
+                out.push(delta);
             }
-            svc.compacted_since_change = true;
-            let before: HashMap<EndpointId, String> = svc
-                .endpoints
-                .keys()
-                .filter_map(|id| svc.slices.slice_of(id).map(|s| (id.clone(), s.to_owned())))
-                .collect();
-            let changes = svc.slices.compact();
-            if changes.is_empty() {
-                continue;
-            }
-            self.version += 1;
-            svc.version = self.version;
-            let mut delta = ServiceDelta {
-                service: key.clone(),
-                version: svc.version,
-                upserted: Vec::new(),
-                removed: Vec::new(),
-                reset: false,
-                activation_error: None,
-            };
-            for (id, e) in &svc.endpoints {
-                let now_in = svc.slices.slice_of(id).unwrap_or_default();
-                if before.get(id).map(String::as_str) != Some(now_in) {
-                    delta.upserted.push((e.endpoint.clone(), now_in.to_owned()));
-                }
-            }
-            if let Some(store) = &self.store {
-                store.apply(&Self::slice_batch(self.version, key, svc, &changes))?;
-            }
-            out.push(delta);
         }
         Ok(out)
+    }
+
+    /// Compacts one service's slices: store first, then memory.
+    fn compact_one(&mut self, key: &str) -> Result<Option<ServiceDelta>, RegistryError> {
+        let Some(svc) = self.services.get(key) else {
+            return Ok(None);
+        };
+        let mut slices = svc.slices.clone();
+        let changes = slices.compact();
+        if changes.is_empty() {
+            if let Some(svc) = self.services.get_mut(key) {
+                svc.compacted_since_change = true;
+            }
+            return Ok(None);
+        }
+        let version = self.version + 1;
+        self.commit(&Self::slice_batch(
+            version, key, &svc.spec, &slices, &changes,
+        ))?;
+        let upserted = svc
+            .endpoints
+            .iter()
+            .filter_map(|(id, e)| {
+                let now_in = slices.slice_of(id).unwrap_or_default();
+                (svc.slices.slice_of(id).unwrap_or_default() != now_in)
+                    .then(|| (e.endpoint.clone(), now_in.to_owned()))
+            })
+            .collect();
+        self.version = version;
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.slices = slices;
+        svc.version = version;
+        svc.compacted_since_change = true;
+        Ok(Some(ServiceDelta {
+            service: key.to_owned(),
+            version,
+            upserted,
+            removed: Vec::new(),
+            reset: false,
+            activation_error: None,
+        }))
     }
 
     /// The version of a service's last change, if it exists.

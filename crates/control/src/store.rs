@@ -68,6 +68,25 @@ pub struct Loaded {
     pub slices: Vec<(String, String, Vec<EndpointId>)>,
 }
 
+/// Where the registry persists its writes: [`Store`] (redb) in production;
+/// tests put doubles behind it (a store whose writes fail).
+pub trait Storage: Send + std::fmt::Debug {
+    /// Everything stored.
+    fn load(&self) -> Result<Loaded, StoreError>;
+    /// Applies `batch` atomically: all of it or, on error, none of it.
+    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError>;
+}
+
+impl Storage for Store {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        Store::load(self)
+    }
+
+    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        Store::apply(self, batch)
+    }
+}
+
 /// The embedded database.
 #[derive(Debug)]
 pub struct Store {

@@ -84,7 +84,12 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             let first = rel
                 .components()
                 .next()
-                .map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_owned())
+                .map(|c| {
+                    c.as_os_str()
+                        .to_string_lossy()
+                        .trim_end_matches(".rs")
+                        .to_owned()
+                })
                 .unwrap_or_default();
             if first == "lib" || first == "main" {
                 continue;
@@ -151,7 +156,10 @@ fn crates_dir() -> PathBuf {
 fn the_checker_finds_a_circle_and_reads_groups() {
     assert_eq!(
         crate_refs("use crate::{api::{A, B}, store::Store};\nuse crate::x::y;"),
-        ["api", "store", "x"].into_iter().map(String::from).collect()
+        ["api", "store", "x"]
+            .into_iter()
+            .map(String::from)
+            .collect()
     );
     let mut g = BTreeMap::new();
     g.insert("a".to_owned(), BTreeSet::from(["b".to_owned()]));
@@ -176,7 +184,11 @@ fn no_crate_has_an_import_circle() {
         }
         checked += 1;
         if let Some(c) = find_cycle(&graph(&src)) {
-            found.push(format!("{}: {}", e.file_name().to_string_lossy(), c.join(" -> ")));
+            found.push(format!(
+                "{}: {}",
+                e.file_name().to_string_lossy(),
+                c.join(" -> ")
+            ));
         }
     }
     assert!(checked >= 2, "read {checked} crates");

@@ -1,0 +1,150 @@
+//! A store whose writes fail: every registry write, reconcile and
+//! compaction leaves memory unchanged when the store refuses it, so memory
+//! and disk never diverge; once the store works again the same work goes
+//! through, and a restart finds exactly what memory held.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use meshless_control::registry::{EndpointInput, Registry, ServicePort, ServiceSpec};
+use meshless_control::store::{Loaded, Storage, Store, StoreError, WriteBatch};
+use meshless_model::EndpointId;
+
+/// A real store that refuses every write while `fail` is set.
+#[derive(Debug)]
+struct Flaky {
+    inner: Store,
+    fail: Arc<AtomicBool>,
+}
+
+impl Storage for Flaky {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("injected: no space left on device".into()));
+        }
+        self.inner.apply(batch)
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("meshless-flaky-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn spec() -> ServiceSpec {
+    ServiceSpec {
+        namespace: "shop".into(),
+        name: "cart".into(),
+        ports: vec![ServicePort::tcp(80)],
+    }
+}
+
+fn input(i: u32) -> EndpointInput {
+    EndpointInput::new(format!("cart-{i}"), [10, 0, 0, i as u8].into(), 8080)
+}
+
+fn open(dir: &PathBuf, fail: &Arc<AtomicBool>, max_per_slice: usize) -> Registry {
+    let store = Flaky {
+        inner: Store::open(dir).expect("store"),
+        fail: Arc::clone(fail),
+    };
+    Registry::open_with(Some(Box::new(store)), max_per_slice).expect("registry")
+}
+
+fn view(r: &Registry) -> serde_json::Value {
+    serde_json::to_value(r.view("shop/cart")).expect("json")
+}
+
+#[test]
+fn failed_writes_change_nothing_in_memory_and_succeed_later() {
+    let dir = temp_dir("writes");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut r = open(&dir, &fail, 4);
+    r.put_service(spec()).expect("service");
+    r.put_endpoints("shop/cart", (0..10).map(input).collect())
+        .expect("endpoints");
+    // The endpoints are stored; their slices are not yet (reconcile pending).
+    fail.store(true, Ordering::SeqCst);
+    let (version, before) = (r.version(), view(&r));
+    assert!(r.reconcile("shop/cart").is_err(), "store refuses");
+    assert!(r.put_endpoints("shop/cart", vec![input(20)]).is_err());
+    assert!(
+        r.delete_endpoints("shop/cart", &[EndpointId::new("cart-1")], true)
+            .is_err()
+    );
+    assert!(r.put_service(spec()).is_err());
+    assert_eq!(r.version(), version, "no version consumed");
+    assert_eq!(view(&r), before, "memory unchanged");
+    assert_eq!(
+        r.dirty_services(),
+        vec!["shop/cart".to_owned()],
+        "still to reconcile"
+    );
+    fail.store(false, Ordering::SeqCst);
+    let (delta, changes) = r
+        .reconcile("shop/cart")
+        .expect("store works again")
+        .expect("a delta");
+    assert_eq!(delta.upserted.len(), 10);
+    assert_eq!(changes.created.len(), 3, "10 endpoints in slices of 4");
+    let live = view(&r);
+    drop(r);
+    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 4).expect("registry");
+    assert_eq!(view(&r), live, "disk holds what memory held");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_failed_compaction_keeps_memory_and_is_retried() {
+    let dir = temp_dir("compact");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut r = open(&dir, &fail, 10);
+    r.put_service(spec()).expect("service");
+    r.put_endpoints("shop/cart", (0..30).map(input).collect())
+        .expect("endpoints");
+    r.reconcile("shop/cart").expect("reconcile");
+    // Leave one endpoint in each of the three slices of 10: all sparse
+    // (under a quarter full), and one slice would hold them all.
+    let gone: Vec<EndpointId> = r
+        .view("shop/cart")
+        .expect("view")
+        .slices
+        .iter()
+        .flat_map(|s| s.endpoints[1..].to_vec())
+        .map(EndpointId::new)
+        .collect();
+    r.delete_endpoints("shop/cart", &gone, true)
+        .expect("delete");
+    r.reconcile("shop/cart").expect("reconcile");
+    let slices = |r: &Registry| r.view("shop/cart").map_or(0, |v| v.slices.len());
+    assert_eq!(slices(&r), 3);
+    fail.store(true, Ordering::SeqCst);
+    let (version, before) = (r.version(), view(&r));
+    assert!(r.compact_quiet(Duration::ZERO).is_err());
+    assert_eq!(
+        (r.version(), view(&r)),
+        (version, before),
+        "memory unchanged"
+    );
+    fail.store(false, Ordering::SeqCst);
+    let deltas = r.compact_quiet(Duration::ZERO).expect("compacts");
+    assert_eq!(deltas.len(), 1);
+    assert_eq!(slices(&r), 1, "three endpoints fit one slice");
+    assert_eq!(deltas[0].upserted.len(), 2, "two endpoints moved");
+    assert!(
+        r.compact_quiet(Duration::ZERO).expect("again").is_empty(),
+        "once per change"
+    );
+    let live = view(&r);
+    drop(r);
+    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 10).expect("registry");
+    assert_eq!(view(&r), live, "disk holds what memory held");
+    let _ = std::fs::remove_dir_all(dir);
+}
