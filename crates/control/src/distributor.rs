@@ -245,3 +245,94 @@ impl Distributor {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshless_model::{Endpoint, EndpointId};
+
+    fn delta(service: &str, version: u64) -> ServiceDelta {
+        ServiceDelta {
+            service: service.into(),
+            version,
+            upserted: vec![(
+                Endpoint::new("e", "10.0.0.1:80".parse().expect("addr")),
+                "s".into(),
+            )],
+            removed: vec![EndpointId::new("gone")],
+            reset: false,
+            activation_error: None,
+        }
+    }
+
+    fn distributor(history: usize) -> (Arc<Mutex<Registry>>, Distributor) {
+        let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
+        let d = Distributor::new(
+            Arc::clone(&registry),
+            Arc::new(ControlMetrics::new()),
+            history,
+        );
+        (registry, d)
+    }
+
+    #[test]
+    fn a_published_delta_is_encoded_once_for_every_subscriber() {
+        let (registry, d) = distributor(16);
+        let (mut a, mut b) = (d.tx.subscribe(), d.tx.subscribe());
+        let v = registry.lock().expect("lock").next_version();
+        d.publish(&delta("ns/a", v), Instant::now());
+        let (x, y) = (a.try_recv().expect("a"), b.try_recv().expect("b"));
+        assert!(Arc::ptr_eq(&x, &y), "the same encoded bytes");
+        let wire = meshless_api::decode_delta(&x.bytes).expect("decodes");
+        assert_eq!((wire.version, wire.service.as_str()), (v, "ns/a"));
+        assert_eq!(wire.removed, vec!["gone".to_owned()]);
+        assert_eq!(d.metrics.deltas.get(), 1);
+    }
+
+    #[test]
+    fn replay_covers_what_the_history_holds_and_refuses_the_rest() {
+        let (registry, d) = distributor(16);
+        let watched: BTreeSet<String> = ["ns/a".to_owned()].into();
+        for _ in 0..20 {
+            let mut reg = registry.lock().expect("lock");
+            let v = reg.next_version();
+            d.publish(
+                &delta(if v % 2 == 0 { "ns/a" } else { "ns/b" }, v),
+                Instant::now(),
+            );
+        }
+        // The ring keeps the last 16 (versions 5..=20): resuming from 4 or later works.
+        let replayed = d.replay(10, &watched).expect("in history");
+        let versions: Vec<u64> = replayed.iter().map(|e| e.version).collect();
+        assert_eq!(
+            versions,
+            vec![12, 14, 16, 18, 20],
+            "only watched services, after 10"
+        );
+        assert!(d.replay(3, &watched).is_none(), "version 4 was dropped");
+        assert!(
+            d.replay(21, &watched).is_none(),
+            "from the future: a snapshot instead"
+        );
+        assert_eq!(d.replay(20, &watched).map(|r| r.len()), Some(0));
+    }
+
+    #[test]
+    fn loads_sum_over_subscribers_and_leave_with_them() {
+        let (_, d) = distributor(16);
+        let load = |in_flight, queued| v1::Load {
+            services: vec![v1::ServiceLoad {
+                service: "ns/a".into(),
+                in_flight,
+                queued,
+            }],
+        };
+        d.record_load(1, &load(3, 1));
+        d.record_load(2, &load(4, 0));
+        d.record_load(1, &load(5, 2));
+        assert_eq!(d.load("ns/a"), (9, 2), "the latest report per subscriber");
+        d.forget_subscriber(1);
+        assert_eq!(d.load("ns/a"), (4, 0));
+        assert_eq!(d.load("ns/none"), (0, 0));
+    }
+}

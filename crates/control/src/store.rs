@@ -220,3 +220,82 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("meshless-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn record(name: &str, version: u64) -> ServiceRecord {
+        ServiceRecord {
+            spec: ServiceSpec {
+                namespace: "ns".into(),
+                name: name.into(),
+                ports: Vec::new(),
+            },
+            version,
+            next_slice: 1,
+        }
+    }
+
+    fn stored(id: &str) -> StoredEndpoint {
+        StoredEndpoint {
+            endpoint: Endpoint::new(id, "10.0.0.1:80".parse().expect("addr")),
+            ttl_seconds: Some(30),
+        }
+    }
+
+    #[test]
+    fn batches_apply_whole_and_purge_only_their_service() {
+        let d = dir("purge");
+        let store = Store::open(&d).expect("open");
+        let mut batch = WriteBatch {
+            version: 3,
+            ..WriteBatch::default()
+        };
+        for svc in ["ns/a", "ns/ab"] {
+            let name = svc.trim_start_matches("ns/");
+            batch.services.push((svc.into(), Some(record(name, 3))));
+            batch
+                .endpoints
+                .push((svc.into(), EndpointId::new("e1"), Some(stored("e1"))));
+            batch.slices.push((
+                svc.into(),
+                format!("{name}-0"),
+                Some(vec![EndpointId::new("e1")]),
+            ));
+        }
+        store.apply(&batch).expect("apply");
+        let loaded = store.load().expect("load");
+        assert_eq!(loaded.version, 3);
+        assert_eq!(loaded.services.len(), 2);
+        assert_eq!(loaded.endpoints[0].1, stored("e1"));
+        // Purging ns/a leaves ns/ab (a prefix of its key) alone.
+        store
+            .apply(&WriteBatch {
+                version: 4,
+                services: vec![("ns/a".into(), None)],
+                purge: vec!["ns/a".into()],
+                ..WriteBatch::default()
+            })
+            .expect("purge");
+        let loaded = store.load().expect("load");
+        assert_eq!(loaded.version, 4);
+        assert_eq!(loaded.services, vec![record("ab", 3)]);
+        assert_eq!(loaded.endpoints.len(), 1);
+        assert_eq!(loaded.endpoints[0].0, "ns/ab");
+        assert_eq!(
+            loaded.slices,
+            vec![("ns/ab".into(), "ab-0".into(), vec![EndpointId::new("e1")])]
+        );
+        drop(store);
+        let again = Store::open(&d).expect("reopen").load().expect("load");
+        assert_eq!(again.version, 4, "durable across a reopen");
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
