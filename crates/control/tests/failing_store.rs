@@ -50,7 +50,7 @@ fn input(i: u32) -> EndpointInput {
     EndpointInput::new(format!("cart-{i}"), [10, 0, 0, i as u8].into(), 8080)
 }
 
-fn open(dir: &PathBuf, fail: &Arc<AtomicBool>, max_per_slice: usize) -> Registry {
+fn open(dir: &std::path::Path, fail: &Arc<AtomicBool>, max_per_slice: usize) -> Registry {
     let store = Flaky {
         inner: Store::open(dir).expect("store"),
         fail: Arc::clone(fail),

@@ -1,0 +1,161 @@
+//! The registry's slice work: reconciling a service's changed endpoints
+//! into slices, and compacting sparse slices of quiet services. Both write
+//! the store before memory, so a failed write leaves memory unchanged.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use meshless_model::{Endpoint, EndpointId};
+
+use super::{Registry, RegistryError, ServiceDelta, ServiceRecord, ServiceSpec};
+use crate::reconciler::{SliceChanges, SliceSet};
+use crate::store::WriteBatch;
+
+impl Registry {
+    /// Packs a service's changed endpoints into slices, persists the slices
+    /// that changed, and returns the delta (None when nothing changed).
+    /// The store is written first: when it fails, memory is unchanged and
+    /// the endpoints stay dirty, so the next flush tries again.
+    pub fn reconcile(
+        &mut self,
+        key: &str,
+    ) -> Result<Option<(ServiceDelta, SliceChanges)>, RegistryError> {
+        let Some(svc) = self.services.get(key) else {
+            return Ok(None);
+        };
+        if svc.dirty.is_empty() {
+            return Ok(None);
+        }
+        let desired: BTreeMap<EndpointId, Endpoint> = svc
+            .endpoints
+            .iter()
+            .map(|(id, e)| (id.clone(), e.endpoint.clone()))
+            .collect();
+        let mut slices = svc.slices.clone();
+        let changes = slices.reconcile(&desired);
+        // Each delta gets its own version, so deltas are ordered as published.
+        let version = self.version + 1;
+        let batch = Self::slice_batch(version, key, &svc.spec, &slices, &changes);
+        self.commit(&batch)?;
+        self.version = version;
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.slices = slices;
+        svc.version = version;
+        let dirty = std::mem::take(&mut svc.dirty);
+        let mut delta = ServiceDelta {
+            service: key.to_owned(),
+            version,
+            upserted: Vec::new(),
+            removed: Vec::new(),
+            reset: false,
+            activation_error: None,
+        };
+        for id in dirty {
+            match svc.endpoints.get(&id) {
+                Some(e) => {
+                    let slice = svc.slices.slice_of(&id).unwrap_or_default().to_owned();
+                    delta.upserted.push((e.endpoint.clone(), slice));
+                }
+                None => delta.removed.push(id),
+            }
+        }
+        Ok(Some((delta, changes)))
+    }
+
+    /// The store write for `slices` after `changes`, at `version`.
+    fn slice_batch(
+        version: u64,
+        key: &str,
+        spec: &ServiceSpec,
+        slices: &SliceSet,
+        changes: &SliceChanges,
+    ) -> WriteBatch {
+        let record = ServiceRecord {
+            spec: spec.clone(),
+            version,
+            next_slice: slices.next_suffix(),
+        };
+        let mut batch = WriteBatch {
+            version,
+            services: vec![(key.to_owned(), Some(record))],
+            ..WriteBatch::default()
+        };
+        for name in changes.created.iter().chain(&changes.updated) {
+            let ids = slices
+                .slice(name)
+                .map(|s| s.endpoints.keys().cloned().collect());
+            batch.slices.push((key.to_owned(), name.clone(), ids));
+        }
+        for name in &changes.deleted {
+            batch.slices.push((key.to_owned(), name.clone(), None));
+        }
+        batch
+    }
+
+    /// Merges sparse slices of services quiet for `quiet`; returns the
+    /// deltas (moved endpoints with their new slice). Each service's
+    /// compaction is written to the store before memory changes; on a
+    /// store error the deltas so far are lost to the caller but memory and
+    /// store agree, and the failed service is tried again next time.
+    pub fn compact_quiet(&mut self, quiet: Duration) -> Result<Vec<ServiceDelta>, RegistryError> {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .services
+            .iter()
+            .filter(|(_, s)| {
+                !s.compacted_since_change
+                    && now.duration_since(s.last_change) >= quiet
+                    && s.dirty.is_empty()
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for key in due {
+            if let Some(delta) = self.compact_one(&key)? {
+                out.push(delta);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Compacts one service's slices: store first, then memory.
+    fn compact_one(&mut self, key: &str) -> Result<Option<ServiceDelta>, RegistryError> {
+        let Some(svc) = self.services.get(key) else {
+            return Ok(None);
+        };
+        let mut slices = svc.slices.clone();
+        let changes = slices.compact();
+        if changes.is_empty() {
+            if let Some(svc) = self.services.get_mut(key) {
+                svc.compacted_since_change = true;
+            }
+            return Ok(None);
+        }
+        let version = self.version + 1;
+        self.commit(&Self::slice_batch(
+            version, key, &svc.spec, &slices, &changes,
+        ))?;
+        let upserted = svc
+            .endpoints
+            .iter()
+            .filter_map(|(id, e)| {
+                let now_in = slices.slice_of(id).unwrap_or_default();
+                (svc.slices.slice_of(id).unwrap_or_default() != now_in)
+                    .then(|| (e.endpoint.clone(), now_in.to_owned()))
+            })
+            .collect();
+        self.version = version;
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.slices = slices;
+        svc.version = version;
+        svc.compacted_since_change = true;
+        Ok(Some(ServiceDelta {
+            service: key.to_owned(),
+            version,
+            upserted,
+            removed: Vec::new(),
+            reset: false,
+            activation_error: None,
+        }))
+    }
+}
