@@ -148,3 +148,38 @@ fn a_failed_compaction_keeps_memory_and_is_retried() {
     assert_eq!(view(&r), live, "disk holds what memory held");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_restart_settles_slices_left_behind_and_stores_them() {
+    let dir = temp_dir("settle");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut r = open(&dir, &fail, 4);
+    r.put_service(spec()).expect("service");
+    r.put_endpoints("shop/cart", (0..6).map(input).collect())
+        .expect("endpoints");
+    // As a crash between the endpoint write and its reconcile: never reconciled.
+    fail.store(true, Ordering::SeqCst);
+    assert!(r.reconcile("shop/cart").is_err());
+    drop(r);
+    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 4).expect("registry");
+    let settled = view(&r);
+    let v = r.view("shop/cart").expect("view");
+    assert!(v.endpoints.iter().all(|e| e.slice.is_some()), "{settled}");
+    assert_eq!(v.slices.iter().map(|s| s.endpoints.len()).sum::<usize>(), 6);
+    let version = r.version();
+    drop(r);
+    let store = Store::open(&dir).expect("reopen");
+    let stored: usize = store
+        .load()
+        .expect("load")
+        .slices
+        .iter()
+        .map(|s| s.2.len())
+        .sum();
+    assert_eq!(stored, 6, "the settled slices were stored");
+    drop(store);
+    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 4).expect("registry");
+    assert_eq!(view(&r), settled);
+    assert_eq!(r.version(), version, "nothing left to settle: no write");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -132,6 +132,9 @@ impl Registry {
             reg.services = restore::services(loaded, max_per_slice, Instant::now());
         }
         reg.store = store;
+        for key in reg.service_keys() {
+            reg.settle(&key)?;
+        }
         Ok(reg)
     }
 

@@ -9,10 +9,10 @@ use super::{Service, StoredEndpoint};
 use crate::reconciler::SliceSet;
 use crate::store::Loaded;
 
-/// Every stored service with its endpoints and slices, at `now`. A restart
-/// grants every TTL a fresh period. Slices are settled against the
-/// endpoints (a crash between an endpoint write and its reconcile leaves
-/// them behind) in memory; the next reconcile of the service writes them.
+/// Every stored service with its endpoints and slices as stored, at `now`.
+/// A restart grants every TTL a fresh period. Slices may lag the endpoints
+/// (a crash between an endpoint write and its reconcile):
+/// [`super::Registry::open_with`] settles them.
 pub(super) fn services(
     loaded: Loaded,
     max_per_slice: usize,
@@ -47,16 +47,11 @@ pub(super) fn services(
                         .collect();
                     (name, members)
                 });
-        let mut slices = SliceSet::restore(
+        let slices = SliceSet::restore(
             rec.spec.name.clone(),
             max_per_slice,
             rec.next_slice,
             stored_slices,
-        );
-        slices.reconcile(
-            &eps.iter()
-                .map(|(id, e)| (id.clone(), e.endpoint.clone()))
-                .collect(),
         );
         let expires = eps
             .iter()

@@ -62,6 +62,34 @@ impl Registry {
         Ok(Some((delta, changes)))
     }
 
+    /// Brings a restored service's slices to its endpoints (slices lag them
+    /// after a crash between an endpoint write and its reconcile) and
+    /// stores the change, store first; no change, no write.
+    pub(super) fn settle(&mut self, key: &str) -> Result<(), RegistryError> {
+        let Some(svc) = self.services.get(key) else {
+            return Ok(());
+        };
+        let desired: BTreeMap<EndpointId, Endpoint> = svc
+            .endpoints
+            .iter()
+            .map(|(id, e)| (id.clone(), e.endpoint.clone()))
+            .collect();
+        let mut slices = svc.slices.clone();
+        let changes = slices.reconcile(&desired);
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let version = self.version + 1;
+        self.commit(&Self::slice_batch(
+            version, key, &svc.spec, &slices, &changes,
+        ))?;
+        self.version = version;
+        let svc = self.services.get_mut(key).expect("checked above");
+        svc.slices = slices;
+        svc.version = version;
+        Ok(())
+    }
+
     /// The store write for `slices` after `changes`, at `version`.
     fn slice_batch(
         version: u64,
