@@ -1,6 +1,8 @@
 //! `meshless simulate`: flags onto the workloads of `meshless-sim`, and
 //! its reports printed as one JSON object (`--json`) or as text.
 
+use std::str::FromStr;
+
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use meshless_balance::{BalancerConfig, HashKind, PolicyKind};
@@ -19,7 +21,7 @@ pub enum SimulateCommand {
 #[derive(Debug, Clone, Args)]
 pub struct BalanceArgs {
     /// round_robin, random, least_request, p2c, ring_hash, maglev, bounded_load.
-    #[arg(long, value_parser = parse_policy)]
+    #[arg(long, value_parser = <PolicyKind as FromStr>::from_str)]
     pub policy: PolicyKind,
     /// Number of endpoints; default: as many as --weights, else 10.
     #[arg(long)]
@@ -28,10 +30,10 @@ pub struct BalanceArgs {
     #[arg(long, value_delimiter = ',')]
     pub weights: Option<Vec<u32>>,
     /// Endpoints down for the whole run: a count N (the last N), or indices `0,3` (one index: `3,`).
-    #[arg(long, value_parser = parse_down)]
+    #[arg(long, value_parser = <Down as FromStr>::from_str)]
     pub down: Option<Down>,
     /// Key popularity: `uniform`, or `zipf:S` with exponent S > 0.
-    #[arg(long, default_value = "uniform", value_parser = parse_keys)]
+    #[arg(long, default_value = "uniform", value_parser = <KeyDistribution as FromStr>::from_str)]
     pub keys: KeyDistribution,
     /// Number of distinct keys.
     #[arg(long, default_value_t = 10_000)]
@@ -80,18 +82,6 @@ pub struct DistributionArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_policy(s: &str) -> Result<PolicyKind, meshless_balance::ConfigError> {
-    s.parse()
-}
-
-fn parse_keys(s: &str) -> Result<KeyDistribution, meshless_sim::SimError> {
-    s.parse()
-}
-
-fn parse_down(s: &str) -> Result<Down, meshless_sim::SimError> {
-    s.parse()
 }
 
 fn parse_hash(s: &str) -> Result<HashKind, String> {
