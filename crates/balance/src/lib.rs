@@ -21,10 +21,15 @@ mod state;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use cluster::Cluster;
-pub use config::{BalancerConfig, ClusterConfig, ConfigError, HashKind, PolicyKind};
+pub use config::{
+    BalancerConfig, ClusterConfig, ConfigError, DEFAULT_LOAD_FACTOR, DEFAULT_PANIC_THRESHOLD,
+    HashKind, PolicyKind,
+};
 pub use context::{PickContext, hash_key};
 pub use health::{HealthConfig, OutlierConfig};
-pub use locality::LocalityConfig;
+pub use locality::{
+    DEFAULT_MIN_CLUSTER_SIZE, DEFAULT_MIN_HEALTHY_SHARE, LocalityConfig, LocalityMode,
+};
 pub use outcome::Outcome;
 pub use policy::{Balancer, Filter, View};
 pub use set::EndpointSet;

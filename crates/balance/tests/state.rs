@@ -171,7 +171,7 @@ fn panic_mode_picks_among_all_when_none_is_available() {
     let c = Cluster::new(&endpoints(3), cfg).expect("valid");
     (0..3).for_each(|i| c.record_health_check(i, false));
     assert!(c.pick(&PickContext::new()).is_some());
-    cfg.panic_when_all_unavailable = false;
+    cfg.panic_threshold = 0;
     let c = Cluster::new(&endpoints(3), cfg).expect("valid");
     (0..3).for_each(|i| c.record_health_check(i, false));
     assert!(c.pick(&PickContext::new()).is_none());
@@ -240,8 +240,13 @@ fn local_cluster(policy: PolicyKind, min_healthy_share: f64) -> Cluster {
         placed(4, "n4", "z2"),
     ];
     let mut cfg = ClusterConfig::new(policy);
-    cfg.locality = Some(LocalityConfig { min_healthy_share });
+    cfg.locality = Some(LocalityConfig {
+        min_healthy_share,
+        ..LocalityConfig::default()
+    });
     cfg.health.fall = 1;
+    // Locality alone: panic mode (3 of 5 down is below 50%) is tested apart.
+    cfg.panic_threshold = 0;
     Cluster::new(&eps, cfg).expect("valid")
 }
 
