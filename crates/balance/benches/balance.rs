@@ -66,7 +66,9 @@ fn picks(c: &mut Criterion) {
             .map(|(i, e)| e.with_weight(1 + (i % 4) as u32))
             .collect();
         let cluster = Cluster::new(&eps, cfg).expect("valid cluster");
-        (0..1_000).step_by(10).for_each(|i| cluster.record_health_check(i, false));
+        (0..1_000)
+            .step_by(10)
+            .for_each(|i| cluster.record_health_check(i, false));
         let mut k = 0u64;
         group.bench_function(BenchmarkId::new(policy.name(), 1_000), |b| {
             b.iter(|| {
