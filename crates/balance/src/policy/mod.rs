@@ -213,7 +213,7 @@ pub(crate) fn least_loaded(
             }
             Some(std::cmp::Ordering::Equal) => {
                 tied += w;
-                if rng.next_u64() % tied < w {
+                if (rng.below(tied as usize) as u64) < w {
                     best = Some(m);
                 }
             }
