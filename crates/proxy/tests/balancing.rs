@@ -112,3 +112,20 @@ async fn p2c_honours_weights_under_concurrency() {
     );
     p.shutdown().await;
 }
+
+/// The new balancing fields are checked with the file, field and reason.
+#[tokio::test]
+async fn panic_threshold_and_locality_mode_are_validated() {
+    let bs = backends(2).await;
+    let parse = |extra: &str| {
+        meshless_proxy::ProxyConfig::parse(&config(&bs, extra), "p.yaml").map_err(|e| e.to_string())
+    };
+    let e = parse("    panic_threshold: 120\n").expect_err("over 100");
+    assert!(e.contains("clusters[0].panic_threshold"), "{e}");
+    let e = parse("    locality: { mode: local_only }\n").expect_err("no node name");
+    assert!(e.contains("clusters[0].locality.mode"), "{e}");
+    let e = parse("    locality: { mode: nearest }\n").expect_err("unknown mode");
+    assert!(e.contains("locality"), "{e}");
+    parse("    panic_threshold: 0\n    locality: { mode: proportional, min_cluster_size: 3 }\n")
+        .expect("valid");
+}
