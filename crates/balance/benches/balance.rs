@@ -47,6 +47,39 @@ fn picks(c: &mut Criterion) {
     }
     group.finish();
 
+    // Degraded: 10% of the endpoints down (a down endpoint's turn or draw is
+    // redrawn), 1,000 endpoints, unequal weights for P2C.
+    let mut group = c.benchmark_group("pick_degraded");
+    for policy in [
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::PowerOfChoices,
+        PolicyKind::Maglev,
+        PolicyKind::BoundedLoad,
+    ] {
+        let mut cfg = ClusterConfig::new(policy);
+        cfg.outlier = OutlierConfig::disabled();
+        cfg.health.fall = 1;
+        let eps: Vec<Endpoint> = endpoints(1_000)
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| e.with_weight(1 + (i % 4) as u32))
+            .collect();
+        let cluster = Cluster::new(&eps, cfg).expect("valid cluster");
+        (0..1_000)
+            .step_by(10)
+            .for_each(|i| cluster.record_health_check(i, false));
+        let mut k = 0u64;
+        group.bench_function(BenchmarkId::new(policy.name(), 1_000), |b| {
+            b.iter(|| {
+                k = k.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let ctx = PickContext::new().with_key(k).with_entropy(k);
+                black_box(cluster.pick_index(black_box(&ctx)))
+            })
+        });
+    }
+    group.finish();
+
     // The full request bookkeeping: pick, take the in-flight guard, drop it.
     let mut group = c.benchmark_group("pick_and_guard");
     for policy in [PolicyKind::PowerOfChoices, PolicyKind::BoundedLoad] {
@@ -81,6 +114,30 @@ fn builds(c: &mut Criterion) {
         b.iter(|| black_box(RingHash::new(&members, id_of, |_| 1, size)))
     });
     group.finish();
+    ring_memory(&eps);
+}
+
+/// Heap held by the rings of 1,000 locality tiers (one node tier of 2
+/// endpoints each, automatic ring size), printed once: the figure behind
+/// BENCHMARKS.md's ring-memory line.
+fn ring_memory(eps: &[Endpoint]) {
+    let bytes: usize = (0..1_000)
+        .map(|t| {
+            let members = [2 * t as u32 % 1000, (2 * t as u32 + 1) % 1000];
+            let ring = RingHash::new(
+                &members,
+                |m| eps[m as usize].id.as_str(),
+                |_| 1,
+                auto_ring_size(2),
+            );
+            ring.heap_bytes()
+        })
+        .sum();
+    eprintln!(
+        "ring memory: 1,000 node tiers of 2 endpoints: {} bytes ({:.1} MB)",
+        bytes,
+        bytes as f64 / 1e6
+    );
 }
 
 criterion_group! {

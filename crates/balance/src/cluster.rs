@@ -9,7 +9,7 @@ use meshless_model::{Endpoint, EndpointId, routable_endpoints};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{BalancerConfig, ClusterConfig, ConfigError, HashKind, PolicyKind};
 use crate::context::PickContext;
-use crate::locality::{Locality, Tier};
+use crate::locality::{Locality, LocalityMode, Tier};
 use crate::policy::{
     Balancer, BoundedLoad, Filter, HashTable, LeastRequest, Maglev, PowerOfChoices, Random,
     RingHash, RoundRobin, View, auto_ring_size, next_prime,
@@ -22,8 +22,16 @@ use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight};
 ///
 /// Snapshots are immutable; a change of endpoints or settings builds a new
 /// one with [`Cluster::rebuild`], which keeps the load, health and outlier
-/// state of every endpoint whose id stays. Picking takes no lock and
-/// allocates nothing.
+/// state of every endpoint whose id stays (and of an endpoint that left
+/// while ejected and comes back). Picking takes no lock and allocates
+/// nothing.
+///
+/// Building has no effect on the live state: a rebuilt snapshot becomes the
+/// cluster's current one (its member list is what outlier ejection counts,
+/// its settings what it applies) when it is published, explicitly with
+/// [`Cluster::publish`] or on its first pick, start, health check or tick.
+/// A snapshot older than the published one never publishes, so a build
+/// discarded by a failed reload changes nothing.
 ///
 /// Only routable endpoints enter the set (kube-proxy's rule: ready ones, or
 /// serving-and-terminating ones when none is ready).
@@ -33,6 +41,7 @@ pub struct Cluster {
     all: Box<dyn Balancer>,
     locality: Option<Locality>,
     config: ClusterConfig,
+    generation: u64,
 }
 
 impl Cluster {
@@ -41,18 +50,21 @@ impl Cluster {
         Self::with_clock(endpoints, config, Arc::new(MonotonicClock::new()))
     }
 
-    /// A new cluster with fresh state and the given clock.
+    /// A new cluster with fresh state and the given clock (published).
     pub fn with_clock(
         endpoints: &[Endpoint],
         config: ClusterConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ConfigError> {
         let shared = Arc::new(ClusterShared::new(clock, config.outlier, config.health));
-        Self::build(endpoints, config, shared, &HashMap::new())
+        let c = Self::build(endpoints, config, shared, &HashMap::new())?;
+        c.publish();
+        Ok(c)
     }
 
     /// The next snapshot: new endpoints and settings, same live state for
-    /// endpoints that stay. On error nothing changes.
+    /// endpoints that stay. On error nothing changes; on success nothing
+    /// changes either until the new snapshot is published.
     pub fn rebuild(
         &self,
         endpoints: &[Endpoint],
@@ -77,23 +89,21 @@ impl Cluster {
             }
         }
         let routable: Vec<Endpoint> = routable_endpoints(endpoints).into_iter().cloned().collect();
-        config.validate(routable.len())?;
+        config.validate_for(routable.len())?;
         let states: Vec<Arc<EndpointState>> = routable
             .iter()
             .map(|e| match previous.get(&e.id) {
                 Some(s) => Arc::clone(s),
-                None => Arc::new(EndpointState::new(
-                    e.id.clone(),
-                    config.health.initially_healthy,
-                )),
+                None => shared.departed(&e.id).unwrap_or_else(|| {
+                    Arc::new(EndpointState::new(
+                        e.id.clone(),
+                        config.health.initially_healthy,
+                    ))
+                }),
             })
             .collect();
-        {
-            let mut inner = shared.lock();
-            inner.members = states.clone();
-            shared.configure(&mut inner, config.outlier, config.health);
-        }
         let weights: Vec<u32> = routable.iter().map(|e| e.weight).collect();
+        let generation = shared.next_generation();
         let set = EndpointSet {
             total_weight: weights.iter().map(|&w| u64::from(w)).sum(),
             endpoints: routable,
@@ -111,7 +121,11 @@ impl Cluster {
                     .into_iter()
                     .map(|(name, members)| {
                         let b = build_balancer(&config.balancer, &set, &members, true);
-                        (name, Tier::new(members, b))
+                        let w = members
+                            .iter()
+                            .map(|&m| u64::from(set.weight(m as usize)))
+                            .sum();
+                        (name, Tier::new(members, w, b))
                     })
                     .collect()
             };
@@ -126,49 +140,99 @@ impl Cluster {
             all,
             locality,
             config,
+            generation,
         })
     }
 
+    /// Makes this snapshot the cluster's current one (its members are what
+    /// outlier ejection and the eligible total count), unless a newer
+    /// snapshot already is. Idempotent.
+    pub fn publish(&self) {
+        self.set.shared.publish(
+            self.generation,
+            &self.set.states,
+            self.config.outlier,
+            self.config.health,
+        );
+    }
+
+    #[inline]
+    fn ensure_published(&self) {
+        if !self.set.shared.is_published(self.generation) {
+            self.publish();
+        }
+    }
+
     /// Chooses an endpoint and starts a request on it. `None` when the
-    /// cluster has no endpoint, or none is available and panic mode is off.
+    /// cluster has no endpoint, or none is available and panic mode is off
+    /// (or, with locality `local_only`, the caller's node has none).
     #[inline]
     pub fn pick(&self, ctx: &PickContext<'_>) -> Option<InFlight> {
-        let i = self.pick_index(ctx)?;
-        Some(InFlight::start(&self.set.states[i], &self.set.shared, i))
+        let (i, reserved) = self.choose(ctx, true)?;
+        let (state, shared) = (&self.set.states[i], &self.set.shared);
+        Some(if reserved {
+            InFlight::adopt(state, shared, i)
+        } else {
+            InFlight::start(state, shared, i)
+        })
     }
 
     /// Starts a request on the endpoint at `index` (after a lookaside pick,
     /// or to retry on a chosen endpoint). `None` if out of range.
     pub fn start(&self, index: usize) -> Option<InFlight> {
+        self.ensure_published();
         let state = self.set.states.get(index)?;
         Some(InFlight::start(state, &self.set.shared, index))
     }
 
     /// Chooses an endpoint without starting a request (lookaside: the caller
-    /// connects itself).
+    /// connects itself). Bounded load checks its bound without reserving.
     pub fn pick_index(&self, ctx: &PickContext<'_>) -> Option<usize> {
+        self.choose(ctx, false).map(|(i, _)| i)
+    }
+
+    /// Whether fewer than `panic_threshold` percent of the endpoints are available.
+    pub fn in_panic(&self) -> bool {
+        let n = self.set.len() as u64;
+        n > 0 && self.set.available_all().count * 100 < u64::from(self.config.panic_threshold) * n
+    }
+
+    /// The pick: panic mode over every endpoint, else locality, else the
+    /// whole set. With `reserve`, the flag says the request is already counted.
+    fn choose(&self, ctx: &PickContext<'_>, reserve: bool) -> Option<(usize, bool)> {
+        self.ensure_published();
+        let pick = |b: &dyn Balancer, v: &View<'_>, c: &PickContext<'_>| {
+            if reserve {
+                b.pick_reserved(v, c)
+            } else {
+                b.pick(v, c).map(|e| (e, false))
+            }
+        };
         let view = View {
             set: &self.set,
             filter: Filter::Available,
         };
         if let Some(loc) = &self.locality
-            && let Some(e) = loc.pick(&view, ctx)
+            && loc.config.mode == LocalityMode::LocalOnly
         {
-            return Some(e as usize);
+            return loc
+                .pick_local(&view, ctx, self.config.panic_threshold, &pick)
+                .map(|(e, r)| (e as usize, r));
         }
-        if let Some(e) = self.all.pick(&view, ctx) {
-            return Some(e as usize);
-        }
-        if self.config.panic_when_all_unavailable {
+        if self.in_panic() {
             let any = View {
                 set: &self.set,
                 filter: Filter::Any,
             };
-            return self.all.pick(&any, ctx).map(|e| e as usize);
+            return self.all.pick(&any, ctx).map(|e| (e as usize, false));
         }
-        None
+        if let Some(loc) = &self.locality
+            && let Some((e, r)) = loc.pick(&view, ctx, self.all.as_ref(), &pick)
+        {
+            return Some((e as usize, r));
+        }
+        pick(self.all.as_ref(), &view, ctx).map(|(e, r)| (e as usize, r))
     }
-
     /// The endpoints of this snapshot.
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.set.endpoints
@@ -191,6 +255,7 @@ impl Cluster {
 
     /// Applies an active health-check result to the endpoint at `index`.
     pub fn record_health_check(&self, index: usize, passed: bool) {
+        self.ensure_published();
         if let Some(s) = self.set.states.get(index) {
             self.set.shared.record_check(s, passed);
         }
@@ -199,6 +264,7 @@ impl Cluster {
     /// Periodic housekeeping, every `outlier.interval`: returns endpoints
     /// whose ejection time is up and decays ejection multipliers.
     pub fn tick(&self) {
+        self.ensure_published();
         self.set.shared.tick();
     }
 }
@@ -235,7 +301,9 @@ fn build_balancer(
         PolicyKind::RoundRobin => Box::new(RoundRobin::new(members, weight_of)),
         PolicyKind::Random => Box::new(Random::new(members, weight_of)),
         PolicyKind::LeastRequest => Box::new(LeastRequest::new(members)),
-        PolicyKind::PowerOfChoices => Box::new(PowerOfChoices::new(members, cfg.choices)),
+        PolicyKind::PowerOfChoices => {
+            Box::new(PowerOfChoices::new(members, cfg.choices, weight_of))
+        }
         PolicyKind::RingHash => Box::new(ring()),
         PolicyKind::Maglev => Box::new(maglev()),
         PolicyKind::BoundedLoad => {

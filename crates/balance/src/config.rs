@@ -3,12 +3,24 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::health::{HealthConfig, OutlierConfig};
-use crate::locality::LocalityConfig;
-use crate::policy::{DEFAULT_TABLE_SIZE, is_prime};
+use serde::{Deserialize, Serialize};
 
-/// The load-balancing algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+use crate::health::{HealthConfig, OutlierConfig};
+use crate::locality::{LocalityConfig, LocalityMode};
+use crate::policy::{DEFAULT_CHOICES, DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, is_prime};
+
+/// Default bounded-load factor `c` (the talk's 1.25; Envoy and HAProxy have
+/// no default: the feature is off until a factor is set).
+pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+/// Default panic threshold, in percent of endpoints available (Envoy's
+/// `healthy_panic_threshold`).
+pub const DEFAULT_PANIC_THRESHOLD: u8 = 50;
+
+/// The load-balancing algorithm. Deserializes from its config name
+/// (`round_robin`, `random`, `least_request`, `p2c`, `ring_hash`, `maglev`,
+/// `bounded_load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     /// Smooth weighted round robin (nginx).
     RoundRobin,
@@ -17,6 +29,7 @@ pub enum PolicyKind {
     /// Least requests in flight, full scan.
     LeastRequest,
     /// Power of k choices (`choices`, default 2).
+    #[serde(rename = "p2c", alias = "power_of_choices")]
     PowerOfChoices,
     /// Ketama ring hash.
     RingHash,
@@ -77,13 +90,40 @@ impl FromStr for PolicyKind {
     }
 }
 
-/// The consistent hash under bounded load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The consistent hash under bounded load (`maglev` or `ring_hash`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum HashKind {
     /// Ketama ring.
     RingHash,
     /// Maglev table (default).
+    #[default]
     Maglev,
+}
+
+impl HashKind {
+    /// The name used in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            HashKind::RingHash => "ring_hash",
+            HashKind::Maglev => "maglev",
+        }
+    }
+}
+
+impl FromStr for HashKind {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "maglev" => Ok(HashKind::Maglev),
+            "ring_hash" => Ok(HashKind::RingHash),
+            other => Err(ConfigError::Field {
+                field: "balancer.over",
+                reason: format!("expected maglev or ring_hash, got {other:?}"),
+            }),
+        }
+    }
 }
 
 /// How endpoints are chosen.
@@ -95,9 +135,11 @@ pub struct BalancerConfig {
     pub choices: usize,
     /// Ring points for `ring_hash`; `None` = 160 per endpoint, clamped to 1,024..=1,048,576.
     pub ring_size: Option<usize>,
-    /// Maglev table size; prime, at least the number of endpoints.
+    /// Maglev table size; prime, at least the number of endpoints, at most
+    /// 5,000,011 (Envoy's limit).
     pub table_size: usize,
-    /// Bounded load factor `c` (>= 1.0; Envoy's 150 = 1.5).
+    /// Bounded load factor `c` (>= 1.0; Envoy's 150 = 1.5). Used as an
+    /// integer percent, rounded: 1.255 acts as 1.26.
     pub load_factor: f64,
     /// The hash under `bounded_load`.
     pub over: HashKind,
@@ -107,10 +149,10 @@ impl Default for BalancerConfig {
     fn default() -> Self {
         Self {
             policy: PolicyKind::RoundRobin,
-            choices: 2,
+            choices: DEFAULT_CHOICES,
             ring_size: None,
             table_size: DEFAULT_TABLE_SIZE,
-            load_factor: 1.25,
+            load_factor: DEFAULT_LOAD_FACTOR,
             over: HashKind::Maglev,
         }
     }
@@ -127,7 +169,7 @@ impl BalancerConfig {
 }
 
 /// Everything a [`crate::Cluster`] is built from besides its endpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClusterConfig {
     /// The algorithm and its parameters.
     pub balancer: BalancerConfig,
@@ -137,86 +179,136 @@ pub struct ClusterConfig {
     pub outlier: OutlierConfig,
     /// Active health-check thresholds.
     pub health: HealthConfig,
-    /// When no endpoint is available, pick among all of them (panic mode,
-    /// Envoy's default) instead of returning nothing.
-    pub panic_when_all_unavailable: bool,
+    /// Panic mode (Envoy's `healthy_panic_threshold`): while fewer than this
+    /// percent of the endpoints are available (healthy and not ejected),
+    /// picks spread over *all* endpoints, so the last few live ones are not
+    /// crushed by the whole load; locality is not applied meanwhile.
+    /// 0..=100; default 50; 0 disables it (with none available a pick then
+    /// returns nothing).
+    pub panic_threshold: u8,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            balancer: BalancerConfig::default(),
+            locality: None,
+            outlier: OutlierConfig::default(),
+            health: HealthConfig::default(),
+            panic_threshold: DEFAULT_PANIC_THRESHOLD,
+        }
+    }
 }
 
 impl ClusterConfig {
-    /// Defaults with `policy`, panic mode on.
+    /// Defaults with `policy`.
     pub fn new(policy: PolicyKind) -> Self {
         Self {
             balancer: BalancerConfig::new(policy),
-            panic_when_all_unavailable: true,
             ..Self::default()
         }
     }
 
-    /// Checks every field against `endpoints` endpoints.
-    pub fn validate(&self, endpoints: usize) -> Result<(), ConfigError> {
+    /// Checks every setting on its own, without endpoints and without
+    /// building a balancer: what a config file can be checked against.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let b = &self.balancer;
         if !(2..=crate::policy::p2c::MAX_CHOICES).contains(&b.choices) {
-            return Err(ConfigError::Field {
-                field: "balancer.choices",
-                reason: format!("must be 2..=16, got {}", b.choices),
-            });
+            return Err(field(
+                "balancer.choices",
+                format!("must be 2..=16, got {}", b.choices),
+            ));
         }
-        if !(b.load_factor >= 1.0 && b.load_factor.is_finite()) {
-            return Err(ConfigError::Field {
-                field: "balancer.load_factor",
-                reason: format!("must be a number >= 1.0, got {}", b.load_factor),
-            });
+        if !(b.load_factor >= 1.0 && b.load_factor <= 100.0) {
+            return Err(field(
+                "balancer.load_factor",
+                format!("must be a number in 1.0..=100.0, got {}", b.load_factor),
+            ));
         }
-        let uses_maglev = b.policy == PolicyKind::Maglev
-            || (b.policy == PolicyKind::BoundedLoad && b.over == HashKind::Maglev);
-        if uses_maglev {
+        if self.uses_maglev() {
             if !is_prime(b.table_size) {
-                return Err(ConfigError::Field {
-                    field: "balancer.table_size",
-                    reason: format!("must be prime, got {}", b.table_size),
-                });
+                return Err(field(
+                    "balancer.table_size",
+                    format!("must be prime, got {}", b.table_size),
+                ));
             }
-            if b.table_size < endpoints {
-                return Err(ConfigError::Field {
-                    field: "balancer.table_size",
-                    reason: format!(
-                        "must be at least the number of endpoints ({endpoints}), got {} \
-                         (use more than 100x the endpoints for an even spread)",
-                        b.table_size
-                    ),
-                });
+            if b.table_size > MAX_TABLE_SIZE {
+                return Err(field(
+                    "balancer.table_size",
+                    format!("must be at most {MAX_TABLE_SIZE}, got {}", b.table_size),
+                ));
             }
         }
         if let Some(size) = b.ring_size
             && !(1..=crate::policy::MAX_RING_SIZE).contains(&size)
         {
-            return Err(ConfigError::Field {
-                field: "balancer.ring_size",
-                reason: format!("must be 1..=8388608, got {size}"),
-            });
+            return Err(field(
+                "balancer.ring_size",
+                format!("must be 1..=8388608, got {size}"),
+            ));
         }
-        if let Some(l) = self.locality
-            && !(0.0..=1.0).contains(&l.min_healthy_share)
-        {
-            return Err(ConfigError::Field {
-                field: "locality.min_healthy_share",
-                reason: format!("must be 0.0..=1.0, got {}", l.min_healthy_share),
-            });
+        if let Some(l) = self.locality {
+            if !(0.0..=1.0).contains(&l.min_healthy_share) {
+                return Err(field(
+                    "locality.min_healthy_share",
+                    format!("must be 0.0..=1.0, got {}", l.min_healthy_share),
+                ));
+            }
+            if l.mode == LocalityMode::Proportional && l.min_cluster_size == 0 {
+                return Err(field(
+                    "locality.min_cluster_size",
+                    "must be at least 1".to_owned(),
+                ));
+            }
+        }
+        if self.panic_threshold > 100 {
+            return Err(field(
+                "panic_threshold",
+                format!("must be 0..=100 (percent), got {}", self.panic_threshold),
+            ));
         }
         if self.outlier.max_ejection_percent > 100 {
-            return Err(ConfigError::Field {
-                field: "outlier_detection.max_ejection_percent",
-                reason: format!("must be 0..=100, got {}", self.outlier.max_ejection_percent),
-            });
+            return Err(field(
+                "outlier_detection.max_ejection_percent",
+                format!("must be 0..=100, got {}", self.outlier.max_ejection_percent),
+            ));
         }
         if self.health.rise == 0 || self.health.fall == 0 {
-            return Err(ConfigError::Field {
-                field: "health_check.rise/fall",
-                reason: "thresholds must be at least 1".to_owned(),
-            });
+            return Err(field(
+                "health_check.rise/fall",
+                "thresholds must be at least 1".to_owned(),
+            ));
         }
         Ok(())
     }
+
+    /// [`ClusterConfig::validate`], plus the checks that depend on how many
+    /// endpoints the cluster has.
+    pub fn validate_for(&self, endpoints: usize) -> Result<(), ConfigError> {
+        self.validate()?;
+        let b = &self.balancer;
+        if self.uses_maglev() && b.table_size < endpoints {
+            return Err(field(
+                "balancer.table_size",
+                format!(
+                    "must be at least the number of endpoints ({endpoints}), got {} \
+                     (use more than 100x the endpoints for an even spread)",
+                    b.table_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn uses_maglev(&self) -> bool {
+        let b = &self.balancer;
+        b.policy == PolicyKind::Maglev
+            || (b.policy == PolicyKind::BoundedLoad && b.over == HashKind::Maglev)
+    }
+}
+
+fn field(field: &'static str, reason: String) -> ConfigError {
+    ConfigError::Field { field, reason }
 }
 
 /// A rejected setting or endpoint list.

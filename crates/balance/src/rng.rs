@@ -7,8 +7,10 @@
 pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// Seeds are mixed first, so seeds in arithmetic progression (k x the
+    /// generator's own increment) do not yield shifted copies of one stream.
     pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(mix(seed))
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {

@@ -2,7 +2,8 @@
 //! outlier ejection and counters. Keyed by endpoint identity, so a rebuilt
 //! cluster carries the state of endpoints that stay.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use meshless_model::EndpointId;
@@ -11,18 +12,42 @@ use crate::clock::Clock;
 use crate::health::{HealthConfig, OutlierConfig};
 use crate::outcome::Outcome;
 
-const UNHEALTHY: u8 = 1;
-const EJECTED: u8 = 2;
+/// Flag bits, stored above the 32-bit in-flight count in one atomic word.
+const UNHEALTHY: u64 = 1 << 32;
+const EJECTED: u64 = 2 << 32;
+/// Not a member of the published snapshot (new in an unpublished build, or
+/// removed): its requests do not count in the eligible total.
+const DETACHED: u64 = 4 << 32;
+const LOAD_MASK: u64 = 0xFFFF_FFFF;
+const FLAG_MASK: u64 = !LOAD_MASK;
+
+#[inline]
+fn load_of(word: u64) -> u32 {
+    (word & LOAD_MASK) as u32
+}
+
+#[inline]
+fn available(word: u64) -> bool {
+    word & (UNHEALTHY | EJECTED) == 0
+}
+
+/// Counted in [`ClusterShared::eligible_in_flight`]: available and published.
+#[inline]
+fn counted(word: u64) -> bool {
+    word & FLAG_MASK == 0
+}
 
 /// Live state of one endpoint. All fields are atomics: the pick path only
 /// loads them.
+///
+/// Invariant: in-flight count and flags live in one word (`word`), so every
+/// change of either knows, atomically, whether the endpoint's requests count
+/// in the cluster's eligible total and by how much that total must move.
 #[derive(Debug)]
 pub(crate) struct EndpointState {
     pub(crate) id: EndpointId,
-    /// Requests sent and not yet finished.
-    pub(crate) in_flight: AtomicU32,
-    /// `UNHEALTHY | EJECTED` bits; zero means available.
-    flags: AtomicU8,
+    /// Bits 0..32: requests sent and not yet finished; above: flags.
+    word: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
     latency_micros_total: AtomicU64,
@@ -38,11 +63,11 @@ pub(crate) struct EndpointState {
 }
 
 impl EndpointState {
+    /// A new endpoint, detached until a snapshot holding it is published.
     pub(crate) fn new(id: EndpointId, healthy: bool) -> Self {
         Self {
             id,
-            in_flight: AtomicU32::new(0),
-            flags: AtomicU8::new(if healthy { 0 } else { UNHEALTHY }),
+            word: AtomicU64::new(DETACHED | if healthy { 0 } else { UNHEALTHY }),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             latency_micros_total: AtomicU64::new(0),
@@ -59,20 +84,59 @@ impl EndpointState {
     /// Neither unhealthy nor ejected.
     #[inline]
     pub(crate) fn is_available(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) == 0
+        available(self.word.load(Ordering::Relaxed))
     }
 
     #[inline]
     pub(crate) fn load(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        load_of(self.word.load(Ordering::Relaxed))
     }
 
     pub(crate) fn is_healthy(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & UNHEALTHY == 0
+        self.word.load(Ordering::Relaxed) & UNHEALTHY == 0
     }
 
     pub(crate) fn is_ejected(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & EJECTED != 0
+        self.word.load(Ordering::Relaxed) & EJECTED != 0
+    }
+
+    /// Starts one request unconditionally.
+    fn begin(&self, shared: &ClusterShared) {
+        let old = self.word.fetch_add(1, Ordering::AcqRel);
+        shared.total_in_flight.fetch_add(1, Ordering::Relaxed);
+        if counted(old) {
+            shared.eligible_in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Starts one request only if the endpoint is available and
+    /// `fits(load before)` holds, atomically (no other pick can slip in
+    /// between the check and the increment).
+    pub(crate) fn try_reserve(&self, shared: &ClusterShared, fits: impl Fn(u32) -> bool) -> bool {
+        let r = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (available(w) && load_of(w) < u32::MAX && fits(load_of(w))).then_some(w + 1)
+            });
+        match r {
+            Ok(old) => {
+                shared.total_in_flight.fetch_add(1, Ordering::Relaxed);
+                if counted(old) {
+                    shared.eligible_in_flight.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Ends one request.
+    fn end(&self, shared: &ClusterShared) {
+        let old = self.word.fetch_sub(1, Ordering::AcqRel);
+        shared.total_in_flight.fetch_sub(1, Ordering::Relaxed);
+        if counted(old) {
+            shared.eligible_in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn snapshot(&self) -> EndpointStats {
@@ -113,8 +177,17 @@ pub(crate) struct ClusterShared {
     pub(crate) clock: Arc<dyn Clock>,
     /// Sum of `in_flight` over every endpoint ever in the cluster that still has requests.
     pub(crate) total_in_flight: AtomicU64,
+    /// Sum of `in_flight` over the published members that are available:
+    /// the `T` of bounded load. Each change is derived from one atomic
+    /// change of an endpoint's word, so the sum never drifts; it may be
+    /// transiently off by the few changes in progress (read it clamped at 0).
+    pub(crate) eligible_in_flight: AtomicI64,
     /// Bumped on every availability change, so cached counts know they are stale.
     pub(crate) availability_epoch: AtomicU64,
+    /// Generation of the last published snapshot.
+    published: AtomicU64,
+    /// Source of snapshot generations.
+    generations: AtomicU64,
     /// Copies of the outlier thresholds, read without the lock on each failure.
     eject_after_5xx: AtomicU32,
     eject_after_gateway: AtomicU32,
@@ -123,8 +196,12 @@ pub(crate) struct ClusterShared {
 
 #[derive(Debug)]
 pub(crate) struct SharedInner {
-    /// The current members, in the current snapshot's order.
+    /// The members of the published snapshot, in its order.
     pub(crate) members: Vec<Arc<EndpointState>>,
+    /// Endpoints that left the cluster while ejected (not ready for a
+    /// while, then back): a returning endpoint gets its state back, so a
+    /// flap does not forget an ejection. Dropped once the ejection is over.
+    pub(crate) departed: HashMap<EndpointId, Arc<EndpointState>>,
     pub(crate) outlier: OutlierConfig,
     pub(crate) health: HealthConfig,
 }
@@ -134,11 +211,15 @@ impl ClusterShared {
         Self {
             clock,
             total_in_flight: AtomicU64::new(0),
+            eligible_in_flight: AtomicI64::new(0),
             availability_epoch: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            generations: AtomicU64::new(0),
             eject_after_5xx: AtomicU32::new(outlier.consecutive_5xx),
             eject_after_gateway: AtomicU32::new(outlier.consecutive_gateway_errors),
             inner: Mutex::new(SharedInner {
                 members: Vec::new(),
+                departed: HashMap::new(),
                 outlier,
                 health,
             }),
@@ -150,28 +231,86 @@ impl ClusterShared {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Replaces the outlier and health settings (on a cluster rebuild).
-    pub(crate) fn configure(
+    /// The eligible total `T`, clamped at zero.
+    #[inline]
+    pub(crate) fn eligible_in_flight(&self) -> u64 {
+        self.eligible_in_flight.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// A generation for a new snapshot, newer than every earlier one.
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether a snapshot of generation `g` (or a newer one) is published.
+    #[inline]
+    pub(crate) fn is_published(&self, g: u64) -> bool {
+        self.published.load(Ordering::Acquire) >= g
+    }
+
+    /// The state a build should use for `id`: the previous snapshot's, else
+    /// a departed one's (ejection remembered), else `None`. Reads only.
+    pub(crate) fn departed(&self, id: &EndpointId) -> Option<Arc<EndpointState>> {
+        self.lock().departed.get(id).cloned()
+    }
+
+    /// Makes the snapshot of generation `g` with `members` and settings the
+    /// current one, unless a newer one already is: members that left are
+    /// detached (their requests leave the eligible total), new ones attached.
+    pub(crate) fn publish(
         &self,
-        inner: &mut SharedInner,
+        g: u64,
+        members: &[Arc<EndpointState>],
         outlier: OutlierConfig,
         health: HealthConfig,
     ) {
+        let mut inner = self.lock();
+        if self.published.load(Ordering::Acquire) >= g {
+            return;
+        }
+        let staying: HashSet<*const EndpointState> = members.iter().map(Arc::as_ptr).collect();
+        for old in std::mem::take(&mut inner.members) {
+            if !staying.contains(&Arc::as_ptr(&old)) {
+                self.set_flag(&old, DETACHED, true);
+                if old.is_ejected() {
+                    inner.departed.insert(old.id.clone(), old);
+                }
+            }
+        }
+        for m in members {
+            self.set_flag(m, DETACHED, false);
+            inner.departed.remove(&m.id);
+        }
+        inner.members = members.to_vec();
         inner.outlier = outlier;
         inner.health = health;
         self.eject_after_5xx
             .store(outlier.consecutive_5xx, Ordering::Relaxed);
         self.eject_after_gateway
             .store(outlier.consecutive_gateway_errors, Ordering::Relaxed);
+        self.published.store(g, Ordering::Release);
     }
 
-    fn set_flag(&self, state: &EndpointState, flag: u8, on: bool) {
+    /// Sets or clears `flag`, moving the eligible total by the endpoint's
+    /// load at that instant when its counted-ness changes.
+    fn set_flag(&self, state: &EndpointState, flag: u64, on: bool) {
         let old = if on {
-            state.flags.fetch_or(flag, Ordering::Relaxed)
+            state.word.fetch_or(flag, Ordering::AcqRel)
         } else {
-            state.flags.fetch_and(!flag, Ordering::Relaxed)
+            state.word.fetch_and(!flag, Ordering::AcqRel)
         };
-        if (old & flag != 0) != on {
+        let new = if on { old | flag } else { old & !flag };
+        let load = i64::from(load_of(old));
+        match (counted(old), counted(new)) {
+            (true, false) => {
+                self.eligible_in_flight.fetch_sub(load, Ordering::Relaxed);
+            }
+            (false, true) => {
+                self.eligible_in_flight.fetch_add(load, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if available(old) != available(new) {
             self.availability_epoch.fetch_add(1, Ordering::Release);
         }
     }
@@ -209,12 +348,20 @@ impl ClusterShared {
         }
     }
 
-    /// Ejects `state` unless that would exceed `max_ejection_percent` or leave
-    /// the cluster without an available endpoint. Caller holds the lock.
+    /// Ejects `state` unless it already is (a racing failure decided first),
+    /// or that would exceed `max_ejection_percent` or leave the cluster
+    /// without an available endpoint. Caller holds the lock, so each
+    /// decision sees every earlier one.
     fn try_eject(&self, inner: &SharedInner, state: &EndpointState) {
+        if state.is_ejected() {
+            return;
+        }
         state.consecutive_5xx.store(0, Ordering::Relaxed);
         state.consecutive_gateway.store(0, Ordering::Relaxed);
         let members = &inner.members;
+        if !members.iter().any(|m| std::ptr::eq(m.as_ref(), state)) {
+            return; // Not in the published snapshot: nothing to eject from.
+        }
         let n = members.len();
         let ejected = members.iter().filter(|m| m.is_ejected()).count();
         let others_available = members
@@ -238,9 +385,10 @@ impl ClusterShared {
 
     /// Returns ejected endpoints whose time is up, and lowers the ejection
     /// multiplier of endpoints that stayed in for a whole interval (Envoy).
+    /// Departed endpoints whose ejection is over are forgotten.
     pub(crate) fn tick(&self) {
         let now = self.clock.now_nanos();
-        let inner = self.lock();
+        let mut inner = self.lock();
         for m in &inner.members {
             if m.is_ejected() {
                 if now >= m.ejected_until.load(Ordering::Relaxed) {
@@ -252,6 +400,9 @@ impl ClusterShared {
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| t.checked_sub(1));
             }
         }
+        inner
+            .departed
+            .retain(|_, m| now < m.ejected_until.load(Ordering::Relaxed));
     }
 
     /// Applies one active health-check result with rise/fall thresholds.
@@ -289,13 +440,22 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// Starts a request on `state` and returns its guard.
     pub(crate) fn start(
         state: &Arc<EndpointState>,
         shared: &Arc<ClusterShared>,
         index: usize,
     ) -> Self {
-        state.in_flight.fetch_add(1, Ordering::Relaxed);
-        shared.total_in_flight.fetch_add(1, Ordering::Relaxed);
+        state.begin(shared);
+        Self::adopt(state, shared, index)
+    }
+
+    /// The guard of a request already counted (by [`EndpointState::try_reserve`]).
+    pub(crate) fn adopt(
+        state: &Arc<EndpointState>,
+        shared: &Arc<ClusterShared>,
+        index: usize,
+    ) -> Self {
         Self {
             state: Arc::clone(state),
             shared: Arc::clone(shared),
@@ -328,8 +488,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.shared.total_in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state.end(&self.shared);
         let latency = self
             .shared
             .clock
@@ -337,4 +496,10 @@ impl Drop for InFlight {
             .saturating_sub(self.started_nanos);
         self.shared.record(&self.state, self.outcome, latency);
     }
+}
+
+/// Releases a reservation made by a pick that does not start a request
+/// (lookaside), so it leaves no load behind.
+pub(crate) fn release(state: &EndpointState, shared: &ClusterShared) {
+    state.end(shared);
 }

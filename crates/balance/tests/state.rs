@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use common::*;
 use meshless_balance::{
-    Cluster, ClusterConfig, HealthConfig, LocalityConfig, Outcome, OutlierConfig, PickContext,
-    PolicyKind,
+    Cluster, ClusterConfig, HealthConfig, LocalityConfig, LocalityMode, Outcome, OutlierConfig,
+    PickContext, PolicyKind,
 };
 use meshless_model::{Conditions, Endpoint};
 use proptest::prelude::*;
@@ -171,7 +171,7 @@ fn panic_mode_picks_among_all_when_none_is_available() {
     let c = Cluster::new(&endpoints(3), cfg).expect("valid");
     (0..3).for_each(|i| c.record_health_check(i, false));
     assert!(c.pick(&PickContext::new()).is_some());
-    cfg.panic_when_all_unavailable = false;
+    cfg.panic_threshold = 0;
     let c = Cluster::new(&endpoints(3), cfg).expect("valid");
     (0..3).for_each(|i| c.record_health_check(i, false));
     assert!(c.pick(&PickContext::new()).is_none());
@@ -240,8 +240,13 @@ fn local_cluster(policy: PolicyKind, min_healthy_share: f64) -> Cluster {
         placed(4, "n4", "z2"),
     ];
     let mut cfg = ClusterConfig::new(policy);
-    cfg.locality = Some(LocalityConfig { min_healthy_share });
+    cfg.locality = Some(LocalityConfig {
+        min_healthy_share,
+        ..LocalityConfig::default()
+    });
     cfg.health.fall = 1;
+    // Locality alone: panic mode (3 of 5 down is below 50%) is tested apart.
+    cfg.panic_threshold = 0;
     Cluster::new(&eps, cfg).expect("valid")
 }
 
@@ -318,4 +323,158 @@ fn locality_spills_when_the_tier_is_at_its_bound() {
     assert!(off_node > 0, "requests spill off the node once it is full");
     let max = (0..5).map(|i| c.set().load(i)).max().unwrap_or(0);
     assert!(max <= (1.25f64 * 40.0 / 5.0).ceil() as u32);
+}
+
+/// A rebuild that is never published (a reload that failed later) changes
+/// nothing: the running snapshot still ejects, ticks and counts its own
+/// members.
+#[test]
+fn an_unpublished_rebuild_has_no_effect() {
+    let (c, clock) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    let other = c
+        .rebuild(&[endpoint(9)], *c.config())
+        .expect("valid rebuild");
+    drop(other);
+    fail(&c, 0, 5, Outcome::Status(500));
+    assert!(c.stats(0).expect("stats").ejected, "ep-0 is still a member");
+    clock.advance(Duration::from_secs(30));
+    c.tick();
+    assert!(!c.stats(0).expect("stats").ejected, "tick still sees ep-0");
+}
+
+/// Publishing a rebuild makes its members the ones ejection counts; an
+/// older snapshot never publishes over a newer one.
+#[test]
+fn publish_installs_the_newest_snapshot_only() {
+    let (c, _) = manual(&endpoints(2), with_outlier(PolicyKind::RoundRobin));
+    let bigger = c.rebuild(&endpoints(10), *c.config()).expect("valid");
+    bigger.publish();
+    c.publish(); // older: ignored
+    // With 10 members at 50%, five may be ejected; with 2, only one.
+    for i in 0..3 {
+        fail(&bigger, i, 5, Outcome::Status(500));
+    }
+    let ejected = (0..10)
+        .filter(|&i| bigger.stats(i).expect("stats").ejected)
+        .count();
+    assert_eq!(ejected, 3);
+}
+
+/// An endpoint that goes not-ready and comes back keeps its ejection
+/// (and its ejection count) instead of returning with a clean slate.
+#[test]
+fn ejection_survives_a_not_ready_flap() {
+    let (c, clock) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    fail(&c, 0, 5, Outcome::Status(500));
+    assert!(c.stats(0).expect("stats").ejected);
+    let without = c.rebuild(&endpoints(4)[1..], *c.config()).expect("valid");
+    without.publish();
+    let back = without.rebuild(&endpoints(4), *c.config()).expect("valid");
+    back.publish();
+    let i = back
+        .endpoints()
+        .iter()
+        .position(|e| e.id.as_str() == "ep-0")
+        .expect("present");
+    let s = back.stats(i).expect("stats");
+    assert!(s.ejected && s.times_ejected == 1, "{s:?}");
+    assert!((0..100).all(|k| back.pick_index(&PickContext::new().with_entropy(k)) != Some(i)));
+    clock.advance(Duration::from_secs(30));
+    back.tick();
+    assert!(!back.stats(i).expect("stats").ejected);
+}
+
+fn spread_cluster(mode: LocalityMode, n_per_node: usize, nodes: usize) -> Cluster {
+    let eps: Vec<Endpoint> = (0..n_per_node * nodes)
+        .map(|i| {
+            let node = format!("n{}", i / n_per_node);
+            endpoint(i).with_node(&node).with_zone("z1")
+        })
+        .collect();
+    let mut cfg = ClusterConfig::new(PolicyKind::Random);
+    cfg.locality = Some(LocalityConfig {
+        mode,
+        ..LocalityConfig::default()
+    });
+    cfg.health.fall = 1;
+    cfg.outlier = OutlierConfig::disabled();
+    Cluster::new(&eps, cfg).expect("valid")
+}
+
+/// Proportional (Envoy zone-aware) locality: a node with one of its two
+/// endpoints down keeps the share its capacity can take, relative to the
+/// cluster's — (1/2) / (11/12) = 54.5% — on its live endpoint, and spills
+/// the rest outside the node, instead of the live one taking everything.
+#[test]
+fn proportional_locality_keeps_what_the_node_can_take() {
+    let c = spread_cluster(LocalityMode::Proportional, 2, 6);
+    let at_n0 = |k: u64| {
+        c.pick_index(
+            &PickContext::new()
+                .with_locality(Some("n0"), Some("z1"))
+                .with_entropy(k),
+        )
+        .expect("pick")
+    };
+    assert!((0..2_000).all(|k| at_n0(k) <= 1), "all healthy: node only");
+    c.record_health_check(0, false);
+    let picks = 20_000u64;
+    let local = (0..picks).filter(|&k| at_n0(k) == 1).count() as f64 / picks as f64;
+    assert!((local - 6.0 / 11.0).abs() < 0.02, "local share {local:.3}");
+    assert!((0..picks).all(|k| at_n0(k) != 0));
+    // Below min_cluster_size (6) there is no locality at all.
+    let small = spread_cluster(LocalityMode::Proportional, 1, 5);
+    let ctx = |k| {
+        PickContext::new()
+            .with_locality(Some("n0"), Some("z1"))
+            .with_entropy(k)
+    };
+    let off = (0..2_000)
+        .filter(|&k| small.pick_index(&ctx(k)) != Some(0))
+        .count();
+    assert!(
+        off > 1_000,
+        "5 endpoints: spread over all ({off} of 2000 off the node)"
+    );
+}
+
+/// `local_only` (Kubernetes internalTrafficPolicy: Local): only the caller's
+/// node, never spill; nothing when the node has no endpoint up (panic off)
+/// or the caller's node is unknown.
+#[test]
+fn local_only_never_leaves_the_node() {
+    let c = spread_cluster(LocalityMode::LocalOnly, 2, 3);
+    let at = |node: Option<&'static str>, k: u64| {
+        c.pick_index(
+            &PickContext::new()
+                .with_locality(node, Some("z1"))
+                .with_entropy(k),
+        )
+    };
+    assert!((0..500).all(|k| matches!(at(Some("n1"), k), Some(2 | 3))));
+    assert_eq!(at(None, 0), None);
+    assert_eq!(at(Some("elsewhere"), 0), None);
+    c.record_health_check(2, false);
+    assert!((0..500).all(|k| at(Some("n1"), k) == Some(3)));
+    c.record_health_check(3, false);
+    // 0 of 2 on the node: panic (default 50%) spreads over the node's own.
+    assert!((0..500).all(|k| matches!(at(Some("n1"), k), Some(2 | 3))));
+    let mut cfg = *c.config();
+    cfg.panic_threshold = 0;
+    let strict = c.rebuild(c.endpoints(), cfg).expect("valid");
+    assert_eq!(
+        strict.pick_index(&PickContext::new().with_locality(Some("n1"), None)),
+        None
+    );
+}
+
+/// A tier's ring index is sized to the ring: 1,000 node tiers of 2
+/// endpoints under ring hash hold ~1,024 points each, not a 65,537-entry
+/// index each (which was ~270 MB per snapshot).
+#[test]
+fn tier_rings_are_small() {
+    use meshless_balance::policy::{RingHash, auto_ring_size};
+    let ids = ["a", "b"];
+    let ring = RingHash::new(&[0, 1], |m| ids[m as usize], |_| 1, auto_ring_size(2));
+    assert!(ring.heap_bytes() < 20_000, "{} bytes", ring.heap_bytes());
 }

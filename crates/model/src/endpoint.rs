@@ -43,8 +43,14 @@ impl From<&str> for EndpointId {
 /// Conditions with the meaning Kubernetes EndpointSlices give them:
 /// `serving` = the instance answers; `terminating` = it is being shut down;
 /// `ready` = serving and not terminating.
+///
+/// A partial object is completed with Kubernetes' rules (EndpointConditions):
+/// absent `terminating` is false; absent `serving` is the same as `ready`;
+/// absent `ready` is `serving and not terminating` (true when neither is
+/// given). So `{terminating: true}` is serving-and-terminating, not an
+/// inconsistent "ready and terminating", and `{ready: false}` is not serving.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(from = "PartialConditions")]
 pub struct Conditions {
     /// Serving and not terminating: receives new requests.
     pub ready: bool,
@@ -57,6 +63,31 @@ pub struct Conditions {
 impl Default for Conditions {
     fn default() -> Self {
         Self::READY
+    }
+}
+
+/// `conditions` as written: each field may be absent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartialConditions {
+    #[serde(default)]
+    ready: Option<bool>,
+    #[serde(default)]
+    serving: Option<bool>,
+    #[serde(default)]
+    terminating: Option<bool>,
+}
+
+impl From<PartialConditions> for Conditions {
+    fn from(p: PartialConditions) -> Self {
+        let terminating = p.terminating.unwrap_or(false);
+        let serving = p.serving.or(p.ready).unwrap_or(true);
+        let ready = p.ready.unwrap_or(serving && !terminating);
+        Self {
+            ready,
+            serving,
+            terminating,
+        }
     }
 }
 
@@ -304,5 +335,18 @@ mod tests {
         )
         .expect_err("typo");
         assert!(err.to_string().contains("wieght"));
+    }
+
+    #[test]
+    fn partial_conditions_follow_kubernetes_defaults() {
+        let parse = |j: &str| serde_json::from_str::<Conditions>(j).expect("valid");
+        assert_eq!(parse("{}"), Conditions::READY);
+        let t = parse(r#"{"terminating": true}"#);
+        assert!(t.serving && t.terminating && !t.ready, "{t:?}");
+        let r = parse(r#"{"ready": false}"#);
+        assert!(!r.ready && !r.serving && !r.terminating, "{r:?}");
+        let s = parse(r#"{"serving": false}"#);
+        assert!(!s.ready && !s.serving, "{s:?}");
+        assert!(serde_json::from_str::<Conditions>(r#"{"readyy": true}"#).is_err());
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use meshless_balance::{
     BalancerConfig, ClusterConfig as BalanceClusterConfig, ConfigError, HashKind, HealthConfig,
-    LocalityConfig, OutlierConfig, PolicyKind, policy::DEFAULT_TABLE_SIZE,
+    LocalityConfig, LocalityMode, OutlierConfig, PolicyKind, policy::DEFAULT_TABLE_SIZE,
 };
 use meshless_model::Endpoint;
 use serde::{Deserialize, Serialize};
@@ -247,9 +247,17 @@ pub struct ClusterConfig {
     /// Hold requests while the service has no ready instance (scale from zero).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation: Option<Activation>,
-    /// With no endpoint available, send to all of them anyway.
+    /// Panic mode on or off (off = `panic_threshold: 0`).
     #[serde(default = "yes")]
     pub panic_mode: bool,
+    /// Below this percent of endpoints available, spread over all of them
+    /// (Envoy's `healthy_panic_threshold`, default 50; 0 disables).
+    #[serde(default = "default_panic_threshold")]
+    pub panic_threshold: u8,
+}
+
+fn default_panic_threshold() -> u8 {
+    meshless_balance::DEFAULT_PANIC_THRESHOLD
 }
 
 fn yes() -> bool {
@@ -322,10 +330,10 @@ fn default_policy() -> String {
     "round_robin".into()
 }
 fn default_load_factor() -> f64 {
-    1.25
+    meshless_balance::DEFAULT_LOAD_FACTOR
 }
 fn default_choices() -> usize {
-    2
+    meshless_balance::policy::DEFAULT_CHOICES
 }
 fn default_table_size() -> usize {
     DEFAULT_TABLE_SIZE
@@ -357,13 +365,23 @@ pub struct LocalityYaml {
     /// On or off.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Spill to the next tier below this available share (0.0..=1.0).
+    /// prefer (default), proportional (Envoy zone-aware) or local_only
+    /// (node only, no spill).
+    #[serde(default)]
+    pub mode: LocalityMode,
+    /// prefer: spill to the next tier below this available share (0.0..=1.0).
     #[serde(default = "default_share")]
     pub min_healthy_share: f64,
+    /// proportional: no locality below this many endpoints (Envoy: 6).
+    #[serde(default = "default_min_cluster_size")]
+    pub min_cluster_size: usize,
 }
 
 fn default_share() -> f64 {
-    0.5
+    meshless_balance::DEFAULT_MIN_HEALTHY_SHARE
+}
+fn default_min_cluster_size() -> usize {
+    meshless_balance::DEFAULT_MIN_CLUSTER_SIZE
 }
 
 /// Protocol spoken to endpoints.
@@ -738,6 +756,16 @@ impl ProxyConfig {
                 );
             }
             validate_cluster(c, &at, self.control.is_some())?;
+            let local_only = c
+                .locality
+                .as_ref()
+                .is_some_and(|l| l.enabled && l.mode == LocalityMode::LocalOnly);
+            if local_only && self.node.name.is_none() {
+                return err(
+                    format!("{at}.locality.mode"),
+                    "local_only needs this proxy's node.name (it sends only to endpoints on that node)",
+                );
+            }
         }
         Ok(())
     }
@@ -989,7 +1017,9 @@ impl ClusterConfig {
                 .as_ref()
                 .filter(|l| l.enabled)
                 .map(|l| LocalityConfig {
+                    mode: l.mode,
                     min_healthy_share: l.min_healthy_share,
+                    min_cluster_size: l.min_cluster_size,
                 }),
             outlier: OutlierConfig {
                 consecutive_5xx: o.consecutive_5xx,
@@ -1000,7 +1030,11 @@ impl ClusterConfig {
                 max_ejection_percent: o.max_ejection_percent,
             },
             health,
-            panic_when_all_unavailable: self.panic_mode,
+            panic_threshold: if self.panic_mode {
+                self.panic_threshold
+            } else {
+                0
+            },
         })
     }
 }

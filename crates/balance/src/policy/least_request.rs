@@ -1,15 +1,22 @@
 //! Least request, by full scan.
 
-use super::{Balancer, View, least_loaded};
+use super::{Balancer, Ties, View, least_loaded};
 use crate::context::PickContext;
 use crate::rng::SplitMix64;
 
-/// Picks the eligible member with the lowest `(in_flight + 1) / weight`,
-/// scanning every member: O(N) per pick, exact.
+/// Weighted least request: picks the eligible member with the lowest
+/// `in_flight / weight`, scanning every member: O(N) per pick, exact.
 ///
-/// Invariant: no eligible member has a strictly lower relative load than the
-/// one returned; ties are broken uniformly at random (reservoir sampling),
-/// so no position is favoured.
+/// Invariants: no eligible member carries strictly fewer requests per unit
+/// of weight than the one returned; ties are broken at random in proportion
+/// to weight (reservoir sampling). So with no request in flight (or equal
+/// loads per weight) the choice is weighted random, and under sustained
+/// concurrency loads settle in proportion to weight. Down (ineligible)
+/// members are skipped; their share goes to the live ones by the same rule.
+/// Envoy uses EDF over `weight / (in_flight + 1)`; that sends ever more to the
+/// heaviest endpoint at low concurrency and, at high concurrency, less than
+/// its weight (loads settle near `sqrt(weight)`): see
+/// [`super::compare_load_per_weight`].
 #[derive(Debug)]
 pub struct LeastRequest {
     members: Vec<u32>,
@@ -27,6 +34,6 @@ impl LeastRequest {
 impl Balancer for LeastRequest {
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
         let mut rng = SplitMix64::new(ctx.entropy);
-        least_loaded(view, self.members.iter().copied(), &mut rng)
+        least_loaded(view, self.members.iter().copied(), Ties::Weighted, &mut rng)
     }
 }

@@ -7,6 +7,8 @@ use crate::context::PickContext;
 
 /// Default lookup-table size: prime, as in the paper and Envoy.
 pub const DEFAULT_TABLE_SIZE: usize = 65_537;
+/// Largest lookup-table size (Envoy's limit; prime).
+pub const MAX_TABLE_SIZE: usize = 5_000_011;
 
 const OFFSET_SEED: u64 = 0x6d61_676c_6576_6f66; // "maglevof"
 const SKIP_SEED: u64 = 0x6d61_676c_6576_736b; // "maglevsk"
@@ -101,6 +103,11 @@ impl Maglev {
     /// The lookup table (endpoint index per entry).
     pub fn table(&self) -> &[u32] {
         &self.table
+    }
+
+    /// Heap bytes held by the table and member list.
+    pub fn heap_bytes(&self) -> usize {
+        self.table.capacity() * 4 + self.members.capacity() * 4
     }
 }
 

@@ -12,10 +12,10 @@ mod round_robin;
 
 use std::fmt;
 
-pub use bounded::BoundedLoad;
+pub use bounded::{BoundedLoad, load_factor_percent};
 pub use least_request::LeastRequest;
-pub use maglev::{DEFAULT_TABLE_SIZE, Maglev, is_prime, next_prime};
-pub use p2c::PowerOfChoices;
+pub use maglev::{DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, Maglev, is_prime, next_prime};
+pub use p2c::{DEFAULT_CHOICES, PowerOfChoices};
 pub use random::Random;
 pub use ring_hash::{MAX_RING_SIZE, RingHash, auto_ring_size};
 pub use round_robin::RoundRobin;
@@ -74,6 +74,14 @@ impl View<'_> {
 pub trait Balancer: Send + Sync + fmt::Debug {
     /// The endpoint index (into `view.set`) for this request.
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32>;
+
+    /// Like [`Balancer::pick`], for a request about to start. Returns the
+    /// endpoint and whether the pick already counted the request on it (an
+    /// atomic reservation, as bounded load makes so that no racing pick can
+    /// take the same last slot); if not, the caller starts it.
+    fn pick_reserved(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<(u32, bool)> {
+        self.pick(view, ctx).map(|e| (e, false))
+    }
 }
 
 /// Weighted random choice among the eligible `members`, by scanning: the
@@ -104,13 +112,30 @@ pub(crate) fn pick_eligible_weighted(
     None
 }
 
-/// `a` is less loaded than `b`, relative to weight: `(load_a + 1) / w_a <
-/// (load_b + 1) / w_b`, compared exactly in integers. `Equal` on a tie.
+/// Compares `load / weight` of `a` and `b` exactly, in integers: `Less`
+/// when `a` carries fewer requests per unit of weight.
+///
+/// This, not Envoy's `(load + 1) / weight`, is what weighted least request
+/// and weighted P2C minimise: at equal loads it ties (and ties are broken in
+/// proportion to weight), so at low concurrency traffic follows weight
+/// instead of all going to the heaviest endpoint, and at high concurrency
+/// loads settle in proportion to weight. (With `(load + 1) / weight`, an
+/// endpoint of weight 4 beside ones of weight 1 takes every request until it
+/// has 3 in flight.)
 #[inline]
-pub(crate) fn compare_relative_load(view: &View<'_>, a: u32, b: u32) -> std::cmp::Ordering {
-    let la = u64::from(view.load(a)) + 1;
-    let lb = u64::from(view.load(b)) + 1;
-    (la * u64::from(view.weight(b))).cmp(&(lb * u64::from(view.weight(a))))
+pub(crate) fn compare_load_per_weight(view: &View<'_>, a: u32, b: u32) -> std::cmp::Ordering {
+    let la = u64::from(view.load(a));
+    let lb = u64::from(view.load(b));
+    (la * u64::from(view.weight(b).max(1))).cmp(&(lb * u64::from(view.weight(a).max(1))))
+}
+
+/// How [`least_loaded`] breaks ties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ties {
+    /// Uniformly over the tied candidates (candidates already drawn by weight).
+    Uniform,
+    /// In proportion to the tied candidates' weights.
+    Weighted,
 }
 
 /// A consistent-hash table: positions that map to endpoints.
@@ -162,27 +187,33 @@ pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// The eligible candidate with the lowest relative load; ties broken
-/// uniformly at random by reservoir sampling, so no position is favoured.
+/// The eligible candidate with the lowest `load / weight`; ties broken at
+/// random by reservoir sampling (uniform or weight-proportional), so no
+/// position is favoured.
 pub(crate) fn least_loaded(
     view: &View<'_>,
     candidates: impl IntoIterator<Item = u32>,
+    ties: Ties,
     rng: &mut SplitMix64,
 ) -> Option<u32> {
     let mut best: Option<u32> = None;
-    let mut ties = 0usize;
+    let mut tied = 0u64;
     for m in candidates {
         if !view.eligible(m) {
             continue;
         }
-        match best.map(|b| compare_relative_load(view, m, b)) {
+        let w = match ties {
+            Ties::Uniform => 1,
+            Ties::Weighted => u64::from(view.weight(m).max(1)),
+        };
+        match best.map(|b| compare_load_per_weight(view, m, b)) {
             None | Some(std::cmp::Ordering::Less) => {
                 best = Some(m);
-                ties = 1;
+                tied = w;
             }
             Some(std::cmp::Ordering::Equal) => {
-                ties += 1;
-                if rng.below(ties) == 0 {
+                tied += w;
+                if (rng.below(tied as usize) as u64) < w {
                     best = Some(m);
                 }
             }

@@ -36,7 +36,8 @@ impl Random {
         }
     }
 
-    fn draw(&self, rng: &mut SplitMix64) -> u32 {
+    /// One draw in proportion to weight, eligible or not.
+    pub(crate) fn draw(&self, rng: &mut SplitMix64) -> u32 {
         let n = self.members.len();
         let c = rng.below(n);
         if self.keep.is_empty() || rng.next_u64() < self.keep[c] {
@@ -44,6 +45,13 @@ impl Random {
         } else {
             self.members[self.alias[c] as usize]
         }
+    }
+}
+
+impl Random {
+    /// Whether every member has the same weight.
+    pub(crate) fn is_uniform(&self) -> bool {
+        self.keep.is_empty()
     }
 }
 

@@ -25,12 +25,17 @@ pub struct RingHash {
     owners: Vec<u32>,
     members: Vec<u32>,
     /// `index[b]` = first ring position whose hash has top bits >= `b`
-    /// (`INDEX_BITS` bits), so a lookup binary-searches one small bucket.
+    /// (`bits` bits), so a lookup binary-searches one small bucket.
     index: Vec<u32>,
+    /// Bits of the hash that select a bucket: about log2 of the ring size,
+    /// at most `MAX_INDEX_BITS`, so the index costs at most ~4 bytes per
+    /// ring point (a tier ring of 1,024 points has a 1,025-entry index, not
+    /// 65,537).
+    bits: u32,
 }
 
-/// Bits of the hash that select a bucket of the lookup index.
-const INDEX_BITS: u32 = 16;
+/// Most bits of the hash that select a bucket of the lookup index.
+const MAX_INDEX_BITS: u32 = 16;
 
 /// The ring size used when none is configured: `160 x endpoints`, clamped
 /// to `MIN_AUTO_RING..=MAX_AUTO_RING`.
@@ -62,10 +67,15 @@ impl RingHash {
         }
         points.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let hashes: Vec<u64> = points.iter().map(|p| p.0).collect();
-        let mut index = Vec::with_capacity((1 << INDEX_BITS) + 1);
+        let bits = hashes
+            .len()
+            .next_power_of_two()
+            .trailing_zeros()
+            .clamp(1, MAX_INDEX_BITS);
+        let mut index = Vec::with_capacity((1 << bits) + 1);
         let mut pos = 0usize;
-        for bucket in 0..=(1u64 << INDEX_BITS) {
-            while pos < hashes.len() && (hashes[pos] >> (64 - INDEX_BITS)) < bucket {
+        for bucket in 0..=(1u64 << bits) {
+            while pos < hashes.len() && (hashes[pos] >> (64 - bits)) < bucket {
                 pos += 1;
             }
             index.push(pos as u32);
@@ -75,7 +85,18 @@ impl RingHash {
             owners: points.iter().map(|p| p.2).collect(),
             members: members.to_vec(),
             index,
+            bits,
         }
+    }
+}
+
+impl RingHash {
+    /// Heap bytes held by the ring (points, owners, index, members).
+    pub fn heap_bytes(&self) -> usize {
+        self.hashes.capacity() * 8
+            + self.owners.capacity() * 4
+            + self.index.capacity() * 4
+            + self.members.capacity() * 4
     }
 }
 
@@ -85,7 +106,7 @@ impl HashTable for RingHash {
     }
 
     fn home_position(&self, key: u64) -> usize {
-        let bucket = (key >> (64 - INDEX_BITS)) as usize;
+        let bucket = (key >> (64 - self.bits)) as usize;
         let (lo, hi) = (self.index[bucket] as usize, self.index[bucket + 1] as usize);
         let p = lo + self.hashes[lo..hi].partition_point(|&h| h < key);
         if p == self.hashes.len() { 0 } else { p }

@@ -4,25 +4,46 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Balancer, View, gcd, pick_eligible_weighted};
 use crate::context::PickContext;
-use crate::rng::SplitMix64;
+use crate::rng::{SplitMix64, below};
 
-/// Longest precomputed schedule, in picks. Larger total weights are scaled
-/// down to it (each endpoint keeps at least one slot).
+/// Longest precomputed schedule, in picks. Larger (gcd-reduced) total
+/// weights use a low-discrepancy sequence over the weights instead.
 pub const MAX_SCHEDULE: u64 = 1 << 16;
+/// Random slots tried for a down endpoint's turn before a weighted scan.
+const REDRAWS: usize = 8;
+/// 2^64 / golden ratio: the Weyl step of the low-discrepancy sequence.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Smooth weighted round robin (nginx `ngx_http_upstream_get_peer`).
 ///
 /// nginx's sequence is periodic with period W = sum of (gcd-reduced)
 /// weights, so it is computed once at build time and replayed with one
-/// atomic counter: no lock on the pick path. Invariant: over the schedule,
-/// endpoint `i` appears exactly `w_i` times, and in every prefix of length
-/// `t` its count differs from `t * w_i / W` by less than 2 (nginx's
-/// sequence stays within about 1; the worst seen is 1.07). When W exceeds
-/// `max(MAX_SCHEDULE, members)`, weights are first scaled to fit, so shares
-/// are then exact to within one slot.
+/// atomic counter: no lock on the pick path. Each build starts the
+/// sequence at a random slot (as Envoy does), so proxies rebuilt by the
+/// same update do not all send their next request to the same endpoint.
+///
+/// Invariants, all endpoints up: over the schedule, endpoint `i` appears
+/// exactly `w_i` times, and in every prefix of length `t` its count differs
+/// from `t * w_i / W` by less than 2 (nginx's sequence stays within about 1).
+///
+/// Endpoints down: the turn of a down endpoint goes to a random slot of the
+/// schedule whose endpoint is up, which is a draw in proportion to weight
+/// among the live endpoints. So live endpoint `i` serves `w_i / W_live` of
+/// requests (its own turns plus its weight's part of the down ones) instead
+/// of the down endpoint's successor taking its whole share, as a walk to
+/// the next slot would (5 equal endpoints, one down: 25% each, not 40% for
+/// one of them). The redistributed part is random, not smooth.
+///
+/// When W exceeds `max(MAX_SCHEDULE, members)`, request `t` goes to the
+/// endpoint owning point `frac(t * 0.618..) * W` of the cumulative weights
+/// (a Weyl sequence, O(log N)): shares stay exact in proportion to weight,
+/// however small a weight is next to the others (no scaling that rounds
+/// weights 1 and 2 to the same slot count).
 #[derive(Debug)]
 pub struct RoundRobin {
     schedule: Vec<u32>,
+    /// Cumulative weights, when the schedule would be too long (else empty).
+    cumulative: Vec<u64>,
     members: Vec<u32>,
     next: AtomicU64,
 }
@@ -34,43 +55,70 @@ impl RoundRobin {
             .iter()
             .map(|&m| u64::from(weight_of(m).max(1)))
             .collect();
-        let schedule = smooth_schedule(&weights)
-            .into_iter()
-            .map(|pos| members[pos as usize])
-            .collect();
+        let g = weights.iter().fold(0, |g, &w| gcd(g, w)).max(1);
+        let total: u64 = weights.iter().map(|w| w / g).sum();
+        let (schedule, cumulative) = if total > MAX_SCHEDULE.max(members.len() as u64) {
+            let cumulative = weights
+                .iter()
+                .scan(0u64, |acc, &w| {
+                    *acc += w;
+                    Some(*acc)
+                })
+                .collect();
+            (Vec::new(), cumulative)
+        } else {
+            let schedule = smooth_schedule(&weights)
+                .into_iter()
+                .map(|pos| members[pos as usize])
+                .collect();
+            (schedule, Vec::new())
+        };
         Self {
             schedule,
+            cumulative,
             members: members.to_vec(),
-            next: AtomicU64::new(0),
+            next: AtomicU64::new(fastrand::u64(..)),
         }
     }
 
-    /// The precomputed sequence of endpoint indices.
+    /// The precomputed sequence of endpoint indices (empty when the total
+    /// weight is too large for one and the Weyl sequence is used).
     pub fn schedule(&self) -> &[u32] {
         &self.schedule
+    }
+
+    /// The endpoint of turn `t`.
+    #[inline]
+    fn turn(&self, t: u64) -> u32 {
+        if self.schedule.is_empty() {
+            let total = self.cumulative.last().copied().unwrap_or(0);
+            let point = below(t.wrapping_mul(GOLDEN), total as usize) as u64;
+            let pos = self.cumulative.partition_point(|&c| c <= point);
+            self.members[pos.min(self.members.len() - 1)]
+        } else {
+            self.schedule[(t % self.schedule.len() as u64) as usize]
+        }
     }
 }
 
 impl Balancer for RoundRobin {
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
-        let len = self.schedule.len();
-        if len == 0 {
+        if self.members.is_empty() {
             return None;
         }
-        let start = (self.next.fetch_add(1, Ordering::Relaxed) % len as u64) as usize;
-        // Skip ineligible slots; after a bounded walk, fall back to a scan.
-        let walk = len.min(2 * self.members.len());
-        for off in 0..walk {
-            let mut slot = start + off;
-            if slot >= len {
-                slot -= len;
-            }
-            let e = self.schedule[slot];
+        let e = self.turn(self.next.fetch_add(1, Ordering::Relaxed));
+        if view.eligible(e) {
+            return Some(e);
+        }
+        // A down endpoint's turn: a random turn, i.e. a weighted draw.
+        let mut rng = SplitMix64::new(ctx.entropy);
+        for _ in 0..REDRAWS {
+            let e = self.turn(rng.next_u64());
             if view.eligible(e) {
                 return Some(e);
             }
         }
-        pick_eligible_weighted(view, &self.members, &mut SplitMix64::new(ctx.entropy))
+        pick_eligible_weighted(view, &self.members, &mut rng)
     }
 }
 
@@ -87,17 +135,8 @@ pub(crate) fn smooth_schedule(weights: &[u64]) -> Vec<u32> {
         return Vec::new();
     }
     let g = weights.iter().fold(0, |g, &w| gcd(g, w)).max(1);
-    let mut w: Vec<u64> = weights.iter().map(|&x| x / g).collect();
-    let mut total: u64 = w.iter().sum();
-    let cap = MAX_SCHEDULE.max(n as u64);
-    if total > cap {
-        for x in &mut w {
-            *x = (*x * cap / total).max(1);
-        }
-        let g = w.iter().fold(0, |g, &x| gcd(g, x)).max(1);
-        w.iter_mut().for_each(|x| *x /= g);
-        total = w.iter().sum();
-    }
+    let w: Vec<u64> = weights.iter().map(|&x| x / g).collect();
+    let total: u64 = w.iter().sum();
     if w.iter().all(|&x| x == w[0]) {
         return (0..n as u32).collect();
     }
@@ -214,12 +253,28 @@ mod tests {
     }
 
     #[test]
-    fn large_total_weight_is_scaled() {
-        let weights: Vec<u64> = (0..1000).map(|i| 1 + (i % 97) * 100).collect();
-        let s = smooth_schedule(&weights);
-        assert!(s.len() as u64 <= MAX_SCHEDULE + 1000);
-        let mut seen = vec![false; weights.len()];
-        s.iter().for_each(|&p| seen[p as usize] = true);
-        assert!(seen.iter().all(|&x| x), "every endpoint keeps a slot");
+    fn large_total_weight_keeps_small_weights_apart() {
+        // Total weight far above MAX_SCHEDULE: weights 1 and 2 must still
+        // get shares in the ratio 1:2 (the old scaling gave both one slot).
+        let mut weights: Vec<u32> = vec![10_000; 20];
+        weights.extend([1, 2]);
+        let members: Vec<u32> = (0..weights.len() as u32).collect();
+        let rr = RoundRobin::new(&members, |m| weights[m as usize]);
+        assert!(rr.schedule().is_empty(), "uses the Weyl sequence");
+        let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+        let picks = 20 * total;
+        let mut counts = vec![0u64; weights.len()];
+        for t in 0..picks {
+            counts[rr.turn(t) as usize] += 1;
+        }
+        for (i, &w) in weights.iter().enumerate() {
+            let want = picks * u64::from(w) / total;
+            // A Weyl sequence's discrepancy is O(log picks): a few picks.
+            assert!(
+                counts[i].abs_diff(want) <= 64,
+                "endpoint {i}: {} vs {want}",
+                counts[i]
+            );
+        }
     }
 }

@@ -63,3 +63,9 @@ pub fn rel(cluster: &Cluster, i: usize) -> (u64, u64) {
 pub fn less(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 * b.1 < b.0 * a.1
 }
+
+/// Load per weight `load / weight` as a comparable fraction.
+pub fn per_weight(cluster: &Cluster, i: usize) -> (u64, u64) {
+    let s = cluster.set();
+    (u64::from(s.load(i)), u64::from(s.weight(i)))
+}

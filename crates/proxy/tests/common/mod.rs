@@ -99,3 +99,24 @@ pub async fn admin(p: &Proxy, path: &str) -> (StatusCode, String) {
     let (s, _, body) = get(&client(), p.admin_addr(), path, &[]).await;
     (s, body)
 }
+
+/// YAML list of endpoints for `backends` with the given weights.
+pub fn weighted_endpoints_yaml(backends: &[Backend], weights: &[u32]) -> String {
+    backends
+        .iter()
+        .zip(weights)
+        .map(|(b, w)| {
+            format!(
+                "      - {{ address: \"{}\", weight: {w} }}\n",
+                b.local_addr()
+            )
+        })
+        .collect()
+}
+
+/// Like [`config`], with the endpoint list given as YAML.
+pub fn config_with_endpoints(endpoints_yaml: &str, cluster_extra: &str) -> String {
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\nclusters:\n  - name: c\n    endpoints:\n{endpoints_yaml}{cluster_extra}"
+    )
+}
