@@ -27,6 +27,10 @@ pub struct AccessRecord<'a> {
     pub request_id: &'a str,
     /// Upstream attempts (1 + retries).
     pub attempts: u32,
+    /// `client_abort` (the client left before the response ended) or
+    /// `client_error` (its request body was malformed or cut); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<&'static str>,
 }
 
 /// Where access-log lines go.

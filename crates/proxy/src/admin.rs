@@ -112,6 +112,12 @@ struct ClusterView {
     name: String,
     policy: String,
     active_requests: u64,
+    /// Requests sent and waiting for response headers.
+    pending_requests: u64,
+    /// Retry attempts under way.
+    active_retries: u64,
+    /// Requests held for activation.
+    queued_requests: u64,
     upstream_connections: u64,
     endpoints: Vec<EndpointView>,
 }
@@ -140,6 +146,9 @@ fn clusters(state: &ProxyState) -> Vec<ClusterView> {
             name: c.name.to_string(),
             policy: c.config.balancer.policy.clone(),
             active_requests: c.counters.active_requests.load(Ordering::Relaxed),
+            pending_requests: c.counters.pending.load(Ordering::Relaxed),
+            active_retries: c.counters.active_retries.load(Ordering::Relaxed),
+            queued_requests: c.counters.queued.load(Ordering::Relaxed),
             upstream_connections: c.counters.connections.load(Ordering::Relaxed),
             endpoints: c
                 .lb

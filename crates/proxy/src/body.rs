@@ -15,22 +15,26 @@ use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::metrics::{RequestLabels, RouteLabels};
+use crate::request::admit::Slot;
+use crate::request::downstream::ClientFault;
 use crate::state::ProxyState;
 use crate::upstream::UpstreamBody;
 
-/// Lowers a cluster's active-request count when dropped.
-#[derive(Debug)]
-pub struct ActiveGuard(pub Arc<crate::upstream::ClusterCounters>);
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0
-            .active_requests
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
+/// How the exchange ended, as far as the downstream response goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Not (yet) finished: if the record is dropped like this, the client
+    /// went away first (`client_abort`).
+    Aborted,
+    /// The last response byte was handed to the connection.
+    Complete,
+    /// The response body broke mid-way.
+    Broken,
 }
 
-/// What is recorded when a request ends.
+/// What is recorded when a request ends. Recorded on drop, so a request
+/// dropped at any `.await` is still counted and logged (`client_abort`),
+/// and the guards it holds are given back.
 #[derive(Debug)]
 pub struct Completion {
     pub state: Arc<ProxyState>,
@@ -40,43 +44,99 @@ pub struct Completion {
     pub endpoint: Arc<str>,
     pub method: http::Method,
     pub path: String,
+    /// The status sent downstream; 0 before one is.
     pub status: u16,
     pub request_id: String,
     pub attempts: u32,
     pub started: Instant,
+    /// The endpoint's in-flight guard, until the response body ends.
     pub guard: Option<InFlight>,
-    pub active: Option<ActiveGuard>,
+    /// The cluster's `max_requests` slot, until the response body ends.
+    pub active: Option<Slot>,
+    /// Set when the client's request body failed.
+    pub fault: ClientFault,
+    pub end: End,
+    /// Response body bytes sent.
+    pub bytes: u64,
 }
 
 impl Completion {
-    fn finish(mut self, bytes: u64, broken: bool) {
+    /// The record of a request just received on `listener`.
+    pub fn new(state: Arc<ProxyState>, listener: Arc<str>, parts: &http::request::Parts) -> Self {
+        Self {
+            state,
+            listener,
+            route: unknown(),
+            cluster: unknown(),
+            endpoint: unknown(),
+            method: parts.method.clone(),
+            path: parts.uri.path().to_owned(),
+            status: 0,
+            request_id: crate::request::headers::request_id(&parts.headers),
+            attempts: 0,
+            started: Instant::now(),
+            guard: None,
+            active: None,
+            fault: ClientFault::default(),
+            end: End::Aborted,
+            bytes: 0,
+        }
+    }
+
+    /// `client_abort` (the client left first), `client_error` (its body
+    /// was broken), or nothing.
+    pub fn client_fault(&self) -> Option<&'static str> {
+        if self.end == End::Aborted {
+            Some("client_abort")
+        } else if self.fault.is_set() {
+            Some("client_error")
+        } else {
+            None
+        }
+    }
+
+    /// The `class` label of `proxy_requests`.
+    fn class(&self) -> &'static str {
+        if let Some(f) = self.client_fault() {
+            return f;
+        }
+        if self.end == End::Broken {
+            return "reset";
+        }
+        match self.status / 100 {
+            1 => "1xx",
+            2 => "2xx",
+            3 => "3xx",
+            4 => "4xx",
+            _ => "5xx",
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
         if let Some(mut g) = self.guard.take() {
-            if broken {
-                g.set_outcome(Outcome::Reset);
+            // A body broken by the upstream is the endpoint's; one broken
+            // because the client's side broke is not.
+            if self.end == End::Broken {
+                g.set_outcome(if self.fault.is_set() {
+                    Outcome::Cancelled
+                } else {
+                    Outcome::Reset
+                });
             }
             drop(g);
         }
         drop(self.active.take());
         let elapsed = self.started.elapsed();
         let metrics = &self.state.metrics;
-        let class = if broken {
-            "reset"
-        } else {
-            match self.status / 100 {
-                1 => "1xx",
-                2 => "2xx",
-                3 => "3xx",
-                4 => "4xx",
-                _ => "5xx",
-            }
-        };
         metrics
             .requests
             .get_or_create(&RequestLabels {
                 listener: Arc::clone(&self.listener),
                 cluster: Arc::clone(&self.cluster),
                 endpoint: Arc::clone(&self.endpoint),
-                class,
+                class: self.class(),
             })
             .inc();
         metrics
@@ -97,13 +157,20 @@ impl Completion {
                 method: self.method.as_str(),
                 path: &self.path,
                 status: self.status,
-                bytes,
+                bytes: self.bytes,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
                 request_id: &self.request_id,
                 attempts: self.attempts,
+                fault: self.client_fault(),
             });
         }
     }
+}
+
+/// The label of a field not known (yet) for a request.
+fn unknown() -> Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));
+    Arc::clone(&UNKNOWN)
 }
 
 pin_project! {
@@ -118,8 +185,13 @@ pin_project! {
     impl PinnedDrop for ProxyBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(c) = this.completion.take() {
-                c.finish(*this.bytes, false);
+            if let Some(mut c) = this.completion.take() {
+                // Dropped unread but complete (a HEAD, an empty body) is
+                // not an abort.
+                if this.inner.is_end_stream() || c.method == http::Method::HEAD {
+                    c.end = End::Complete;
+                }
+                c.bytes = *this.bytes;
             }
         }
     }
@@ -171,13 +243,15 @@ impl Body for ProxyBody {
                 }
             }
             Poll::Ready(Some(Err(_))) => {
-                if let Some(c) = this.completion.take() {
-                    c.finish(*this.bytes, true);
+                if let Some(mut c) = this.completion.take() {
+                    c.end = End::Broken;
+                    c.bytes = *this.bytes;
                 }
             }
             Poll::Ready(None) => {
-                if let Some(c) = this.completion.take() {
-                    c.finish(*this.bytes, false);
+                if let Some(mut c) = this.completion.take() {
+                    c.end = End::Complete;
+                    c.bytes = *this.bytes;
                 }
             }
             Poll::Pending => {}

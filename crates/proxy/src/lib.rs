@@ -5,11 +5,11 @@ pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod config;
-pub mod forward;
 pub mod health;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
+pub mod request;
 pub mod router;
 pub mod snapshot;
 pub mod state;
@@ -17,5 +17,4 @@ pub mod upstream;
 
 pub use config::{ConfigFileError, ProxyConfig};
 pub use proxy::{Proxy, ProxyError};
-pub mod activation;
 pub mod control_link;

@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::forward;
 use crate::state::ProxyState;
 
 /// A running listener.
@@ -90,7 +89,7 @@ async fn accept_loop(
                 let state = Arc::clone(&state);
                 let name = Arc::clone(&name);
                 let service = service_fn(move |req| {
-                    forward::handle(Arc::clone(&state), Arc::clone(&name), client, req)
+                    crate::request::handle(Arc::clone(&state), Arc::clone(&name), client, req)
                 });
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));

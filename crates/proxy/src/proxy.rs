@@ -75,7 +75,7 @@ impl Proxy {
             activate: activate_tx,
             endpoints_changed: tokio::sync::Notify::new(),
             activation_errors: std::sync::Mutex::new(Default::default()),
-            probing: std::sync::Mutex::new(Default::default()),
+            probing: Default::default(),
         });
         let mut listeners = HashMap::new();
         for (i, l) in listener_configs.iter().enumerate() {

@@ -1,0 +1,183 @@
+//! The request path as named stages, composed in [`handle`]:
+//!
+//! ```text
+//! route    -> which route and cluster (or a local reply)
+//! admit    -> breaker slots (requests, pending) and the retry budget: RAII guards
+//! activate -> hold while the service is at zero; probe; release
+//! attempt  -> pick an endpoint, send, classify; RetryPolicy owns budget and tried set
+//! respond  -> stream the response, or one local-reply builder for every local status
+//! ```
+//!
+//! Every counter, gauge or flag raised on the way is lowered by a guard's
+//! `Drop`: a client may vanish at any `.await` (h1 close, h2 `RST_STREAM`,
+//! timeout), the future is dropped mid-stage, and nothing leaks. The
+//! request's record ([`Completion`]) is itself such a guard: dropped before
+//! the response ends, it logs and counts the request as `client_abort`.
+
+pub mod activate;
+pub mod admit;
+pub mod attempt;
+pub mod downstream;
+pub mod headers;
+pub mod respond;
+pub mod route;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response};
+use http_body::Body as _;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use meshless_balance::{InFlight, Outcome, PickContext};
+
+use crate::body::{Completion, ProxyBody};
+use crate::config::RetryOn;
+use crate::snapshot::{Snapshot, UpstreamCluster};
+use crate::state::ProxyState;
+use crate::upstream::UpstreamBody;
+use admit::Slot;
+use attempt::RetryPolicy;
+use downstream::DownstreamBody;
+use respond::LocalReply;
+
+/// Handles one downstream request on `listener`.
+pub async fn handle(
+    state: Arc<ProxyState>,
+    listener: Arc<str>,
+    client: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let snapshot = state.snapshot.load_full();
+    let (parts, body, upgrade) = route::split(req);
+    let mut record = Completion::new(Arc::clone(&state), listener, &parts);
+    let routed = match route::route(&snapshot, &record.listener, client, &parts) {
+        Ok(r) => r,
+        Err(reply) => return Ok(reply.respond(record)),
+    };
+    record.route = Arc::clone(&routed.route);
+    record.cluster = Arc::clone(&routed.cluster.name);
+    match admit::admit(&state, &routed.cluster) {
+        Ok(slot) => record.active = Some(slot),
+        Err(reply) => return Ok(reply.respond(record)),
+    }
+    let exchange = Exchange {
+        state: &state,
+        snapshot: &snapshot,
+        client,
+        parts: &parts,
+        upgrading: upgrade.is_some(),
+    };
+    Ok(match exchange.forward(&routed, body, &mut record).await {
+        Ok((resp, guard)) => {
+            record.guard = Some(guard);
+            respond::proxied(resp, upgrade, record)
+        }
+        Err(reply) => reply.respond(record),
+    })
+}
+
+/// What every attempt of one request shares.
+struct Exchange<'a> {
+    state: &'a ProxyState,
+    snapshot: &'a Snapshot,
+    client: SocketAddr,
+    parts: &'a http::request::Parts,
+    upgrading: bool,
+}
+
+impl Exchange<'_> {
+    /// Activation, attempts and retries, until a response to stream or a
+    /// local reply. Returns the response with its endpoint's guard.
+    async fn forward(
+        &self,
+        routed: &route::Routed,
+        body: Incoming,
+        record: &mut Completion,
+    ) -> Result<(Response<Incoming>, InFlight), LocalReply> {
+        let base = &routed.cluster;
+        let node = &self.snapshot.config.node;
+        let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
+        ctx.key = routed.key;
+        let replayable = body.is_end_stream()
+            && !self.upgrading
+            && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
+        let mut policy = RetryPolicy::new(&base.config.retries, replayable);
+        let mut body = Some(DownstreamBody::new(body, record.fault.clone()).boxed());
+        let mut cluster = Arc::clone(base);
+        let mut held: Option<Instant> = None;
+        let mut retry: Option<Slot> = None;
+        loop {
+            let picked = policy.pick(&cluster, &ctx);
+            if activate::needed(base, picked.as_ref(), policy.retrying()) {
+                if picked.is_some() {
+                    // The key's endpoint is full: after the wait, pick by load.
+                    ctx.key = None;
+                }
+                drop(picked);
+                cluster = activate::hold(self.state, base).await?;
+                held.get_or_insert(record.started);
+                continue;
+            }
+            let Some(mut guard) = picked else {
+                return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
+            };
+            policy.record(guard.index());
+            record.attempts = policy.attempts();
+            record.endpoint = Arc::clone(&cluster.endpoint_labels[guard.index()]);
+            let sent = self
+                .attempt(&cluster, guard.index(), body.take(), record)
+                .await;
+            drop(retry.take());
+            match sent {
+                Ok(resp) => {
+                    let status = Outcome::Status(resp.status().as_u16());
+                    if resp.status().is_server_error() && policy.may_retry(RetryOn::FiveXx) {
+                        retry = admit::retry(self.state, &cluster);
+                    }
+                    if retry.is_none() {
+                        guard.set_outcome(status);
+                        if let Some(at) = held {
+                            activate::answered(self.state, at, record, resp.status().as_u16());
+                        }
+                        return Ok((resp, guard));
+                    }
+                    guard.finish(status);
+                }
+                Err(failure) => {
+                    guard.finish(failure.outcome());
+                    if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
+                        retry = admit::retry(self.state, &cluster);
+                    }
+                    if retry.is_none() {
+                        return Err(failure.reply());
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt to endpoint `index`, holding a `max_pending` slot until
+    /// its response headers arrive.
+    async fn attempt(
+        &self,
+        cluster: &UpstreamCluster,
+        index: usize,
+        body: Option<UpstreamBody>,
+        record: &Completion,
+    ) -> Result<Response<Incoming>, attempt::Failure> {
+        let _pending =
+            admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
+        let body = body.unwrap_or_else(|| Empty::new().map_err(|never| match never {}).boxed());
+        let headers = headers::forwarded_headers(
+            &self.parts.headers,
+            self.client,
+            &record.request_id,
+            self.upgrading,
+        );
+        let req = headers::build_request(self.parts, headers, cluster, index, body)
+            .map_err(|_| attempt::Failure::BadRequest)?;
+        attempt::send(cluster, req, cluster.config.timeouts.request, &record.fault).await
+    }
+}
