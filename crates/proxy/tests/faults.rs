@@ -215,7 +215,7 @@ async fn malformed_request_bodies_eject_nothing() {
     let extra = "    outlier_detection: { consecutive_5xx: 2, consecutive_gateway_errors: 2 }\n";
     let yaml = format!("access_log: \"{}\"\n{}", log.display(), config(&bs, extra));
     let (p, addr) = proxy(&yaml).await;
-    for i in 0..30 {
+    for i in 0..30u32 {
         // `/echo` answers before reading the body; `/?delay_ms=` after a while.
         let path = if i.is_multiple_of(2) {
             "/echo"
