@@ -22,10 +22,20 @@ use crate::state::ProxyState;
 
 /// Serves admin requests on `listener` until `stop` changes.
 pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = crate::listener::AcceptBackoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        let pause = backoff.failed();
+                        tracing::warn!(error = %e, ?pause, "admin: accept failed");
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                };
+                backoff.reset();
                 let state = Arc::clone(&state);
                 tokio::spawn(async move {
                     let service = service_fn(move |req| answer(Arc::clone(&state), req));

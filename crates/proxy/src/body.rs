@@ -2,6 +2,7 @@
 //! guard and bookkeeping until the body ends, so load counts until the last
 //! byte and the access log sees the bytes sent.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -30,7 +31,17 @@ pub enum End {
     Complete,
     /// The response body broke mid-way.
     Broken,
+    /// The cluster's request timeout ended the exchange mid-body.
+    TimedOut,
 }
+
+/// The error that cuts a response body at the request deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("request timeout: the exchange did not finish in time")]
+pub struct RequestTimeout;
+
+/// Errors of a downstream response body.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What is recorded when a request ends. Recorded on drop, so a request
 /// dropped at any `.await` is still counted and logged (`client_abort`),
@@ -58,6 +69,8 @@ pub struct Completion {
     pub end: End,
     /// Response body bytes sent.
     pub bytes: u64,
+    /// When the whole exchange must be over (the cluster's `timeouts.request`).
+    pub deadline: Option<Instant>,
 }
 
 impl Completion {
@@ -80,6 +93,7 @@ impl Completion {
             fault: ClientFault::default(),
             end: End::Aborted,
             bytes: 0,
+            deadline: None,
         }
     }
 
@@ -100,8 +114,10 @@ impl Completion {
         if let Some(f) = self.client_fault() {
             return f;
         }
-        if self.end == End::Broken {
-            return "reset";
+        match self.end {
+            End::Broken => return "reset",
+            End::TimedOut => return "timeout",
+            _ => {}
         }
         match self.status / 100 {
             1 => "1xx",
@@ -117,13 +133,12 @@ impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(mut g) = self.guard.take() {
             // A body broken by the upstream is the endpoint's; one broken
-            // because the client's side broke is not.
-            if self.end == End::Broken {
-                g.set_outcome(if self.fault.is_set() {
-                    Outcome::Cancelled
-                } else {
-                    Outcome::Reset
-                });
+            // because the client's side broke is not, and neither is one
+            // cut by the deadline (a slow client stalls the endpoint too).
+            match self.end {
+                End::Broken if !self.fault.is_set() => g.set_outcome(Outcome::Reset),
+                End::Broken | End::TimedOut => g.set_outcome(Outcome::Cancelled),
+                End::Aborted | End::Complete => {}
             }
             drop(g);
         }
@@ -148,7 +163,7 @@ impl Drop for Completion {
             .observe(elapsed.as_secs_f64());
         let logger = self.state.access_log.load();
         if logger.enabled() {
-            logger.log(&AccessRecord {
+            let queued = logger.log(&AccessRecord {
                 time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
                 listener: &self.listener,
                 route: &self.route,
@@ -163,6 +178,9 @@ impl Drop for Completion {
                 attempts: self.attempts,
                 fault: self.client_fault(),
             });
+            if !queued {
+                metrics.access_log_dropped.inc();
+            }
         }
     }
 }
@@ -180,6 +198,7 @@ pin_project! {
         inner: UpstreamBody,
         completion: Option<Completion>,
         bytes: u64,
+        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     }
 
     impl PinnedDrop for ProxyBody {
@@ -207,11 +226,17 @@ impl std::fmt::Debug for ProxyBody {
 
 impl ProxyBody {
     /// Wraps an upstream (or local) body.
+    /// The body is cut at the record's deadline, if it has one.
     pub fn new(inner: UpstreamBody, completion: Option<Completion>) -> Self {
+        let deadline = completion
+            .as_ref()
+            .and_then(|c| c.deadline)
+            .map(|d| Box::pin(tokio::time::sleep_until(d.into())));
         Self {
             inner,
             completion,
             bytes: 0,
+            deadline,
         }
     }
 
@@ -228,14 +253,24 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        if let Some(d) = this.deadline.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            *this.deadline = None;
+            if let Some(mut c) = this.completion.take() {
+                c.end = End::TimedOut;
+                c.bytes = *this.bytes;
+                return Poll::Ready(Some(Err(Box::new(RequestTimeout))));
+            }
+        }
+        let polled = this.inner.poll_frame(cx).map_err(BodyError::from);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod health;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
@@ -13,6 +14,7 @@ pub mod request;
 pub mod router;
 pub mod snapshot;
 pub mod state;
+pub mod tunnel;
 pub mod upstream;
 
 pub use config::{ConfigFileError, ProxyConfig};

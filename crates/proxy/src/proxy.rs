@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::access_log::AccessLogger;
 use crate::config::ProxyConfig;
+use crate::limits::ListenerSettings;
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::snapshot::Snapshot;
@@ -92,6 +93,7 @@ impl Proxy {
                 l.address,
                 socket,
                 Arc::clone(&state),
+                ListenerSettings::of(l),
             );
             tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
             listeners.insert(l.name.clone(), handle);
@@ -208,8 +210,8 @@ impl Proxy {
         // Bind what is new before anything changes.
         let mut fresh = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            let keep = listeners.get(&l.name).is_some_and(|h| h.serves(l.address));
-            if keep {
+            if let Some(h) = listeners.get(&l.name).filter(|h| h.serves(l.address)) {
+                h.update(ListenerSettings::of(l));
                 continue;
             }
             let moved_here =
@@ -221,7 +223,9 @@ impl Proxy {
                 )));
             }
             match ListenerHandle::bind(l.address).await {
-                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket)),
+                Ok((socket, _)) => {
+                    fresh.push((l.name.clone(), l.address, socket, ListenerSettings::of(l)))
+                }
                 Err(source) => {
                     return Err(ProxyError::Bind {
                         what: format!("listeners[{i}].address"),
@@ -271,12 +275,13 @@ impl Proxy {
                 tokio::spawn(h.shutdown(drain));
             }
         }
-        for (name, address, socket) in fresh {
+        for (name, address, socket, settings) in fresh {
             let h = ListenerHandle::serve(
                 Arc::from(name.as_str()),
                 address,
                 socket,
                 Arc::clone(&self.state),
+                settings,
             );
             tracing::info!(listener = %name, address = %h.local_addr, "listening");
             listeners.insert(name, h);

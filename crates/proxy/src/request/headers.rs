@@ -10,7 +10,7 @@ use crate::snapshot::UpstreamCluster;
 use crate::upstream::UpstreamBody;
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -19,6 +19,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    // Only meaningful with `Upgrade: h2c`, which is never passed through.
+    HeaderName::from_static("http2-settings"),
 ];
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -1,6 +1,7 @@
 //! The request path as named stages, composed in [`handle`]:
 //!
 //! ```text
+//! screen   -> limits of the request head, refused methods (a local reply)
 //! route    -> which route and cluster (or a local reply)
 //! admit    -> breaker slots (requests, pending) and the retry budget: RAII guards
 //! activate -> hold while the service is at zero; probe; release
@@ -21,6 +22,7 @@ pub mod downstream;
 pub mod headers;
 pub mod respond;
 pub mod route;
+pub mod screen;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +36,7 @@ use meshless_balance::{InFlight, Outcome, PickContext};
 
 use crate::body::{Completion, ProxyBody};
 use crate::config::RetryOn;
+use crate::listener::Downstream;
 use crate::snapshot::{Snapshot, UpstreamCluster};
 use crate::state::ProxyState;
 use crate::upstream::UpstreamBody;
@@ -42,28 +45,38 @@ use attempt::RetryPolicy;
 use downstream::DownstreamBody;
 use respond::LocalReply;
 
-/// Handles one downstream request on `listener`.
+/// Handles one downstream request received by `downstream`.
 pub async fn handle(
-    state: Arc<ProxyState>,
-    listener: Arc<str>,
+    downstream: Arc<Downstream>,
     client: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let state = &downstream.state;
     let snapshot = state.snapshot.load_full();
-    let (parts, body, upgrade) = route::split(req);
-    let mut record = Completion::new(Arc::clone(&state), listener, &parts);
+    let (mut parts, body) = req.into_parts();
+    let mut record = Completion::new(Arc::clone(state), Arc::clone(&downstream.name), &parts);
+    if let Some(reply) = screen::screen(&downstream.settings(), &parts) {
+        return Ok(reply.respond(record));
+    }
     let routed = match route::route(&snapshot, &record.listener, client, &parts) {
         Ok(r) => r,
         Err(reply) => return Ok(reply.respond(record)),
     };
     record.route = Arc::clone(&routed.route);
     record.cluster = Arc::clone(&routed.cluster.name);
-    match admit::admit(&state, &routed.cluster) {
+    match admit::admit(state, &routed.cluster) {
         Ok(slot) => record.active = Some(slot),
         Err(reply) => return Ok(reply.respond(record)),
     }
+    if routed.upgrade == Some(false) {
+        state.metrics.upgrade_refused(&downstream.name);
+    }
+    let upgrade = match routed.upgrade {
+        Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+        _ => None,
+    };
     let exchange = Exchange {
-        state: &state,
+        state,
         snapshot: &snapshot,
         client,
         parts: &parts,
@@ -72,7 +85,7 @@ pub async fn handle(
     Ok(match exchange.forward(&routed, body, &mut record).await {
         Ok((resp, guard)) => {
             record.guard = Some(guard);
-            respond::proxied(resp, upgrade, record)
+            respond::proxied(resp, upgrade, record, &downstream)
         }
         Err(reply) => reply.respond(record),
     })
@@ -123,6 +136,12 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
+            // The request timeout covers the exchange from the first send
+            // (not the activation hold) to the last response byte.
+            let request_timeout = base.config.timeouts.request;
+            record
+                .deadline
+                .get_or_insert_with(|| Instant::now() + request_timeout);
             policy.record(guard.index());
             record.attempts = policy.attempts();
             record.endpoint = Arc::clone(&cluster.endpoint_labels[guard.index()]);
@@ -178,6 +197,11 @@ impl Exchange<'_> {
         );
         let req = headers::build_request(self.parts, headers, cluster, index, body)
             .map_err(|_| attempt::Failure::BadRequest)?;
-        attempt::send(cluster, req, cluster.config.timeouts.request, &record.fault).await
+        let timeout = record
+            .deadline
+            .map_or(cluster.config.timeouts.request, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+        attempt::send(cluster, req, timeout, &record.fault).await
     }
 }

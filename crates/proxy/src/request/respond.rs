@@ -6,10 +6,10 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
 use crate::body::{Completion, ProxyBody};
 use crate::config::Fallback;
+use crate::listener::Downstream;
 use crate::request::headers::strip_hop_by_hop;
 
 /// A response the proxy makes itself, and the reason it is counted under.
@@ -22,6 +22,8 @@ pub struct LocalReply {
     pub content_type: HeaderValue,
     /// Seconds for a `Retry-After` header.
     pub retry_after: Option<u32>,
+    /// Adds `Allow` (the methods forwarded), for a `405`.
+    pub allow: bool,
 }
 
 impl LocalReply {
@@ -33,6 +35,7 @@ impl LocalReply {
             reason,
             content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
             retry_after: None,
+            allow: false,
         }
     }
 
@@ -75,10 +78,18 @@ impl LocalReply {
             .metrics
             .local_reply(&record.listener, self.reason);
         record.status = self.status.as_u16();
+        // A local body is complete at once: no deadline cuts it.
+        record.deadline = None;
         let mut resp = Response::new(ProxyBody::full(self.body, Some(record)));
         *resp.status_mut() = self.status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, self.content_type);
+        if self.allow {
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH"),
+            );
+        }
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -87,33 +98,28 @@ impl LocalReply {
     }
 }
 
-/// The upstream response, sent downstream: hop-by-hop headers removed; on
-/// `101 Switching Protocols` the two upgraded connections are spliced.
+/// The upstream response, sent downstream: hop-by-hop headers removed. On
+/// `101 Switching Protocols` the two upgraded connections are spliced in a
+/// tunnel that keeps `record` (and so its slot and guard) until it closes.
 pub fn proxied(
     mut resp: Response<Incoming>,
-    downstream_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
     mut record: Completion,
+    downstream: &Downstream,
 ) -> Response<ProxyBody> {
     let status = resp.status();
     record.status = status.as_u16();
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
-    if switching && let Some(down) = downstream_upgrade {
-        let up = hyper::upgrade::on(&mut resp);
-        tokio::spawn(splice_upgrade(down, up));
-    }
     strip_hop_by_hop(resp.headers_mut(), switching);
+    if switching && let Some(down) = upgrade {
+        let up = hyper::upgrade::on(&mut resp);
+        let idle = downstream.settings().timeouts.stream_idle;
+        crate::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
+        let (parts, body) = resp.into_parts();
+        return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
+    }
     let (parts, body) = resp.into_parts();
     Response::from_parts(parts, ProxyBody::new(body.boxed(), Some(record)))
-}
-
-/// Copies bytes both ways between an upgraded downstream and upstream.
-async fn splice_upgrade(down: hyper::upgrade::OnUpgrade, up: hyper::upgrade::OnUpgrade) {
-    let (Ok(down), Ok(up)) = (down.await, up.await) else {
-        return;
-    };
-    let mut down = TokioIo::new(down);
-    let mut up = TokioIo::new(up);
-    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
 }
 
 #[cfg(test)]

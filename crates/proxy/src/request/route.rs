@@ -4,9 +4,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use http::StatusCode;
 use http::header;
-use http::{Request, StatusCode};
-use hyper::body::Incoming;
 use meshless_balance::hash_key;
 
 use crate::config::HashKey;
@@ -22,6 +21,9 @@ pub struct Routed {
     pub cluster: Arc<UpstreamCluster>,
     /// The affinity key's hash, from the cluster's `hash_key` source.
     pub key: Option<u64>,
+    /// The request asks for an upgrade: `Some(true)` if the route lets all
+    /// its protocols through, `Some(false)` if the upgrade is refused.
+    pub upgrade: Option<bool>,
 }
 
 /// Routes `parts` received on `listener`.
@@ -53,26 +55,19 @@ pub fn route(
             "no_cluster",
         ));
     };
+    let upgrade = crate::request::headers::is_upgrade(&parts.headers).then(|| {
+        parts
+            .headers
+            .get_all(header::UPGRADE)
+            .iter()
+            .all(|v| v.to_str().is_ok_and(|v| route.allows_upgrade(v)))
+    });
     Ok(Routed {
+        upgrade,
         route: Arc::clone(&route.name),
         key: extract_key(cluster.config.balancer.hash_key.as_ref(), parts, client),
         cluster: Arc::clone(cluster),
     })
-}
-
-/// Splits a request into its head and body, taking the downstream upgrade
-/// handle first when it asks for one.
-pub fn split(
-    mut req: Request<Incoming>,
-) -> (
-    http::request::Parts,
-    Incoming,
-    Option<hyper::upgrade::OnUpgrade>,
-) {
-    let upgrade =
-        crate::request::headers::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
-    let (parts, body) = req.into_parts();
-    (parts, body, upgrade)
 }
 
 /// The affinity key's hash, from the configured source.
@@ -109,6 +104,7 @@ pub fn extract_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
 
     #[test]
     fn keys_come_from_the_configured_source() {
@@ -153,5 +149,20 @@ mod tests {
         );
         let gone = route(&snap, "old", client, &head("/api")).expect_err("no listener");
         assert_eq!(gone.reason, "draining");
+        let ws = |proto: &str| {
+            let req = Request::get("/api")
+                .header("connection", "upgrade")
+                .header("upgrade", proto)
+                .body(())
+                .expect("request");
+            route(&snap, "web", client, &req.into_parts().0)
+                .expect("routed")
+                .upgrade
+        };
+        assert_eq!(ws("websocket"), Some(true));
+        assert_eq!(ws("WebSocket/13"), Some(true));
+        assert_eq!(ws("h2c"), Some(false));
+        assert_eq!(ws("websocket, h2c"), Some(false));
+        assert_eq!(hit.upgrade, None);
     }
 }
