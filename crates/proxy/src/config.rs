@@ -32,6 +32,10 @@ pub struct ProxyConfig {
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[serde(default = "default_drain_timeout", with = "duration")]
     pub drain_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long `/ready` fails while listeners still
+    /// serve, before they stop accepting and drain.
+    #[serde(default, with = "duration")]
+    pub drain_delay: Duration,
     /// Ports the proxy accepts requests on.
     #[serde(default)]
     pub listeners: Vec<ListenerConfig>,

@@ -210,8 +210,13 @@ fn serve_connection(
         .into_owned();
     let conn = graceful.watch(conn);
     let open = downstream.state.metrics.connection_opened(&downstream.name);
+    // At the end of a drain, whatever is still open is dropped (closed).
+    let closed = downstream.tunnels.closed();
     tokio::spawn(async move {
-        let _ = conn.await;
+        tokio::select! {
+            _ = conn => {}
+            () = closed => {}
+        }
         drop((open, permit));
     });
 }

@@ -289,11 +289,17 @@ impl Proxy {
         Ok(())
     }
 
-    /// Stops accepting on every listener, lets in-flight requests finish
-    /// for up to the config's `drain_timeout`, then stops the admin server.
+    /// Fails `/ready`, keeps serving for the config's `drain_delay`, then
+    /// stops accepting on every listener, lets in-flight requests and
+    /// tunnels finish for up to `drain_timeout`, closes what is left, and
+    /// stops the admin server.
     pub async fn shutdown(self) {
         self.state.ready.store(false, Ordering::Release);
-        let drain = self.state.snapshot.load().config.drain_timeout;
+        let config = Arc::clone(&self.state.snapshot.load().config);
+        // `/ready` fails first; listeners keep serving while load balancers
+        // in front notice, then close.
+        tokio::time::sleep(config.drain_delay).await;
+        let drain = config.drain_timeout;
         let listeners: Vec<ListenerHandle> = self
             .listeners
             .lock()

@@ -52,9 +52,18 @@ impl Tunnels {
         }
     }
 
-    /// Closes every open tunnel (the end of a drain).
+    /// Closes every open tunnel and connection of the listener (the end
+    /// of a drain).
     pub fn close_all(&self) {
         self.closing.send_replace(true);
+    }
+
+    /// Resolves once [`Tunnels::close_all`] was called.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut closing = self.closing.subscribe();
+        async move {
+            let _ = closing.wait_for(|c| *c).await;
+        }
     }
 }
 
@@ -79,7 +88,7 @@ pub fn spawn(
 ) {
     tunnels.open.fetch_add(1, Ordering::AcqRel);
     let open = Open(Arc::clone(tunnels));
-    let mut closing = tunnels.closing.subscribe();
+    let closed = tunnels.closed();
     tokio::spawn(async move {
         // Moved whole (not just the field assigned below): its guards stay
         // held for as long as the tunnel is open.
@@ -96,7 +105,7 @@ pub fn spawn(
         tokio::select! {
             _ = copy => {}
             () = idle_for(&seen, start, idle) => {}
-            _ = closing.wait_for(|c| *c) => {}
+            () = closed => {}
         }
         record.end = End::Complete;
     });

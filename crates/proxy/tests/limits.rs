@@ -241,3 +241,54 @@ async fn a_slow_body_is_cut_by_the_request_timeout() {
     assert!(metrics.contains("class=\"timeout\""), "{metrics}");
     p.shutdown().await;
 }
+
+/// A connection whose request outlives the drain is closed when the drain
+/// timeout ends, and shutdown does not wait for the endpoint's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_timeout_closes_what_is_left() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace("drain_timeout: 5s", "drain_timeout: 300ms");
+    let (p, addr) = proxy(&yaml).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /?delay_ms=600000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while active_requests(&p).await != 1 {
+        assert!(Instant::now() < deadline, "request never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shutdown = tokio::spawn(p.shutdown());
+    wait_closed(&mut s).await;
+    tokio::time::timeout(Duration::from_secs(20), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// With `drain_delay`, `/ready` fails at once while the listener still
+/// serves; only then does it close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_fails_before_listeners_close() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace("drain_timeout: 5s", "drain_timeout: 1s\ndrain_delay: 5s");
+    let (p, addr) = proxy(&yaml).await;
+    let admin_addr = p.admin_addr();
+    let shutdown = tokio::spawn(p.shutdown());
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, _) = get(&c, admin_addr, "/ready", &[]).await;
+        if status != http::StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/ready never failed");
+    }
+    // Not ready, but still serving: one request well inside the 5 s delay.
+    assert_eq!(get(&client(), addr, "/", &[]).await.0, http::StatusCode::OK);
+    tokio::time::timeout(Duration::from_secs(20), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+}
