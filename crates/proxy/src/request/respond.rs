@@ -24,6 +24,9 @@ pub struct LocalReply {
     pub retry_after: Option<u32>,
     /// Adds `Allow` (the methods forwarded), for a `405`.
     pub allow: bool,
+    /// Closes the HTTP/1 connection after the reply: what follows a
+    /// refused head cannot be trusted to be framed as the client meant.
+    pub close: bool,
 }
 
 impl LocalReply {
@@ -36,6 +39,7 @@ impl LocalReply {
             content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
             retry_after: None,
             allow: false,
+            close: false,
         }
     }
 
@@ -84,6 +88,10 @@ impl LocalReply {
         *resp.status_mut() = self.status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, self.content_type);
+        if self.close {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if self.allow {
             resp.headers_mut().insert(
                 header::ALLOW,

@@ -20,6 +20,12 @@ fn field_bytes(headers: &HeaderMap) -> usize {
 
 /// The reply refusing `parts` on `listener`, if it is refused.
 pub fn screen(listener: &ListenerSettings, parts: &http::request::Parts) -> Option<LocalReply> {
+    let mut refused = refusal(listener, parts)?;
+    refused.close = true;
+    Some(refused)
+}
+
+fn refusal(listener: &ListenerSettings, parts: &http::request::Parts) -> Option<LocalReply> {
     let limits = &listener.limits;
     let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
     if target > limits.max_uri_bytes as usize {
@@ -60,18 +66,21 @@ pub fn screen(listener: &ListenerSettings, parts: &http::request::Parts) -> Opti
     host_mismatch(parts)
 }
 
-/// `400` when the `Host` header and the target's authority disagree.
+/// `400` when there is more than one `Host`, or it disagrees with the
+/// target's authority.
 fn host_mismatch(parts: &http::request::Parts) -> Option<LocalReply> {
-    let authority = parts.uri.authority()?;
     let hosts = parts.headers.get_all(header::HOST);
-    let agree = hosts.iter().all(|h| {
-        h.as_bytes()
-            .eq_ignore_ascii_case(authority.as_str().as_bytes())
+    let several = hosts.iter().nth(1).is_some();
+    let disagree = parts.uri.authority().is_some_and(|authority| {
+        hosts.iter().any(|h| {
+            !h.as_bytes()
+                .eq_ignore_ascii_case(authority.as_str().as_bytes())
+        })
     });
-    (!agree || hosts.iter().count() > 1).then(|| {
+    (several || disagree).then(|| {
         LocalReply::text(
             StatusCode::BAD_REQUEST,
-            "Host disagrees with the request target's authority\n",
+            "more than one Host, or Host disagrees with the request target\n",
             "host_mismatch",
         )
     })
