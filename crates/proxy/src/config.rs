@@ -154,6 +154,12 @@ pub struct ListenerConfig {
     /// `TRACE`: `refuse` (405) or `forward`. `CONNECT` is always refused (501).
     #[serde(default)]
     pub trace: crate::limits::TracePolicy,
+    /// Path normalisation before routing.
+    #[serde(default)]
+    pub paths: crate::limits::PathSettings,
+    /// `X-Forwarded-For` handling.
+    #[serde(default)]
+    pub forwarding: crate::limits::Forwarding,
 }
 
 /// Listener protocols.

@@ -15,6 +15,8 @@ pub struct ListenerSettings {
     pub limits: HeadLimits,
     pub timeouts: ListenerTimeouts,
     pub trace: TracePolicy,
+    pub paths: PathSettings,
+    pub forwarding: Forwarding,
 }
 
 impl ListenerSettings {
@@ -25,6 +27,8 @@ impl ListenerSettings {
             limits: l.limits.clone(),
             timeouts: l.timeouts.clone(),
             trace: l.trace,
+            paths: l.paths.clone(),
+            forwarding: l.forwarding.clone(),
         }
     }
 }
@@ -118,6 +122,55 @@ pub enum TracePolicy {
     Refuse,
     /// Forwarded like any other method.
     Forward,
+}
+
+/// What happens to `.` and `..` path segments before routing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DotSegments {
+    /// Removed (RFC 3986 5.2.4); the endpoint gets the normalised path.
+    #[default]
+    Remove,
+    /// The request is answered `400`.
+    Reject,
+    /// Left as sent.
+    Keep,
+}
+
+/// `listeners[].paths:` path normalisation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathSettings {
+    #[serde(default)]
+    pub dot_segments: DotSegments,
+    /// Merge runs of `/` into one (nginx's `merge_slashes`, Envoy's).
+    #[serde(default)]
+    pub merge_slashes: bool,
+}
+
+/// What the proxy does with `X-Forwarded-For`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XffMode {
+    /// The peer's address is appended to what the client sent.
+    #[default]
+    Append,
+    /// Replaced by the peer's address (what a client sent is dropped).
+    Overwrite,
+}
+
+/// `listeners[].forwarding:` forwarding headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forwarding {
+    #[serde(default)]
+    pub x_forwarded_for: XffMode,
+    /// Proxies in front of this one that are trusted to append to
+    /// `X-Forwarded-For` (Envoy's `xff_num_trusted_hops`): the client's
+    /// address is the `trusted_hops`-th from the right of the header as
+    /// received, instead of the peer's. Used by `hash_key: client_address`.
+    #[serde(default)]
+    pub trusted_hops: u32,
 }
 
 /// Upgrade protocols a route lets through by default.

@@ -292,3 +292,34 @@ async fn ready_fails_before_listeners_close() {
         .unwrap();
     assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
 }
+
+/// Dot-segments are removed before routing: `/public/../admin` is routed
+/// as `/admin` (no route here, 404), never to the `/public` route; with
+/// `dot_segments: reject` it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_are_normalised_before_routing() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    routes:\n      - { match: { path_prefix: /public }, cluster: c }\n",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let (_s, head) = head_of(addr, b"GET /public/x HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    for raw in [
+        &b"GET /public/../admin HTTP/1.1\r\nHost: t\r\n\r\n"[..],
+        &b"GET /public/%2e%2e/admin HTTP/1.1\r\nHost: t\r\n\r\n"[..],
+    ] {
+        let (_s, head) = head_of(addr, raw).await;
+        assert!(head.starts_with("http/1.1 404"), "{head}");
+    }
+    p.shutdown().await;
+    let rejecting = yaml.replace(
+        "    routes:\n",
+        "    paths: { dot_segments: reject }\n    routes:\n",
+    );
+    let (p, addr) = proxy(&rejecting).await;
+    let (_s, head) = head_of(addr, b"GET /public/../admin HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+    p.shutdown().await;
+}

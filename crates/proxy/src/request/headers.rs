@@ -1,11 +1,12 @@
 //! Header rules of a forwarding hop (RFC 9110 7.6): hop-by-hop headers
 //! removed, forwarding headers added, the upstream request built.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 
+use crate::limits::{Forwarding, XffMode};
 use crate::snapshot::UpstreamCluster;
 use crate::upstream::UpstreamBody;
 
@@ -78,25 +79,68 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
     }
 }
 
+/// The client's address: the peer's, or with `trusted_hops` the one that
+/// many entries from the right of `X-Forwarded-For` (Envoy's
+/// `xff_num_trusted_hops`); the peer's when that entry is missing or not an
+/// address.
+pub fn client_ip(headers: &HeaderMap, peer: SocketAddr, forwarding: &Forwarding) -> IpAddr {
+    let hops = forwarding.trusted_hops as usize;
+    if hops == 0 {
+        return peer.ip();
+    }
+    let entries: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    entries
+        .len()
+        .checked_sub(hops)
+        .and_then(|i| entries[i].parse().ok())
+        .unwrap_or_else(|| peer.ip())
+}
+
+/// Whether the client offered `TE: trailers` (gRPC needs it on HTTP/2).
+fn wants_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+}
+
+/// How the upstream request's headers are made.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward<'a> {
+    pub peer: SocketAddr,
+    pub request_id: &'a str,
+    pub upgrading: bool,
+    pub forwarding: &'a Forwarding,
+    /// The upstream speaks HTTP/2: `TE: trailers` is kept.
+    pub http2: bool,
+}
+
 /// The headers sent upstream: hop-by-hop removed, forwarding headers set.
-pub fn forwarded_headers(
-    headers: &HeaderMap,
-    client: SocketAddr,
-    request_id: &str,
-    upgrading: bool,
-) -> HeaderMap {
+pub fn forwarded_headers(headers: &HeaderMap, f: &Forward<'_>) -> HeaderMap {
     let mut out = headers.clone();
-    strip_hop_by_hop(&mut out, upgrading);
-    let ip = client.ip().to_string();
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip,
+    strip_hop_by_hop(&mut out, f.upgrading);
+    if f.http2 && wants_trailers(headers) {
+        out.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    let ip = f.peer.ip().to_string();
+    let prev = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
+    let xff = match prev {
+        Some(prev) if f.forwarding.x_forwarded_for == XffMode::Append => format!("{prev}, {ip}"),
+        _ => ip,
     };
     if let Ok(v) = HeaderValue::from_str(&xff) {
         out.insert(X_FORWARDED_FOR.clone(), v);
     }
     out.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
-    if let Ok(v) = HeaderValue::from_str(request_id) {
+    if let Ok(v) = HeaderValue::from_str(f.request_id) {
         out.insert(X_REQUEST_ID.clone(), v);
     }
     out
@@ -147,7 +191,9 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         h.insert("x-kept", HeaderValue::from_static("1"));
-        let out = forwarded_headers(&h, "10.0.0.9:5000".parse().expect("addr"), "id-1", false);
+        let fwd = Forwarding::default();
+        let f = forward(&fwd, false);
+        let out = forwarded_headers(&h, &f);
         assert!(out.get("x-secret").is_none() && out.get("keep-alive").is_none());
         assert!(
             out.get(header::CONNECTION).is_none() && out.get(header::TRANSFER_ENCODING).is_none()
@@ -160,6 +206,62 @@ mod tests {
         assert_eq!(
             out.get("x-request-id").map(|v| v.as_bytes()),
             Some(&b"id-1"[..])
+        );
+    }
+
+    fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
+        Forward {
+            peer: "10.0.0.9:5000".parse().expect("addr"),
+            request_id: "id-1",
+            upgrading: false,
+            forwarding,
+            http2,
+        }
+    }
+
+    #[test]
+    fn xff_appends_or_overwrites() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        let mut fwd = Forwarding::default();
+        let out = forwarded_headers(&h, &forward(&fwd, false));
+        assert_eq!(out["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
+        fwd.x_forwarded_for = XffMode::Overwrite;
+        let out = forwarded_headers(&h, &forward(&fwd, false));
+        assert_eq!(out["x-forwarded-for"], "10.0.0.9");
+    }
+
+    #[test]
+    fn trusted_hops_pick_the_client_from_the_right() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("9.9.9.9, 2.2.2.2, 3.3.3.3"),
+        );
+        let peer: SocketAddr = "10.0.0.9:1".parse().expect("addr");
+        let hops = |n| Forwarding {
+            trusted_hops: n,
+            ..Forwarding::default()
+        };
+        assert_eq!(client_ip(&h, peer, &hops(0)).to_string(), "10.0.0.9");
+        assert_eq!(client_ip(&h, peer, &hops(1)).to_string(), "3.3.3.3");
+        assert_eq!(client_ip(&h, peer, &hops(3)).to_string(), "9.9.9.9");
+        assert_eq!(client_ip(&h, peer, &hops(4)).to_string(), "10.0.0.9");
+    }
+
+    #[test]
+    fn te_trailers_is_kept_only_toward_http2() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        let fwd = Forwarding::default();
+        assert!(
+            forwarded_headers(&h, &forward(&fwd, false))
+                .get(header::TE)
+                .is_none()
+        );
+        assert_eq!(
+            forwarded_headers(&h, &forward(&fwd, true))[header::TE],
+            "trailers"
         );
     }
 

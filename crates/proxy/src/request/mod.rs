@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! screen   -> limits of the request head, refused methods (a local reply)
+//!            and paths normalised (dot-segments, merged slashes)
 //! route    -> which route and cluster (or a local reply)
 //! admit    -> breaker slots (requests, pending) and the retry budget: RAII guards
 //! activate -> hold while the service is at zero; probe; release
@@ -20,6 +21,7 @@ pub mod admit;
 pub mod attempt;
 pub mod downstream;
 pub mod headers;
+pub mod path;
 pub mod respond;
 pub mod route;
 pub mod screen;
@@ -55,10 +57,15 @@ pub async fn handle(
     let snapshot = state.snapshot.load_full();
     let (mut parts, body) = req.into_parts();
     let mut record = Completion::new(Arc::clone(state), Arc::clone(&downstream.name), &parts);
-    if let Some(reply) = screen::screen(&downstream.settings(), &parts) {
+    let settings = downstream.settings();
+    if let Some(reply) = screen::screen(&settings, &parts) {
         return Ok(reply.respond(record));
     }
-    let routed = match route::route(&snapshot, &record.listener, client, &parts) {
+    if let Some(reply) = path::apply(&settings.paths, &mut parts) {
+        return Ok(reply.respond(record));
+    }
+    let client_ip = headers::client_ip(&parts.headers, client, &settings.forwarding);
+    let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
         Ok(r) => r,
         Err(reply) => return Ok(reply.respond(record)),
     };
@@ -81,6 +88,7 @@ pub async fn handle(
         client,
         parts: &parts,
         upgrading: upgrade.is_some(),
+        forwarding: &settings.forwarding,
     };
     Ok(match exchange.forward(&routed, body, &mut record).await {
         Ok((resp, guard)) => {
@@ -98,6 +106,7 @@ struct Exchange<'a> {
     client: SocketAddr,
     parts: &'a http::request::Parts,
     upgrading: bool,
+    forwarding: &'a crate::limits::Forwarding,
 }
 
 impl Exchange<'_> {
@@ -189,12 +198,14 @@ impl Exchange<'_> {
         let _pending =
             admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
         let body = body.unwrap_or_else(|| Empty::new().map_err(|never| match never {}).boxed());
-        let headers = headers::forwarded_headers(
-            &self.parts.headers,
-            self.client,
-            &record.request_id,
-            self.upgrading,
-        );
+        let forward = headers::Forward {
+            peer: self.client,
+            request_id: &record.request_id,
+            upgrading: self.upgrading,
+            forwarding: self.forwarding,
+            http2: cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
+        };
+        let headers = headers::forwarded_headers(&self.parts.headers, &forward);
         let req = headers::build_request(self.parts, headers, cluster, index, body)
             .map_err(|_| attempt::Failure::BadRequest)?;
         let timeout = record

@@ -1,7 +1,7 @@
 //! Stage 1, route: which route and cluster a request goes to, or the local
 //! reply that says why none.
 
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::StatusCode;
@@ -30,7 +30,7 @@ pub struct Routed {
 pub fn route(
     snapshot: &Snapshot,
     listener: &str,
-    client: SocketAddr,
+    client: IpAddr,
     parts: &http::request::Parts,
 ) -> Result<Routed, LocalReply> {
     let Some(routes) = snapshot.routes.get(listener) else {
@@ -74,7 +74,7 @@ pub fn route(
 pub fn extract_key(
     source: Option<&HashKey>,
     parts: &http::request::Parts,
-    client: SocketAddr,
+    client: IpAddr,
 ) -> Option<u64> {
     match source? {
         HashKey::Header(name) => parts
@@ -82,7 +82,7 @@ pub fn extract_key(
             .get(name.as_str())
             .map(|v| hash_key(v.as_bytes())),
         HashKey::Path => Some(hash_key(parts.uri.path().as_bytes())),
-        HashKey::ClientAddress => Some(hash_key(client.ip().to_string().as_bytes())),
+        HashKey::ClientAddress => Some(hash_key(client.to_string().as_bytes())),
         HashKey::Query(name) => parts.uri.query().and_then(|q| {
             q.split('&')
                 .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
@@ -115,7 +115,7 @@ mod tests {
             .body(())
             .expect("request");
         let (parts, ()) = req.into_parts();
-        let client: SocketAddr = "10.1.2.3:9".parse().expect("addr");
+        let client: IpAddr = "10.1.2.3".parse().expect("addr");
         let k = |s| extract_key(Some(&s), &parts, client);
         assert_eq!(
             k(HashKey::Header("x-user".into())),
@@ -138,7 +138,7 @@ mod tests {
         let snap = snapshot(
             "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - match: { path_prefix: /api }\n        cluster: c\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n",
         );
-        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let client: IpAddr = "127.0.0.1".parse().expect("addr");
         let head = |uri: &str| Request::get(uri).body(()).expect("request").into_parts().0;
         let hit = route(&snap, "web", client, &head("/api/x")).expect("routed");
         assert_eq!(&*hit.cluster.name, "c");
