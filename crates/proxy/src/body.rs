@@ -198,7 +198,10 @@ pin_project! {
         inner: UpstreamBody,
         completion: Option<Completion>,
         bytes: u64,
-        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+        // The timer is made (and registered) only when the body first has
+        // to wait: a body that is ready at once costs no timer.
+        deadline: Option<Instant>,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
     }
 
     impl PinnedDrop for ProxyBody {
@@ -228,15 +231,13 @@ impl ProxyBody {
     /// Wraps an upstream (or local) body.
     /// The body is cut at the record's deadline, if it has one.
     pub fn new(inner: UpstreamBody, completion: Option<Completion>) -> Self {
-        let deadline = completion
-            .as_ref()
-            .and_then(|c| c.deadline)
-            .map(|d| Box::pin(tokio::time::sleep_until(d.into())));
+        let deadline = completion.as_ref().and_then(|c| c.deadline);
         Self {
             inner,
             completion,
             bytes: 0,
             deadline,
+            timer: None,
         }
     }
 
@@ -260,17 +261,22 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.project();
-        if let Some(d) = this.deadline.as_mut()
-            && d.as_mut().poll(cx).is_ready()
+        let polled = this.inner.poll_frame(cx).map_err(BodyError::from);
+        if polled.is_pending()
+            && let Some(at) = *this.deadline
         {
-            *this.deadline = None;
-            if let Some(mut c) = this.completion.take() {
-                c.end = End::TimedOut;
-                c.bytes = *this.bytes;
-                return Poll::Ready(Some(Err(Box::new(RequestTimeout))));
+            let timer = this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
+            if timer.as_mut().poll(cx).is_ready() {
+                *this.deadline = None;
+                if let Some(mut c) = this.completion.take() {
+                    c.end = End::TimedOut;
+                    c.bytes = *this.bytes;
+                    return Poll::Ready(Some(Err(Box::new(RequestTimeout))));
+                }
             }
         }
-        let polled = this.inner.poll_frame(cx).map_err(BodyError::from);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {

@@ -61,6 +61,12 @@ pub fn apply(settings: &PathSettings, parts: &mut http::request::Parts) -> Optio
         return None;
     }
     let dots = settings.dot_segments != DotSegments::Keep;
+    // Fast path: nothing to normalise (no `.` segment, no `%2e`, no `//`).
+    let maybe_dots = dots && (path.contains("/.") || path.contains("/%2"));
+    let maybe_slashes = settings.merge_slashes && path.contains("//");
+    if !maybe_dots && !maybe_slashes {
+        return None;
+    }
     let normal = normalize(path, dots, settings.merge_slashes);
     if normal == path {
         return None;
