@@ -72,6 +72,7 @@ access_log: "off"
 listeners:
   - name: bench
     address: 127.0.0.1:18003
+    max_connections: 20000
     routes: [{ cluster: backend }]
 clusters:
   - name: backend

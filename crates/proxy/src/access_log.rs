@@ -1,5 +1,6 @@
 //! JSON access-log lines, written by a background thread so the request
-//! path never blocks on output.
+//! path never blocks on output: the queue is bounded, and a line that finds
+//! it full is dropped and counted (`meshless_proxy_access_log_dropped_total`).
 
 use std::io::Write;
 use std::sync::mpsc;
@@ -27,14 +28,21 @@ pub struct AccessRecord<'a> {
     pub request_id: &'a str,
     /// Upstream attempts (1 + retries).
     pub attempts: u32,
+    /// `client_abort` (the client left before the response ended) or
+    /// `client_error` (its request body was malformed or cut); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<&'static str>,
 }
 
 /// Where access-log lines go.
 #[derive(Debug)]
 pub struct AccessLogger {
     target: AccessLog,
-    sender: Option<mpsc::Sender<String>>,
+    sender: Option<mpsc::SyncSender<String>>,
 }
+
+/// Lines queued for the writer at most; more are dropped.
+pub const QUEUE: usize = 16 * 1024;
 
 impl AccessLogger {
     /// Opens the target (a file is created or appended to).
@@ -50,7 +58,7 @@ impl AccessLogger {
             )),
         };
         let sender = sink.map(|mut sink| {
-            let (tx, rx) = mpsc::channel::<String>();
+            let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
             std::thread::Builder::new()
                 .name("access-log".into())
                 .spawn(move || {
@@ -81,13 +89,14 @@ impl AccessLogger {
         self.sender.is_some()
     }
 
-    /// Queues one line.
-    pub fn log(&self, record: &AccessRecord<'_>) {
+    /// Queues one line; false if it was dropped (the queue is full).
+    pub fn log(&self, record: &AccessRecord<'_>) -> bool {
         if let Some(tx) = &self.sender
             && let Ok(mut line) = serde_json::to_string(record)
         {
             line.push('\n');
-            let _ = tx.send(line);
+            return !matches!(tx.try_send(line), Err(mpsc::TrySendError::Full(_)));
         }
+        true
     }
 }

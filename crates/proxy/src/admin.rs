@@ -22,10 +22,20 @@ use crate::state::ProxyState;
 
 /// Serves admin requests on `listener` until `stop` changes.
 pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = crate::listener::AcceptBackoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        let pause = backoff.failed();
+                        tracing::warn!(error = %e, ?pause, "admin: accept failed");
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                };
+                backoff.reset();
                 let state = Arc::clone(&state);
                 tokio::spawn(async move {
                     let service = service_fn(move |req| answer(Arc::clone(&state), req));
@@ -112,6 +122,12 @@ struct ClusterView {
     name: String,
     policy: String,
     active_requests: u64,
+    /// Requests sent and waiting for response headers.
+    pending_requests: u64,
+    /// Retry attempts under way.
+    active_retries: u64,
+    /// Requests held for activation.
+    queued_requests: u64,
     upstream_connections: u64,
     endpoints: Vec<EndpointView>,
 }
@@ -140,6 +156,9 @@ fn clusters(state: &ProxyState) -> Vec<ClusterView> {
             name: c.name.to_string(),
             policy: c.config.balancer.policy.clone(),
             active_requests: c.counters.active_requests.load(Ordering::Relaxed),
+            pending_requests: c.counters.pending.load(Ordering::Relaxed),
+            active_retries: c.counters.active_retries.load(Ordering::Relaxed),
+            queued_requests: c.counters.queued.load(Ordering::Relaxed),
             upstream_connections: c.counters.connections.load(Ordering::Relaxed),
             endpoints: c
                 .lb

@@ -2,6 +2,7 @@
 //! guard and bookkeeping until the body ends, so load counts until the last
 //! byte and the access log sees the bytes sent.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,22 +16,36 @@ use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::metrics::{RequestLabels, RouteLabels};
+use crate::request::admit::Slot;
+use crate::request::downstream::ClientFault;
 use crate::state::ProxyState;
 use crate::upstream::UpstreamBody;
 
-/// Lowers a cluster's active-request count when dropped.
-#[derive(Debug)]
-pub struct ActiveGuard(pub Arc<crate::upstream::ClusterCounters>);
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0
-            .active_requests
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
+/// How the exchange ended, as far as the downstream response goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Not (yet) finished: if the record is dropped like this, the client
+    /// went away first (`client_abort`).
+    Aborted,
+    /// The last response byte was handed to the connection.
+    Complete,
+    /// The response body broke mid-way.
+    Broken,
+    /// The cluster's request timeout ended the exchange mid-body.
+    TimedOut,
 }
 
-/// What is recorded when a request ends.
+/// The error that cuts a response body at the request deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("request timeout: the exchange did not finish in time")]
+pub struct RequestTimeout;
+
+/// Errors of a downstream response body.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What is recorded when a request ends. Recorded on drop, so a request
+/// dropped at any `.await` is still counted and logged (`client_abort`),
+/// and the guards it holds are given back.
 #[derive(Debug)]
 pub struct Completion {
     pub state: Arc<ProxyState>,
@@ -40,43 +55,103 @@ pub struct Completion {
     pub endpoint: Arc<str>,
     pub method: http::Method,
     pub path: String,
+    /// The status sent downstream; 0 before one is.
     pub status: u16,
     pub request_id: String,
     pub attempts: u32,
     pub started: Instant,
+    /// The endpoint's in-flight guard, until the response body ends.
     pub guard: Option<InFlight>,
-    pub active: Option<ActiveGuard>,
+    /// The cluster's `max_requests` slot, until the response body ends.
+    pub active: Option<Slot>,
+    /// Set when the client's request body failed.
+    pub fault: ClientFault,
+    pub end: End,
+    /// Response body bytes sent.
+    pub bytes: u64,
+    /// When the whole exchange must be over (the cluster's `timeouts.request`).
+    pub deadline: Option<Instant>,
 }
 
 impl Completion {
-    fn finish(mut self, bytes: u64, broken: bool) {
+    /// The record of a request just received on `listener`.
+    pub fn new(state: Arc<ProxyState>, listener: Arc<str>, parts: &http::request::Parts) -> Self {
+        Self {
+            state,
+            listener,
+            route: unknown(),
+            cluster: unknown(),
+            endpoint: unknown(),
+            method: parts.method.clone(),
+            path: parts.uri.path().to_owned(),
+            status: 0,
+            request_id: crate::request::headers::request_id(&parts.headers),
+            attempts: 0,
+            started: Instant::now(),
+            guard: None,
+            active: None,
+            fault: ClientFault::default(),
+            end: End::Aborted,
+            bytes: 0,
+            deadline: None,
+        }
+    }
+
+    /// `client_abort` (the client left first), `client_error` (its body
+    /// was broken), or nothing.
+    pub fn client_fault(&self) -> Option<&'static str> {
+        if self.end == End::Aborted {
+            Some("client_abort")
+        } else if self.fault.is_set() {
+            Some("client_error")
+        } else {
+            None
+        }
+    }
+
+    /// The `class` label of `proxy_requests`.
+    fn class(&self) -> &'static str {
+        if let Some(f) = self.client_fault() {
+            return f;
+        }
+        match self.end {
+            End::Broken => return "reset",
+            End::TimedOut => return "timeout",
+            _ => {}
+        }
+        match self.status / 100 {
+            1 => "1xx",
+            2 => "2xx",
+            3 => "3xx",
+            4 => "4xx",
+            _ => "5xx",
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
         if let Some(mut g) = self.guard.take() {
-            if broken {
-                g.set_outcome(Outcome::Reset);
+            // A body broken by the upstream is the endpoint's; one broken
+            // because the client's side broke is not, and neither is one
+            // cut by the deadline (a slow client stalls the endpoint too).
+            match self.end {
+                End::Broken if !self.fault.is_set() => g.set_outcome(Outcome::Reset),
+                End::Broken | End::TimedOut => g.set_outcome(Outcome::Cancelled),
+                End::Aborted | End::Complete => {}
             }
             drop(g);
         }
         drop(self.active.take());
         let elapsed = self.started.elapsed();
         let metrics = &self.state.metrics;
-        let class = if broken {
-            "reset"
-        } else {
-            match self.status / 100 {
-                1 => "1xx",
-                2 => "2xx",
-                3 => "3xx",
-                4 => "4xx",
-                _ => "5xx",
-            }
-        };
         metrics
             .requests
             .get_or_create(&RequestLabels {
                 listener: Arc::clone(&self.listener),
                 cluster: Arc::clone(&self.cluster),
                 endpoint: Arc::clone(&self.endpoint),
-                class,
+                class: self.class(),
             })
             .inc();
         metrics
@@ -88,7 +163,7 @@ impl Completion {
             .observe(elapsed.as_secs_f64());
         let logger = self.state.access_log.load();
         if logger.enabled() {
-            logger.log(&AccessRecord {
+            let queued = logger.log(&AccessRecord {
                 time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
                 listener: &self.listener,
                 route: &self.route,
@@ -97,13 +172,23 @@ impl Completion {
                 method: self.method.as_str(),
                 path: &self.path,
                 status: self.status,
-                bytes,
+                bytes: self.bytes,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
                 request_id: &self.request_id,
                 attempts: self.attempts,
+                fault: self.client_fault(),
             });
+            if !queued {
+                metrics.access_log_dropped.inc();
+            }
         }
     }
+}
+
+/// The label of a field not known (yet) for a request.
+fn unknown() -> Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));
+    Arc::clone(&UNKNOWN)
 }
 
 pin_project! {
@@ -113,13 +198,22 @@ pin_project! {
         inner: UpstreamBody,
         completion: Option<Completion>,
         bytes: u64,
+        // The timer is made (and registered) only when the body first has
+        // to wait: a body that is ready at once costs no timer.
+        deadline: Option<Instant>,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
     }
 
     impl PinnedDrop for ProxyBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(c) = this.completion.take() {
-                c.finish(*this.bytes, false);
+            if let Some(mut c) = this.completion.take() {
+                // Dropped unread but complete (a HEAD, an empty body) is
+                // not an abort.
+                if this.inner.is_end_stream() || c.method == http::Method::HEAD {
+                    c.end = End::Complete;
+                }
+                c.bytes = *this.bytes;
             }
         }
     }
@@ -135,11 +229,15 @@ impl std::fmt::Debug for ProxyBody {
 
 impl ProxyBody {
     /// Wraps an upstream (or local) body.
+    /// The body is cut at the record's deadline, if it has one.
     pub fn new(inner: UpstreamBody, completion: Option<Completion>) -> Self {
+        let deadline = completion.as_ref().and_then(|c| c.deadline);
         Self {
             inner,
             completion,
             bytes: 0,
+            deadline,
+            timer: None,
         }
     }
 
@@ -156,14 +254,29 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        let polled = this.inner.poll_frame(cx).map_err(BodyError::from);
+        if polled.is_pending()
+            && let Some(at) = *this.deadline
+        {
+            let timer = this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
+            if timer.as_mut().poll(cx).is_ready() {
+                *this.deadline = None;
+                if let Some(mut c) = this.completion.take() {
+                    c.end = End::TimedOut;
+                    c.bytes = *this.bytes;
+                    return Poll::Ready(Some(Err(Box::new(RequestTimeout))));
+                }
+            }
+        }
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
@@ -171,13 +284,15 @@ impl Body for ProxyBody {
                 }
             }
             Poll::Ready(Some(Err(_))) => {
-                if let Some(c) = this.completion.take() {
-                    c.finish(*this.bytes, true);
+                if let Some(mut c) = this.completion.take() {
+                    c.end = End::Broken;
+                    c.bytes = *this.bytes;
                 }
             }
             Poll::Ready(None) => {
-                if let Some(c) = this.completion.take() {
-                    c.finish(*this.bytes, false);
+                if let Some(mut c) = this.completion.take() {
+                    c.end = End::Complete;
+                    c.bytes = *this.bytes;
                 }
             }
             Poll::Pending => {}

@@ -32,6 +32,10 @@ pub struct ProxyConfig {
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[serde(default = "default_drain_timeout", with = "duration")]
     pub drain_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long `/ready` fails while listeners still
+    /// serve, before they stop accepting and drain.
+    #[serde(default, with = "duration")]
+    pub drain_delay: Duration,
     /// Ports the proxy accepts requests on.
     #[serde(default)]
     pub listeners: Vec<ListenerConfig>,
@@ -137,6 +141,25 @@ pub struct ListenerConfig {
     pub protocol: ListenerProtocol,
     /// Routes, matched in order; the first match wins.
     pub routes: Vec<RouteConfig>,
+    /// Downstream connections served at once; more wait in the kernel's
+    /// accept backlog until one closes.
+    #[serde(default = "crate::limits::default_max_connections")]
+    pub max_connections: u32,
+    /// Request-head size limits.
+    #[serde(default)]
+    pub limits: crate::limits::HeadLimits,
+    /// Downstream timeouts.
+    #[serde(default)]
+    pub timeouts: crate::limits::ListenerTimeouts,
+    /// `TRACE`: `refuse` (405) or `forward`. `CONNECT` is always refused (501).
+    #[serde(default)]
+    pub trace: crate::limits::TracePolicy,
+    /// Path normalisation before routing.
+    #[serde(default)]
+    pub paths: crate::limits::PathSettings,
+    /// `X-Forwarded-For` handling.
+    #[serde(default)]
+    pub forwarding: crate::limits::Forwarding,
 }
 
 /// Listener protocols.
@@ -164,6 +187,10 @@ pub struct RouteConfig {
     /// ...or split across these clusters by weight.
     #[serde(default)]
     pub weighted_clusters: Option<Vec<WeightedCluster>>,
+    /// `Upgrade` protocols passed through (case-insensitive); others are
+    /// stripped and the request forwarded as a plain one. `h2c` never.
+    #[serde(default = "crate::limits::default_upgrades")]
+    pub upgrades: Vec<String>,
 }
 
 /// Request conditions.
@@ -402,7 +429,8 @@ pub struct Timeouts {
     /// TCP connect.
     #[serde(default = "default_connect", with = "duration")]
     pub connect: Duration,
-    /// From sending the request to the response headers, per attempt.
+    /// From sending the request to the last response byte, every attempt
+    /// included (Envoy's route timeout); an activation hold does not count.
     #[serde(default = "default_request", with = "duration")]
     pub request: Duration,
     /// Idle pooled connections are closed after this.
@@ -739,8 +767,10 @@ impl ProxyConfig {
             if l.routes.is_empty() {
                 return err(format!("{at}.routes"), "at least one route is required");
             }
+            crate::limits::validate(&at, l.max_connections, &l.limits, &l.timeouts)?;
             for (j, r) in l.routes.iter().enumerate() {
                 validate_route(r, &format!("{at}.routes[{j}]"), &clusters)?;
+                crate::limits::validate_upgrades(&format!("{at}.routes[{j}]"), &r.upgrades)?;
             }
         }
         let mut cluster_names = HashSet::new();

@@ -77,6 +77,22 @@ pub struct ActivationLabels {
     pub result: &'static str,
 }
 
+/// Labels naming one listener.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: String,
+}
+
+/// An open downstream connection; lowers the gauge when dropped.
+#[derive(Debug)]
+pub struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Every metric the proxy exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -95,6 +111,10 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabels, Counter>,
     pub activation_phase: Family<PhaseLabels, Histogram>,
     pub activations: Family<ActivationLabels, Counter>,
+    pub downstream_connections: Family<ListenerLabels, Gauge>,
+    pub connections_at_limit: Family<ListenerLabels, Counter>,
+    pub upgrades_refused: Family<ListenerLabels, Counter>,
+    pub access_log_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -191,8 +211,36 @@ impl Metrics {
             "Held requests, by how they ended",
             activations.clone(),
         );
+        let downstream_connections = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "proxy_downstream_connections",
+            "Open downstream connections, by listener",
+            downstream_connections.clone(),
+        );
+        let connections_at_limit = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "proxy_downstream_connections_at_limit",
+            "Times a listener reached max_connections and left new connections in the backlog",
+            connections_at_limit.clone(),
+        );
+        let upgrades_refused = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "proxy_upgrades_refused",
+            "Upgrade requests whose protocol the route does not allow (forwarded without Upgrade)",
+            upgrades_refused.clone(),
+        );
+        let access_log_dropped = Counter::default();
+        registry.register(
+            "proxy_access_log_dropped",
+            "Access-log lines dropped because the writer fell behind",
+            access_log_dropped.clone(),
+        );
         Self {
             registry,
+            downstream_connections,
+            connections_at_limit,
+            upgrades_refused,
+            access_log_dropped,
             requests,
             activation_phase,
             activations,
@@ -217,6 +265,36 @@ impl Metrics {
                 listener: listener.to_owned(),
                 reason: reason.to_owned(),
             })
+            .inc();
+    }
+
+    fn listener(name: &str) -> ListenerLabels {
+        ListenerLabels {
+            listener: name.to_owned(),
+        }
+    }
+
+    /// Counts an open downstream connection until the guard drops.
+    pub fn connection_opened(&self, listener: &str) -> OpenConnection {
+        let g = self
+            .downstream_connections
+            .get_or_create(&Self::listener(listener))
+            .clone();
+        g.inc();
+        OpenConnection(g)
+    }
+
+    /// Counts a listener pausing at `max_connections`.
+    pub fn connections_at_limit(&self, listener: &str) {
+        self.connections_at_limit
+            .get_or_create(&Self::listener(listener))
+            .inc();
+    }
+
+    /// Counts an upgrade forwarded without its `Upgrade` header.
+    pub fn upgrade_refused(&self, listener: &str) {
+        self.upgrades_refused
+            .get_or_create(&Self::listener(listener))
             .inc();
     }
 

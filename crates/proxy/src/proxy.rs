@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::access_log::AccessLogger;
 use crate::config::ProxyConfig;
+use crate::limits::ListenerSettings;
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::snapshot::Snapshot;
@@ -75,7 +76,7 @@ impl Proxy {
             activate: activate_tx,
             endpoints_changed: tokio::sync::Notify::new(),
             activation_errors: std::sync::Mutex::new(Default::default()),
-            probing: std::sync::Mutex::new(Default::default()),
+            probing: Default::default(),
         });
         let mut listeners = HashMap::new();
         for (i, l) in listener_configs.iter().enumerate() {
@@ -92,6 +93,7 @@ impl Proxy {
                 l.address,
                 socket,
                 Arc::clone(&state),
+                ListenerSettings::of(l),
             );
             tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
             listeners.insert(l.name.clone(), handle);
@@ -228,8 +230,8 @@ impl Proxy {
         // Bind what is new before anything changes.
         let mut fresh = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            let keep = listeners.get(&l.name).is_some_and(|h| h.serves(l.address));
-            if keep {
+            if let Some(h) = listeners.get(&l.name).filter(|h| h.serves(l.address)) {
+                h.update(ListenerSettings::of(l));
                 continue;
             }
             let moved_here =
@@ -241,7 +243,9 @@ impl Proxy {
                 )));
             }
             match ListenerHandle::bind(l.address).await {
-                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket)),
+                Ok((socket, _)) => {
+                    fresh.push((l.name.clone(), l.address, socket, ListenerSettings::of(l)))
+                }
                 Err(source) => {
                     return Err(ProxyError::Bind {
                         what: format!("listeners[{i}].address"),
@@ -291,12 +295,13 @@ impl Proxy {
                 tokio::spawn(h.shutdown(drain));
             }
         }
-        for (name, address, socket) in fresh {
+        for (name, address, socket, settings) in fresh {
             let h = ListenerHandle::serve(
                 Arc::from(name.as_str()),
                 address,
                 socket,
                 Arc::clone(&self.state),
+                settings,
             );
             tracing::info!(listener = %name, address = %h.local_addr, "listening");
             listeners.insert(name, h);
@@ -304,11 +309,17 @@ impl Proxy {
         Ok(())
     }
 
-    /// Stops accepting on every listener, lets in-flight requests finish
-    /// for up to the config's `drain_timeout`, then stops the admin server.
+    /// Fails `/ready`, keeps serving for the config's `drain_delay`, then
+    /// stops accepting on every listener, lets in-flight requests and
+    /// tunnels finish for up to `drain_timeout`, closes what is left, and
+    /// stops the admin server.
     pub async fn shutdown(self) {
         self.state.ready.store(false, Ordering::Release);
-        let drain = self.state.snapshot.load().config.drain_timeout;
+        let config = Arc::clone(&self.state.snapshot.load().config);
+        // `/ready` fails first; listeners keep serving while load balancers
+        // in front notice, then close.
+        tokio::time::sleep(config.drain_delay).await;
+        let drain = config.drain_timeout;
         let listeners: Vec<ListenerHandle> = self
             .listeners
             .lock()

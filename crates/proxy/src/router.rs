@@ -16,6 +16,8 @@ pub struct Route {
     path: PathMatch,
     headers: Vec<(HeaderName, Option<HeaderValue>)>,
     target: Target,
+    /// `Upgrade` protocols let through, lower-cased.
+    upgrades: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -88,6 +90,21 @@ impl Route {
             })
     }
 
+    /// Whether every protocol of an `Upgrade` header value is on this
+    /// route's allowlist (`websocket`, `WebSocket/13`: the name before `/`).
+    pub fn allows_upgrade(&self, upgrade: &str) -> bool {
+        upgrade
+            .split(',')
+            .map(|p| {
+                p.trim()
+                    .split('/')
+                    .next()
+                    .unwrap_or("")
+                    .to_ascii_lowercase()
+            })
+            .all(|p| !p.is_empty() && self.upgrades.contains(&p))
+    }
+
     /// The cluster for this request; `draw` is uniform random.
     pub fn cluster(&self, draw: u64) -> &Arc<str> {
         match &self.target {
@@ -152,6 +169,7 @@ fn compile(index: usize, r: &RouteConfig) -> Route {
         path,
         headers,
         target,
+        upgrades: r.upgrades.iter().map(|u| u.to_ascii_lowercase()).collect(),
     }
 }
 

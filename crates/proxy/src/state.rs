@@ -28,7 +28,7 @@ pub struct ProxyState {
     pub activation_errors:
         std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
     /// Per service: one held request probes at a time.
-    pub probing: std::sync::Mutex<std::collections::HashSet<String>>,
+    pub probing: crate::request::activate::Probing,
 }
 
 impl ProxyState {

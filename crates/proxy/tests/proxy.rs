@@ -439,7 +439,7 @@ async fn upgrade_is_passed_through() {
     let (p, addr) = proxy(&config(&bs, "")).await;
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(
-        b"GET /upgrade HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+        b"GET /upgrade HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
     )
     .await
     .expect("write");
@@ -451,7 +451,7 @@ async fn upgrade_is_passed_through() {
     }
     let head = String::from_utf8_lossy(&head).to_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(head.contains("upgrade: echo"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
     s.write_all(b"hello through the proxy")
         .await
         .expect("write");

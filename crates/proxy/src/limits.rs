@@ -1,0 +1,228 @@
+//! Edge limits of a listener: connections, request heads, timeouts, the
+//! methods and upgrades let through. Defaults are no looser than nginx's
+//! and HAProxy's (see docs/config.md, "Listener limits").
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use meshless_model::serde_duration as duration;
+
+/// The settings of a running listener, updated in place on reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSettings {
+    pub max_connections: u32,
+    pub limits: HeadLimits,
+    pub timeouts: ListenerTimeouts,
+    pub trace: TracePolicy,
+    pub paths: PathSettings,
+    pub forwarding: Forwarding,
+}
+
+impl ListenerSettings {
+    /// The settings of `l`.
+    pub fn of(l: &crate::config::ListenerConfig) -> Self {
+        Self {
+            max_connections: l.max_connections,
+            limits: l.limits.clone(),
+            timeouts: l.timeouts.clone(),
+            trace: l.trace,
+            paths: l.paths.clone(),
+            forwarding: l.forwarding.clone(),
+        }
+    }
+}
+
+/// Downstream connections a listener serves at once by default.
+pub fn default_max_connections() -> u32 {
+    4096
+}
+
+/// `listeners[].limits:` the size of a request head.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadLimits {
+    /// Request-header bytes (each `name: value\r\n` line); more is `431`.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: u32,
+    /// Header fields; more is `431`.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: u32,
+    /// Request-target bytes (path and query); more is `414`.
+    #[serde(default = "default_max_uri_bytes")]
+    pub max_uri_bytes: u32,
+}
+
+impl Default for HeadLimits {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: default_max_header_bytes(),
+            max_headers: default_max_headers(),
+            max_uri_bytes: default_max_uri_bytes(),
+        }
+    }
+}
+
+fn default_max_header_bytes() -> u32 {
+    16 * 1024
+}
+fn default_max_headers() -> u32 {
+    100
+}
+fn default_max_uri_bytes() -> u32 {
+    8 * 1024
+}
+
+/// `listeners[].timeouts:` downstream timeouts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTimeouts {
+    /// Time to receive a whole request head, counted from the moment the
+    /// connection waits for one — so it also closes an HTTP/1 keep-alive
+    /// connection idle that long.
+    #[serde(default = "default_request_headers", with = "duration")]
+    pub request_headers: Duration,
+    /// HTTP/2: a keep-alive PING every `idle`; a connection whose peer does
+    /// not answer within `request_headers` is closed.
+    #[serde(default = "default_idle", with = "duration")]
+    pub idle: Duration,
+    /// An upgraded tunnel (WebSocket) with no byte either way for this long
+    /// is closed.
+    #[serde(default = "default_stream_idle", with = "duration")]
+    pub stream_idle: Duration,
+}
+
+impl Default for ListenerTimeouts {
+    fn default() -> Self {
+        Self {
+            request_headers: default_request_headers(),
+            idle: default_idle(),
+            stream_idle: default_stream_idle(),
+        }
+    }
+}
+
+fn default_request_headers() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_idle() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_stream_idle() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// What a listener does with `TRACE` (RFC 9110 9.3.8: it echoes the
+/// request, cookies and credentials included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TracePolicy {
+    /// Answered `405 Method Not Allowed`.
+    #[default]
+    Refuse,
+    /// Forwarded like any other method.
+    Forward,
+}
+
+/// What happens to `.` and `..` path segments before routing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DotSegments {
+    /// Removed (RFC 3986 5.2.4); the endpoint gets the normalised path.
+    #[default]
+    Remove,
+    /// The request is answered `400`.
+    Reject,
+    /// Left as sent.
+    Keep,
+}
+
+/// `listeners[].paths:` path normalisation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathSettings {
+    #[serde(default)]
+    pub dot_segments: DotSegments,
+    /// Merge runs of `/` into one (nginx's `merge_slashes`, Envoy's).
+    #[serde(default)]
+    pub merge_slashes: bool,
+}
+
+/// What the proxy does with `X-Forwarded-For`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XffMode {
+    /// The peer's address is appended to what the client sent.
+    #[default]
+    Append,
+    /// Replaced by the peer's address (what a client sent is dropped).
+    Overwrite,
+}
+
+/// `listeners[].forwarding:` forwarding headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forwarding {
+    #[serde(default)]
+    pub x_forwarded_for: XffMode,
+    /// Proxies in front of this one that are trusted to append to
+    /// `X-Forwarded-For` (Envoy's `xff_num_trusted_hops`): the client's
+    /// address is the `trusted_hops`-th from the right of the header as
+    /// received, instead of the peer's. Used by `hash_key: client_address`.
+    #[serde(default)]
+    pub trusted_hops: u32,
+}
+
+/// Upgrade protocols a route lets through by default.
+pub fn default_upgrades() -> Vec<String> {
+    vec!["websocket".to_owned()]
+}
+
+/// Checks one listener's limits; `(field path, reason)` on error.
+pub fn validate(
+    at: &str,
+    max_connections: u32,
+    head: &HeadLimits,
+    timeouts: &ListenerTimeouts,
+) -> Result<(), (String, String)> {
+    let fail = |field: &str, reason: &str| Err((format!("{at}.{field}"), reason.to_owned()));
+    if max_connections == 0 {
+        return fail("max_connections", "must be at least 1");
+    }
+    if head.max_header_bytes < 1024 || head.max_uri_bytes < 256 || head.max_headers == 0 {
+        return fail(
+            "limits",
+            "max_header_bytes must be >= 1024, max_uri_bytes >= 256, max_headers >= 1",
+        );
+    }
+    if timeouts.request_headers.is_zero()
+        || timeouts.idle.is_zero()
+        || timeouts.stream_idle.is_zero()
+    {
+        return fail(
+            "timeouts",
+            "request_headers, idle and stream_idle must be above zero",
+        );
+    }
+    Ok(())
+}
+
+/// Checks a route's upgrade allowlist.
+pub fn validate_upgrades(at: &str, upgrades: &[String]) -> Result<(), (String, String)> {
+    for (i, u) in upgrades.iter().enumerate() {
+        if u.eq_ignore_ascii_case("h2c") {
+            return Err((
+                format!("{at}.upgrades[{i}]"),
+                "h2c upgrades are never passed through (they would carry HTTP/2 past routing and limits)"
+                    .to_owned(),
+            ));
+        }
+        if u.is_empty() || !u.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err((
+                format!("{at}.upgrades[{i}]"),
+                "not a protocol token".to_owned(),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! Stage 3, activate: a request for a `service:` cluster with no ready
+//! endpoint (or none under its `container_concurrency`) is held in a
+//! bounded per-cluster queue while the control plane starts an instance.
+//! The proxy asks for one at once, probes each announced-but-not-ready
+//! instance's address itself every few milliseconds, and sends the request
+//! the moment one accepts — no extra hop, no wait for a readiness cycle.
+//!
+//! Everything a held request raises is a guard: its place in the queue
+//! ([`Slot`]) and its turn as the service's prober ([`ProbeTurn`]). A held
+//! request dropped at any point (client gone, mid-probe) leaves neither a
+//! queued count nor a service stuck in `probing`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use meshless_balance::InFlight;
+use meshless_model::{Conditions, Endpoint};
+
+use crate::config::Activation;
+use crate::metrics::{ActivationLabels, PhaseLabels};
+use crate::request::admit::{Gauge, Slot, overflow};
+use crate::request::respond::LocalReply;
+use crate::snapshot::UpstreamCluster;
+use crate::state::ProxyState;
+
+/// Services with a held request probing their starting instances: one
+/// prober per service, the others wait for it.
+#[derive(Debug, Default)]
+pub struct Probing(Mutex<HashSet<String>>);
+
+impl Probing {
+    /// The turn to probe `service`, if nobody holds it.
+    pub fn turn<'a>(&'a self, service: &str) -> Option<ProbeTurn<'a>> {
+        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        set.insert(service.to_owned()).then(|| ProbeTurn {
+            probing: self,
+            service: service.to_owned(),
+        })
+    }
+
+    /// Whether some request is probing `service` now.
+    pub fn is_probing(&self, service: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(service)
+    }
+}
+
+/// A held request's turn as its service's prober; given back on drop.
+#[derive(Debug)]
+pub struct ProbeTurn<'a> {
+    probing: &'a Probing,
+    service: String,
+}
+
+impl Drop for ProbeTurn<'_> {
+    fn drop(&mut self) {
+        self.probing
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.service);
+    }
+}
+
+/// Whether this pick must wait for activation: the cluster activates, this
+/// is not a retry, and there is no endpoint or the picked one is over
+/// `container_concurrency`.
+pub fn needed(cluster: &UpstreamCluster, picked: Option<&InFlight>, retrying: bool) -> bool {
+    let Some(act) = cluster.config.activation.as_ref() else {
+        return false;
+    };
+    if retrying || cluster.config.service.is_none() {
+        return false;
+    }
+    picked.is_none_or(|g| {
+        act.container_concurrency > 0
+            && cluster.lb.set().load(g.index()) > act.container_concurrency
+    })
+}
+
+/// Whether `c` can take a request now: an available endpoint, under the
+/// per-instance limit when there is one.
+fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
+    let set = c.lb.set();
+    (0..set.len()).any(|i| set.is_available(i) && (limit == 0 || set.load(i) < limit))
+}
+
+/// Endpoints of `service` that are announced but not ready yet.
+fn starting(state: &ProxyState, service: &str) -> Vec<Endpoint> {
+    let services = state
+        .services
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    services
+        .get(service)
+        .map(|eps| {
+            eps.iter()
+                .filter(|e| !e.conditions.ready && !e.conditions.terminating)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Marks an endpoint ready on the proxy's own probe, before the control
+/// plane says so, and rebuilds the service's clusters.
+fn promote(state: &ProxyState, service: &str, id: &meshless_model::EndpointId) {
+    let mut services = state
+        .services
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let Some(e) = services
+        .get_mut(service)
+        .and_then(|eps| eps.iter_mut().find(|e| &e.id == id))
+    else {
+        return;
+    };
+    e.conditions = Conditions::READY;
+    let current = state.snapshot.load_full();
+    if let Ok(next) = current.with_service(service, &services) {
+        state.snapshot.store(Arc::new(next));
+    }
+    drop(services);
+    state.endpoints_changed.notify_waiters();
+}
+
+/// Probes the starting endpoints of `service` once; true if one accepted.
+async fn probe_once(state: &ProxyState, service: &str, timeout: Duration) -> bool {
+    for e in starting(state, service) {
+        let Some(addr) = e.socket_addr() else {
+            continue;
+        };
+        if probe(addr, timeout).await {
+            promote(state, service, &e.id);
+            return true;
+        }
+    }
+    false
+}
+
+async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+fn count(state: &ProxyState, result: &'static str) {
+    state
+        .metrics
+        .activations
+        .get_or_create(&ActivationLabels { result })
+        .inc();
+}
+
+fn phase(state: &ProxyState, phase: &'static str, since: Instant) {
+    state
+        .metrics
+        .activation_phase
+        .get_or_create(&PhaseLabels { phase })
+        .observe(since.elapsed().as_secs_f64());
+}
+
+/// Why the wait ends without a cluster to send to, if it does now.
+fn refusal(
+    state: &ProxyState,
+    service: &str,
+    act: &Activation,
+    held: Instant,
+) -> Option<LocalReply> {
+    let failure = state
+        .activation_errors
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(service)
+        .filter(|(_, at)| *at >= held)
+        .map(|(reason, _)| reason.clone());
+    if let Some(reason) = failure {
+        count(state, "start_failed");
+        tracing::warn!(service, error = %reason, "held requests fail: instance failed to start");
+        let text = format!("{service}: instance failed to start: {reason}\n");
+        return Some(LocalReply::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            text,
+            "start_failed",
+        ));
+    }
+    if held.elapsed() >= act.queue_timeout {
+        count(state, "timeout");
+        let text = format!(
+            "{service}: no instance ready within {:?}\n",
+            act.queue_timeout
+        );
+        return Some(LocalReply::text(
+            StatusCode::GATEWAY_TIMEOUT,
+            text,
+            "activation_timeout",
+        ));
+    }
+    None
+}
+
+/// Holds a request until `base`'s cluster can take it; returns that
+/// cluster (from the snapshot current then) or the reply that refuses it.
+pub async fn hold(
+    state: &ProxyState,
+    base: &UpstreamCluster,
+) -> Result<Arc<UpstreamCluster>, LocalReply> {
+    let (Some(act), Some(service)) = (&base.config.activation, base.config.service.as_deref())
+    else {
+        return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
+    };
+    let held = Instant::now();
+    let Some(_queued) = Slot::acquire(&base.counters, Gauge::Queued, u64::from(act.max_queued))
+    else {
+        count(state, "queue_full");
+        overflow(state, base, "max_queued");
+        let text = format!("activation queue full ({} held)\n", act.max_queued);
+        let reply = LocalReply::text(StatusCode::SERVICE_UNAVAILABLE, text, "queue_full");
+        return Err(reply.retry_after(Some(1)));
+    };
+    let _ = state.activate.send(service.to_owned());
+    let mut announced = false;
+    let mut probed = false;
+    loop {
+        let snap = state.snapshot.load_full();
+        if let Some(c) = snap.clusters.get(&*base.name)
+            && has_capacity(c, act.container_concurrency)
+        {
+            phase(state, "ready", held);
+            count(state, "sent");
+            return Ok(Arc::clone(c));
+        }
+        if let Some(reply) = refusal(state, service, act, held) {
+            return Err(reply);
+        }
+        if !announced && !starting(state, service).is_empty() {
+            announced = true;
+            phase(state, "announced", held);
+        }
+        if let Some(turn) = state.probing.turn(service) {
+            let timeout = act.probe_interval.max(Duration::from_millis(50));
+            let ok = probe_once(state, service, timeout).await;
+            drop(turn);
+            if ok && !probed {
+                probed = true;
+                phase(state, "probe_success", held);
+                tracing::info!(
+                    service,
+                    held_to_probe_success_ms = held.elapsed().as_millis() as u64,
+                    "activation: instance answered the proxy's probe"
+                );
+                continue;
+            }
+        }
+        let remaining = act.queue_timeout.saturating_sub(held.elapsed());
+        tokio::select! {
+            _ = state.endpoints_changed.notified() => {}
+            _ = tokio::time::sleep(act.probe_interval.min(remaining)) => {}
+        }
+    }
+}
+
+/// Records the cold-start timeline of a held request whose response
+/// headers arrived.
+pub fn answered(state: &ProxyState, held: Instant, record: &crate::body::Completion, status: u16) {
+    phase(state, "response", held);
+    tracing::info!(
+        cluster = %record.cluster,
+        endpoint = %record.endpoint,
+        request_id = %record.request_id,
+        status,
+        held_to_response_ms = held.elapsed().as_millis() as u64,
+        "activation: held request answered"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_prober_per_service_and_the_turn_is_given_back() {
+        let p = Probing::default();
+        let a = p.turn("ns/a").expect("first turn");
+        assert!(p.turn("ns/a").is_none());
+        let b = p.turn("ns/b").expect("another service");
+        drop(a);
+        assert!(!p.is_probing("ns/a") && p.is_probing("ns/b"));
+        drop(b);
+        assert!(p.turn("ns/a").is_some());
+    }
+
+    #[test]
+    fn a_turn_dropped_mid_probe_frees_the_service() {
+        let p = Arc::new(Probing::default());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let p2 = Arc::clone(&p);
+            let probing = async move {
+                let _turn = p2.turn("ns/a");
+                std::future::pending::<()>().await;
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(1), probing).await;
+        });
+        assert!(!p.is_probing("ns/a"));
+    }
+}

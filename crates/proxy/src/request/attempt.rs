@@ -1,0 +1,218 @@
+//! Stage 4, attempt: pick an endpoint, send, classify the outcome. A
+//! [`RetryPolicy`] owns the attempt count and the endpoints tried; only
+//! upstream faults are the endpoint's or retried — a broken downstream
+//! body is the client's ([`Failure::ClientBody`]).
+
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+use hyper::body::Incoming;
+use meshless_balance::{InFlight, Outcome, PickContext};
+
+use crate::config::{Retries, RetryOn};
+use crate::request::downstream::ClientFault;
+use crate::request::respond::LocalReply;
+use crate::snapshot::UpstreamCluster;
+use crate::upstream::{UpstreamBody, is_connection_limit};
+
+/// How many endpoints a request remembers having tried.
+const TRIED: usize = 4;
+
+/// Attempts of one request: how many are allowed, which failures are
+/// retried, which endpoints were tried.
+#[derive(Debug)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    attempts: u32,
+    on: Vec<RetryOn>,
+    tried: [usize; TRIED],
+}
+
+impl RetryPolicy {
+    /// `1 + retries.count` attempts for a `replayable` request (no body,
+    /// idempotent or `all_methods`, no upgrade), else one.
+    pub fn new(retries: &Retries, replayable: bool) -> Self {
+        Self {
+            max_attempts: if replayable { 1 + retries.count } else { 1 },
+            attempts: 0,
+            on: retries.on.clone(),
+            tried: [usize::MAX; TRIED],
+        }
+    }
+
+    /// Attempts made so far.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Whether the next attempt is a retry.
+    pub fn retrying(&self) -> bool {
+        self.attempts > 0
+    }
+
+    /// Records an attempt to endpoint `index`.
+    pub fn record(&mut self, index: usize) {
+        self.tried[self.attempts as usize % TRIED] = index;
+        self.attempts += 1;
+    }
+
+    /// Whether a failure of kind `on` may be retried (the budget aside).
+    pub fn may_retry(&self, on: RetryOn) -> bool {
+        self.attempts < self.max_attempts && self.on.contains(&on)
+    }
+
+    /// A pick that avoids endpoints already tried (when the cluster has
+    /// others), the way Envoy's `previous_hosts` predicate does.
+    pub fn pick(&self, cluster: &UpstreamCluster, ctx: &PickContext<'_>) -> Option<InFlight> {
+        if !self.retrying() {
+            return cluster.lb.pick(ctx);
+        }
+        for _ in 0..TRIED {
+            // Hash keys always map to the same endpoint: retries pick freely.
+            let mut c = *ctx;
+            c.key = None;
+            c.entropy = fastrand::u64(..);
+            let g = cluster.lb.pick(&c)?;
+            if !self.tried.contains(&g.index()) || cluster.lb.endpoints().len() <= 1 {
+                return Some(g);
+            }
+            g.finish(Outcome::Cancelled);
+        }
+        cluster.lb.pick(ctx)
+    }
+}
+
+/// Why an attempt got no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The cluster's `max_connections` is reached (shed, not the endpoint's).
+    ConnectionLimit,
+    /// No connection could be opened.
+    ConnectFailed,
+    /// The connection broke before response headers.
+    Reset,
+    /// No response headers within `timeouts.request`.
+    Timeout,
+    /// The downstream request body was malformed or cut: the client's fault.
+    ClientBody,
+    /// The cluster's `max_pending` is reached (shed before sending).
+    Pending,
+    /// The request cannot be expressed upstream.
+    BadRequest,
+}
+
+impl Failure {
+    /// The outcome recorded for the endpoint (outlier detection, stats).
+    pub fn outcome(self) -> Outcome {
+        match self {
+            Failure::ConnectionLimit
+            | Failure::ClientBody
+            | Failure::Pending
+            | Failure::BadRequest => Outcome::Cancelled,
+            Failure::ConnectFailed => Outcome::ConnectFailed,
+            Failure::Reset => Outcome::Reset,
+            Failure::Timeout => Outcome::Timeout,
+        }
+    }
+
+    /// The retry condition this failure matches, if any may retry it.
+    pub fn retry_on(self) -> Option<RetryOn> {
+        match self {
+            Failure::ConnectFailed => Some(RetryOn::ConnectFailure),
+            Failure::Reset => Some(RetryOn::Reset),
+            _ => None,
+        }
+    }
+
+    /// The local reply when this failure ends the request.
+    pub fn reply(self) -> LocalReply {
+        match self {
+            Failure::ConnectionLimit => LocalReply::overflow("max_connections"),
+            Failure::ConnectFailed => LocalReply::text(
+                StatusCode::BAD_GATEWAY,
+                "upstream connect failed\n",
+                "connect_failed",
+            ),
+            Failure::Reset => {
+                LocalReply::text(StatusCode::BAD_GATEWAY, "upstream reset\n", "reset")
+            }
+            Failure::Timeout => {
+                LocalReply::text(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n", "timeout")
+            }
+            Failure::Pending => LocalReply::overflow("max_pending"),
+            Failure::BadRequest => {
+                LocalReply::text(StatusCode::BAD_REQUEST, "bad request\n", "bad_request")
+            }
+            Failure::ClientBody => LocalReply::text(
+                StatusCode::BAD_REQUEST,
+                "malformed or incomplete request body\n",
+                "client_error",
+            ),
+        }
+    }
+}
+
+/// Sends one attempt and waits (up to `timeout`) for its response headers.
+pub async fn send(
+    cluster: &UpstreamCluster,
+    req: http::Request<UpstreamBody>,
+    timeout: Duration,
+    fault: &ClientFault,
+) -> Result<Response<Incoming>, Failure> {
+    let sent = tokio::time::timeout(timeout, cluster.client.request(req)).await;
+    match sent {
+        Ok(Ok(resp)) => Ok(resp),
+        // Whatever the error, a body the client broke is the client's.
+        Ok(Err(_)) if fault.is_set() => Err(Failure::ClientBody),
+        Ok(Err(e)) if is_connection_limit(&e) => Err(Failure::ConnectionLimit),
+        Ok(Err(e)) if e.is_connect() => Err(Failure::ConnectFailed),
+        Ok(Err(_)) => Err(Failure::Reset),
+        Err(_) if fault.is_set() => Err(Failure::ClientBody),
+        Err(_) => Err(Failure::Timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retries(count: u32, on: Vec<RetryOn>) -> Retries {
+        Retries {
+            count,
+            on,
+            ..Retries::default()
+        }
+    }
+
+    #[test]
+    fn a_request_with_a_body_is_tried_once() {
+        let mut p = RetryPolicy::new(&retries(3, vec![RetryOn::Reset]), false);
+        p.record(0);
+        assert!(!p.may_retry(RetryOn::Reset));
+    }
+
+    #[test]
+    fn retries_stop_at_the_count_and_only_on_listed_failures() {
+        let mut p = RetryPolicy::new(&retries(2, vec![RetryOn::Reset]), true);
+        assert!(!p.retrying());
+        p.record(0);
+        assert!(p.retrying() && p.may_retry(RetryOn::Reset));
+        assert!(!p.may_retry(RetryOn::FiveXx));
+        p.record(1);
+        assert!(p.may_retry(RetryOn::Reset));
+        p.record(2);
+        assert!(!p.may_retry(RetryOn::Reset));
+        assert_eq!(p.attempts(), 3);
+    }
+
+    #[test]
+    fn client_faults_are_never_the_endpoints_nor_retried() {
+        let f = Failure::ClientBody;
+        assert_eq!(f.outcome(), Outcome::Cancelled);
+        assert!(!f.outcome().is_5xx() && !f.outcome().is_gateway_error());
+        assert_eq!(f.retry_on(), None);
+        assert_eq!(f.reply().status, StatusCode::BAD_REQUEST);
+        assert_eq!(Failure::Timeout.retry_on(), None);
+        assert!(Failure::Reset.outcome().is_gateway_error());
+    }
+}

@@ -1,0 +1,290 @@
+//! Header rules of a forwarding hop (RFC 9110 7.6): hop-by-hop headers
+//! removed, forwarding headers added, the upstream request built.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Uri};
+
+use crate::limits::{Forwarding, XffMode};
+use crate::snapshot::UpstreamCluster;
+use crate::upstream::UpstreamBody;
+
+/// Headers that describe one hop and are never forwarded (RFC 9110 7.6.1).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    // Only meaningful with `Upgrade: h2c`, which is never passed through.
+    HeaderName::from_static("http2-settings"),
+];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's id: the client's `x-request-id` when sane (1..=128
+/// bytes of visible ASCII), else 128 random bits as 32 hex digits.
+pub fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(&X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(|| format!("{:032x}", fastrand::u128(..)), str::to_owned)
+}
+
+/// Methods a retry may repeat (RFC 9110 9.2.2).
+pub fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// Whether the request asks for a protocol switch (`Connection: upgrade`
+/// with an `Upgrade` header).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE) && connection_tokens(headers).any(|t| t == "upgrade")
+}
+
+/// The tokens of every `Connection` header, lower-cased.
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+}
+
+/// Removes hop-by-hop headers, and those the `Connection` header names;
+/// keeps `Connection: upgrade` and `Upgrade` for a protocol switch.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .filter(|h| !(upgrading && h == header::UPGRADE))
+        .collect();
+    for h in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(h);
+    }
+    if upgrading {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// The client's address: the peer's, or with `trusted_hops` the one that
+/// many entries from the right of `X-Forwarded-For` (Envoy's
+/// `xff_num_trusted_hops`); the peer's when that entry is missing or not an
+/// address.
+pub fn client_ip(headers: &HeaderMap, peer: SocketAddr, forwarding: &Forwarding) -> IpAddr {
+    let hops = forwarding.trusted_hops as usize;
+    if hops == 0 {
+        return peer.ip();
+    }
+    let entries: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    entries
+        .len()
+        .checked_sub(hops)
+        .and_then(|i| entries[i].parse().ok())
+        .unwrap_or_else(|| peer.ip())
+}
+
+/// Whether the client offered `TE: trailers` (gRPC needs it on HTTP/2).
+fn wants_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+}
+
+/// How the upstream request's headers are made.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward<'a> {
+    pub peer: SocketAddr,
+    pub request_id: &'a str,
+    pub upgrading: bool,
+    pub forwarding: &'a Forwarding,
+    /// The upstream speaks HTTP/2: `TE: trailers` is kept.
+    pub http2: bool,
+}
+
+/// The headers sent upstream: hop-by-hop removed, forwarding headers set.
+pub fn forwarded_headers(headers: &HeaderMap, f: &Forward<'_>) -> HeaderMap {
+    let mut out = headers.clone();
+    strip_hop_by_hop(&mut out, f.upgrading);
+    if f.http2 && wants_trailers(headers) {
+        out.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    let ip = f.peer.ip().to_string();
+    let prev = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
+    let xff = match prev {
+        Some(prev) if f.forwarding.x_forwarded_for == XffMode::Append => format!("{prev}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        out.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    out.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    if let Ok(v) = HeaderValue::from_str(f.request_id) {
+        out.insert(X_REQUEST_ID.clone(), v);
+    }
+    out
+}
+
+/// The request to endpoint `index` of `cluster`.
+pub fn build_request(
+    parts: &http::request::Parts,
+    headers: HeaderMap,
+    cluster: &UpstreamCluster,
+    index: usize,
+    body: UpstreamBody,
+) -> Result<Request<UpstreamBody>, http::Error> {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(cluster.authorities[index].clone())
+        .path_and_query(path)
+        .build()?;
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    if !req.headers().contains_key(header::HOST)
+        && let Some(a) = parts.uri.authority()
+        && let Ok(v) = HeaderValue::from_str(a.as_str())
+    {
+        req.headers_mut().insert(header::HOST, v);
+    }
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        let fwd = Forwarding::default();
+        let f = forward(&fwd, false);
+        let out = forwarded_headers(&h, &f);
+        assert!(out.get("x-secret").is_none() && out.get("keep-alive").is_none());
+        assert!(
+            out.get(header::CONNECTION).is_none() && out.get(header::TRANSFER_ENCODING).is_none()
+        );
+        assert_eq!(out.get("x-kept").map(|v| v.as_bytes()), Some(&b"1"[..]));
+        assert_eq!(
+            out.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"10.0.0.9"[..])
+        );
+        assert_eq!(
+            out.get("x-request-id").map(|v| v.as_bytes()),
+            Some(&b"id-1"[..])
+        );
+    }
+
+    fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
+        Forward {
+            peer: "10.0.0.9:5000".parse().expect("addr"),
+            request_id: "id-1",
+            upgrading: false,
+            forwarding,
+            http2,
+        }
+    }
+
+    #[test]
+    fn xff_appends_or_overwrites() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        let mut fwd = Forwarding::default();
+        let out = forwarded_headers(&h, &forward(&fwd, false));
+        assert_eq!(out["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
+        fwd.x_forwarded_for = XffMode::Overwrite;
+        let out = forwarded_headers(&h, &forward(&fwd, false));
+        assert_eq!(out["x-forwarded-for"], "10.0.0.9");
+    }
+
+    #[test]
+    fn trusted_hops_pick_the_client_from_the_right() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("9.9.9.9, 2.2.2.2, 3.3.3.3"),
+        );
+        let peer: SocketAddr = "10.0.0.9:1".parse().expect("addr");
+        let hops = |n| Forwarding {
+            trusted_hops: n,
+            ..Forwarding::default()
+        };
+        assert_eq!(client_ip(&h, peer, &hops(0)).to_string(), "10.0.0.9");
+        assert_eq!(client_ip(&h, peer, &hops(1)).to_string(), "3.3.3.3");
+        assert_eq!(client_ip(&h, peer, &hops(3)).to_string(), "9.9.9.9");
+        assert_eq!(client_ip(&h, peer, &hops(4)).to_string(), "10.0.0.9");
+    }
+
+    #[test]
+    fn te_trailers_is_kept_only_toward_http2() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        let fwd = Forwarding::default();
+        assert!(
+            forwarded_headers(&h, &forward(&fwd, false))
+                .get(header::TE)
+                .is_none()
+        );
+        assert_eq!(
+            forwarded_headers(&h, &forward(&fwd, true))[header::TE],
+            "trailers"
+        );
+    }
+
+    #[test]
+    fn upgrade_needs_both_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(!is_upgrade(&h));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert!(is_upgrade(&h));
+    }
+
+    #[test]
+    fn request_ids_are_kept_when_sane() {
+        let mut h = HeaderMap::new();
+        assert_eq!(request_id(&h).len(), 32);
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("abc"));
+        assert_eq!(request_id(&h), "abc");
+        let long = "a".repeat(129);
+        h.insert(&X_REQUEST_ID, HeaderValue::from_str(&long).expect("value"));
+        assert_eq!(request_id(&h).len(), 32);
+    }
+}

@@ -1,0 +1,218 @@
+//! The request path as named stages, composed in [`handle`]:
+//!
+//! ```text
+//! screen   -> limits of the request head, refused methods (a local reply)
+//!            and paths normalised (dot-segments, merged slashes)
+//! route    -> which route and cluster (or a local reply)
+//! admit    -> breaker slots (requests, pending) and the retry budget: RAII guards
+//! activate -> hold while the service is at zero; probe; release
+//! attempt  -> pick an endpoint, send, classify; RetryPolicy owns budget and tried set
+//! respond  -> stream the response, or one local-reply builder for every local status
+//! ```
+//!
+//! Every counter, gauge or flag raised on the way is lowered by a guard's
+//! `Drop`: a client may vanish at any `.await` (h1 close, h2 `RST_STREAM`,
+//! timeout), the future is dropped mid-stage, and nothing leaks. The
+//! request's record ([`Completion`]) is itself such a guard: dropped before
+//! the response ends, it logs and counts the request as `client_abort`.
+
+pub mod activate;
+pub mod admit;
+pub mod attempt;
+pub mod downstream;
+pub mod headers;
+pub mod path;
+pub mod respond;
+pub mod route;
+pub mod screen;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response};
+use http_body::Body as _;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use meshless_balance::{InFlight, Outcome, PickContext};
+
+use crate::body::{Completion, ProxyBody};
+use crate::config::RetryOn;
+use crate::listener::Downstream;
+use crate::snapshot::{Snapshot, UpstreamCluster};
+use crate::state::ProxyState;
+use crate::upstream::UpstreamBody;
+use admit::Slot;
+use attempt::RetryPolicy;
+use downstream::DownstreamBody;
+use respond::LocalReply;
+
+/// Handles one downstream request received by `downstream`.
+pub async fn handle(
+    downstream: Arc<Downstream>,
+    client: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let state = &downstream.state;
+    let snapshot = state.snapshot.load_full();
+    let (mut parts, body) = req.into_parts();
+    let mut record = Completion::new(Arc::clone(state), Arc::clone(&downstream.name), &parts);
+    let settings = downstream.settings();
+    if let Some(reply) = screen::screen(&settings, &parts) {
+        return Ok(reply.respond(record));
+    }
+    if let Some(reply) = path::apply(&settings.paths, &mut parts) {
+        return Ok(reply.respond(record));
+    }
+    let client_ip = headers::client_ip(&parts.headers, client, &settings.forwarding);
+    let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
+        Ok(r) => r,
+        Err(reply) => return Ok(reply.respond(record)),
+    };
+    record.route = Arc::clone(&routed.route);
+    record.cluster = Arc::clone(&routed.cluster.name);
+    match admit::admit(state, &routed.cluster) {
+        Ok(slot) => record.active = Some(slot),
+        Err(reply) => return Ok(reply.respond(record)),
+    }
+    if routed.upgrade == Some(false) {
+        state.metrics.upgrade_refused(&downstream.name);
+    }
+    let upgrade = match routed.upgrade {
+        Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+        _ => None,
+    };
+    let exchange = Exchange {
+        state,
+        snapshot: &snapshot,
+        client,
+        parts: &parts,
+        upgrading: upgrade.is_some(),
+        forwarding: &settings.forwarding,
+    };
+    Ok(match exchange.forward(&routed, body, &mut record).await {
+        Ok((resp, guard)) => {
+            record.guard = Some(guard);
+            respond::proxied(resp, upgrade, record, &downstream)
+        }
+        Err(reply) => reply.respond(record),
+    })
+}
+
+/// What every attempt of one request shares.
+struct Exchange<'a> {
+    state: &'a ProxyState,
+    snapshot: &'a Snapshot,
+    client: SocketAddr,
+    parts: &'a http::request::Parts,
+    upgrading: bool,
+    forwarding: &'a crate::limits::Forwarding,
+}
+
+impl Exchange<'_> {
+    /// Activation, attempts and retries, until a response to stream or a
+    /// local reply. Returns the response with its endpoint's guard.
+    async fn forward(
+        &self,
+        routed: &route::Routed,
+        body: Incoming,
+        record: &mut Completion,
+    ) -> Result<(Response<Incoming>, InFlight), LocalReply> {
+        let base = &routed.cluster;
+        let node = &self.snapshot.config.node;
+        let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
+        ctx.key = routed.key;
+        let replayable = body.is_end_stream()
+            && !self.upgrading
+            && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
+        let mut policy = RetryPolicy::new(&base.config.retries, replayable);
+        let mut body = Some(DownstreamBody::new(body, record.fault.clone()).boxed());
+        let mut cluster = Arc::clone(base);
+        let mut held: Option<Instant> = None;
+        let mut retry: Option<Slot> = None;
+        loop {
+            let picked = policy.pick(&cluster, &ctx);
+            if activate::needed(base, picked.as_ref(), policy.retrying()) {
+                if picked.is_some() {
+                    // The key's endpoint is full: after the wait, pick by load.
+                    ctx.key = None;
+                }
+                drop(picked);
+                cluster = activate::hold(self.state, base).await?;
+                held.get_or_insert(record.started);
+                continue;
+            }
+            let Some(mut guard) = picked else {
+                return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
+            };
+            // The request timeout covers the exchange from the first send
+            // (not the activation hold) to the last response byte.
+            let request_timeout = base.config.timeouts.request;
+            record
+                .deadline
+                .get_or_insert_with(|| Instant::now() + request_timeout);
+            policy.record(guard.index());
+            record.attempts = policy.attempts();
+            record.endpoint = Arc::clone(&cluster.endpoint_labels[guard.index()]);
+            let sent = self
+                .attempt(&cluster, guard.index(), body.take(), record)
+                .await;
+            drop(retry.take());
+            match sent {
+                Ok(resp) => {
+                    let status = Outcome::Status(resp.status().as_u16());
+                    if resp.status().is_server_error() && policy.may_retry(RetryOn::FiveXx) {
+                        retry = admit::retry(self.state, &cluster);
+                    }
+                    if retry.is_none() {
+                        guard.set_outcome(status);
+                        if let Some(at) = held {
+                            activate::answered(self.state, at, record, resp.status().as_u16());
+                        }
+                        return Ok((resp, guard));
+                    }
+                    guard.finish(status);
+                }
+                Err(failure) => {
+                    guard.finish(failure.outcome());
+                    if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
+                        retry = admit::retry(self.state, &cluster);
+                    }
+                    if retry.is_none() {
+                        return Err(failure.reply());
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt to endpoint `index`, holding a `max_pending` slot until
+    /// its response headers arrive.
+    async fn attempt(
+        &self,
+        cluster: &UpstreamCluster,
+        index: usize,
+        body: Option<UpstreamBody>,
+        record: &Completion,
+    ) -> Result<Response<Incoming>, attempt::Failure> {
+        let _pending =
+            admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
+        let body = body.unwrap_or_else(|| Empty::new().map_err(|never| match never {}).boxed());
+        let forward = headers::Forward {
+            peer: self.client,
+            request_id: &record.request_id,
+            upgrading: self.upgrading,
+            forwarding: self.forwarding,
+            http2: cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
+        };
+        let headers = headers::forwarded_headers(&self.parts.headers, &forward);
+        let req = headers::build_request(self.parts, headers, cluster, index, body)
+            .map_err(|_| attempt::Failure::BadRequest)?;
+        let timeout = record
+            .deadline
+            .map_or(cluster.config.timeouts.request, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+        attempt::send(cluster, req, timeout, &record.fault).await
+    }
+}

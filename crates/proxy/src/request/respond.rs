@@ -1,0 +1,161 @@
+//! Stage 5, respond: stream the upstream response downstream, or build the
+//! proxy's own answer. Every local status goes through [`LocalReply`].
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::body::{Completion, ProxyBody};
+use crate::config::Fallback;
+use crate::listener::Downstream;
+use crate::request::headers::strip_hop_by_hop;
+
+/// A response the proxy makes itself, and the reason it is counted under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: StatusCode,
+    pub body: Bytes,
+    /// Label of `proxy_local_replies` (`no_route`, `overflow`, `timeout`, ...).
+    pub reason: &'static str,
+    pub content_type: HeaderValue,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u32>,
+    /// Adds `Allow` (the methods forwarded), for a `405`.
+    pub allow: bool,
+    /// Closes the HTTP/1 connection after the reply: what follows a
+    /// refused head cannot be trusted to be framed as the client meant.
+    pub close: bool,
+}
+
+impl LocalReply {
+    /// A plain-text reply.
+    pub fn text(status: StatusCode, text: impl Into<Bytes>, reason: &'static str) -> Self {
+        Self {
+            status,
+            body: text.into(),
+            reason,
+            content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
+            retry_after: None,
+            allow: false,
+            close: false,
+        }
+    }
+
+    /// A request shed by a circuit breaker or budget.
+    pub fn overflow(limit: &'static str) -> Self {
+        Self::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("overflow: {limit}\n"),
+            "overflow",
+        )
+    }
+
+    /// The cluster's fallback answer, or a plain 503, when no endpoint is usable.
+    pub fn no_endpoint(fallback: Option<&Fallback>) -> Self {
+        let Some(f) = fallback else {
+            return Self::text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no healthy upstream\n",
+                "no_endpoint",
+            );
+        };
+        let status = StatusCode::from_u16(f.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let mut r = Self::text(status, f.body.clone(), "fallback");
+        if let Ok(v) = HeaderValue::from_str(&f.content_type) {
+            r.content_type = v;
+        }
+        r
+    }
+
+    /// Adds `Retry-After: secs`.
+    pub fn retry_after(mut self, secs: Option<u32>) -> Self {
+        self.retry_after = secs;
+        self
+    }
+
+    /// The response, counted and recorded in `record`.
+    pub fn respond(self, mut record: Completion) -> Response<ProxyBody> {
+        record
+            .state
+            .metrics
+            .local_reply(&record.listener, self.reason);
+        record.status = self.status.as_u16();
+        // A local body is complete at once: no deadline cuts it.
+        record.deadline = None;
+        let mut resp = Response::new(ProxyBody::full(self.body, Some(record)));
+        *resp.status_mut() = self.status;
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, self.content_type);
+        if self.close {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if self.allow {
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH"),
+            );
+        }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// The upstream response, sent downstream: hop-by-hop headers removed. On
+/// `101 Switching Protocols` the two upgraded connections are spliced in a
+/// tunnel that keeps `record` (and so its slot and guard) until it closes.
+pub fn proxied(
+    mut resp: Response<Incoming>,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+    mut record: Completion,
+    downstream: &Downstream,
+) -> Response<ProxyBody> {
+    let status = resp.status();
+    record.status = status.as_u16();
+    let switching = status == StatusCode::SWITCHING_PROTOCOLS;
+    strip_hop_by_hop(resp.headers_mut(), switching);
+    if switching && let Some(down) = upgrade {
+        let up = hyper::upgrade::on(&mut resp);
+        let idle = downstream.settings().timeouts.stream_idle;
+        crate::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
+        let (parts, body) = resp.into_parts();
+        return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
+    }
+    let (parts, body) = resp.into_parts();
+    Response::from_parts(parts, ProxyBody::new(body.boxed(), Some(record)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallback_replaces_the_plain_503() {
+        let plain = LocalReply::no_endpoint(None);
+        assert_eq!(plain.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(plain.reason, "no_endpoint");
+        let f = Fallback {
+            status: 200,
+            body: "sorry".into(),
+            content_type: "text/html".into(),
+        };
+        let r = LocalReply::no_endpoint(Some(&f));
+        assert_eq!(
+            (r.status, r.reason, &r.body[..]),
+            (StatusCode::OK, "fallback", &b"sorry"[..])
+        );
+        assert_eq!(r.content_type, "text/html");
+    }
+
+    #[test]
+    fn overflow_names_the_limit() {
+        let r = LocalReply::overflow("max_pending");
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(&r.body[..], b"overflow: max_pending\n");
+    }
+}

@@ -1,0 +1,325 @@
+//! Edge limits through real sockets: upgrades, refused methods, head
+//! limits, `max_connections` under a slowloris flood, the request timeout.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends `request` on a fresh connection and reads until the response head ends.
+async fn head_of(addr: SocketAddr, request: &[u8]) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(Duration::from_secs(20), s.read(&mut byte)).await {
+            Ok(Ok(1)) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    (s, String::from_utf8_lossy(&head).to_lowercase())
+}
+
+/// A metric's value on `/metrics` (the first line starting with `prefix`).
+async fn metric(p: &meshless_proxy::Proxy, prefix: &str) -> f64 {
+    let (_, text) = admin(p, "/metrics").await;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn active_requests(p: &meshless_proxy::Proxy) -> u64 {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v[0]["active_requests"].as_u64().unwrap()
+}
+
+/// Reads until EOF (or an error); panics if it does not come in 20 s.
+async fn wait_closed(s: &mut TcpStream) {
+    let mut buf = [0u8; 64];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return,
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("connection still open"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_upgrade_is_refused_and_forwarded_plain() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let (_s, head) = head_of(
+        addr,
+        b"GET /upgrade HTTP/1.1\r\nHost: t\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+    )
+    .await;
+    // The backend switches for any Upgrade it sees: a 200 proves it saw none.
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("upgrade: h2c"), "{head}");
+    assert_eq!(
+        metric(&p, "meshless_proxy_upgrades_refused_total{").await,
+        1.0
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_counts_as_a_request_until_it_closes() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    timeouts: { stream_idle: 500ms }\n    routes:",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let ws =
+        b"GET /upgrade HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let (mut s, head) = head_of(addr, ws).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    s.write_all(b"ping").await.unwrap();
+    let mut echo = [0u8; 4];
+    s.read_exact(&mut echo).await.unwrap();
+    assert_eq!(&echo, b"ping");
+    assert_eq!(
+        active_requests(&p).await,
+        1,
+        "an open tunnel is an active request"
+    );
+    // Nothing more is sent: the idle tunnel is closed, and its slot freed.
+    wait_closed(&mut s).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while active_requests(&p).await != 0 {
+        assert!(Instant::now() < deadline, "tunnel slot not given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_is_closed_when_the_drain_ends() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace("drain_timeout: 5s", "drain_timeout: 300ms");
+    let (p, addr) = proxy(&yaml).await;
+    let ws =
+        b"GET /upgrade HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let (mut s, head) = head_of(addr, ws).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    let shutdown = tokio::spawn(p.shutdown());
+    wait_closed(&mut s).await;
+    tokio::time::timeout(Duration::from_secs(20), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_and_trace_are_refused() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let (_s, head) = head_of(
+        addr,
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 501"), "{head}");
+    let (_s, head) = head_of(addr, b"TRACE / HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 405"), "{head}");
+    assert!(head.contains("allow: "), "{head}");
+    assert_eq!(bs[0].requests(), 0, "nothing reached the backend");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_heads_are_refused_with_431_and_414() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(200 * 1024)
+    );
+    let (_s, head) = head_of(addr, big.as_bytes()).await;
+    assert!(head.starts_with("http/1.1 431"), "{head}");
+    let mut many = String::from("GET / HTTP/1.1\r\nHost: t\r\n");
+    for i in 0..2000 {
+        many.push_str(&format!("X-H{i}: 1\r\n"));
+    }
+    many.push_str("\r\n");
+    let (_s, head) = head_of(addr, many.as_bytes()).await;
+    assert!(head.starts_with("http/1.1 431"), "{head}");
+    let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(9 * 1024));
+    let (_s, head) = head_of(addr, long.as_bytes()).await;
+    assert!(head.starts_with("http/1.1 414"), "{head}");
+    assert_eq!(bs[0].requests(), 0, "nothing reached the backend");
+    p.shutdown().await;
+}
+
+/// A slowloris flood (connections that send a header byte now and then)
+/// three times `max_connections`: the proxy never serves more than the cap
+/// at once, counts the overflow, and a normal request still gets through
+/// once `request_headers` cuts the slow ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_is_held_to_max_connections() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    max_connections: 20\n    timeouts: { request_headers: 1s }\n    routes:",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..60 {
+        flood.spawn(async move {
+            let Ok(mut s) = TcpStream::connect(addr).await else {
+                return;
+            };
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n").await;
+            for _ in 0..100 {
+                if s.write_all(b"X-a: b\r\n").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+    let normal = tokio::spawn(async move { get(&client(), addr, "/", &[]).await.0 });
+    let mut peak = 0.0f64;
+    while !normal.is_finished() {
+        peak = peak.max(
+            metric(
+                &p,
+                "meshless_proxy_downstream_connections{listener=\"web\"}",
+            )
+            .await,
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(normal.await.unwrap(), http::StatusCode::OK);
+    assert!((1.0..=20.0).contains(&peak), "peak {peak}");
+    assert!(metric(&p, "meshless_proxy_downstream_connections_at_limit_total{").await >= 1.0);
+    flood.abort_all();
+    p.shutdown().await;
+}
+
+/// An upload that trickles is cut by the cluster's request timeout, which
+/// covers the exchange to the last response byte, and frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_is_cut_by_the_request_timeout() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "    timeouts: { request: 1s }\n")).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n")
+        .await
+        .unwrap();
+    let trickle = async {
+        loop {
+            if s.write_all(b"x").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // Writes stop working once the proxy closes the connection.
+    tokio::time::timeout(Duration::from_secs(20), trickle)
+        .await
+        .expect("the slow upload is cut");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while active_requests(&p).await != 0 {
+        assert!(Instant::now() < deadline, "slot not given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(metrics.contains("class=\"timeout\""), "{metrics}");
+    p.shutdown().await;
+}
+
+/// A connection whose request outlives the drain is closed when the drain
+/// timeout ends, and shutdown does not wait for the endpoint's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_timeout_closes_what_is_left() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace("drain_timeout: 5s", "drain_timeout: 300ms");
+    let (p, addr) = proxy(&yaml).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /?delay_ms=600000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while active_requests(&p).await != 1 {
+        assert!(Instant::now() < deadline, "request never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shutdown = tokio::spawn(p.shutdown());
+    wait_closed(&mut s).await;
+    tokio::time::timeout(Duration::from_secs(20), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// With `drain_delay`, `/ready` fails at once while the listener still
+/// serves; only then does it close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_fails_before_listeners_close() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace("drain_timeout: 5s", "drain_timeout: 1s\ndrain_delay: 5s");
+    let (p, addr) = proxy(&yaml).await;
+    let admin_addr = p.admin_addr();
+    let shutdown = tokio::spawn(p.shutdown());
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, _) = get(&c, admin_addr, "/ready", &[]).await;
+        if status != http::StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/ready never failed");
+    }
+    // Not ready, but still serving: one request well inside the 5 s delay.
+    assert_eq!(get(&client(), addr, "/", &[]).await.0, http::StatusCode::OK);
+    tokio::time::timeout(Duration::from_secs(20), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+}
+
+/// Dot-segments are removed before routing: `/public/../admin` is routed
+/// as `/admin` (no route here, 404), never to the `/public` route; with
+/// `dot_segments: reject` it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_are_normalised_before_routing() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    routes:\n      - { match: { path_prefix: /public }, cluster: c }\n",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let (_s, head) = head_of(addr, b"GET /public/x HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    for raw in [
+        &b"GET /public/../admin HTTP/1.1\r\nHost: t\r\n\r\n"[..],
+        &b"GET /public/%2e%2e/admin HTTP/1.1\r\nHost: t\r\n\r\n"[..],
+    ] {
+        let (_s, head) = head_of(addr, raw).await;
+        assert!(head.starts_with("http/1.1 404"), "{head}");
+    }
+    p.shutdown().await;
+    let rejecting = yaml.replace(
+        "    routes:\n",
+        "    paths: { dot_segments: reject }\n    routes:\n",
+    );
+    let (p, addr) = proxy(&rejecting).await;
+    let (_s, head) = head_of(addr, b"GET /public/../admin HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+    p.shutdown().await;
+}
