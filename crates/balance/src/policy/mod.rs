@@ -183,7 +183,8 @@ pub(crate) fn pick_hashed(
         return None;
     }
     let mut pos = table.home_position(key);
-    let mut rng = SplitMix64::new(key ^ PROBE_SEED);
+    // Seeded on the first miss only: the healthy path stays one lookup.
+    let mut rng: Option<SplitMix64> = None;
     for _ in 0..HASH_WALK_LIMIT.min(n) {
         let e = table.endpoint_at(pos);
         if view.eligible(e) {
@@ -192,7 +193,9 @@ pub(crate) fn pick_hashed(
         pos = match probe {
             Probe::Next if pos + 1 == n => 0,
             Probe::Next => pos + 1,
-            Probe::Random => rng.below(n),
+            Probe::Random => rng
+                .get_or_insert_with(|| SplitMix64::new(key ^ PROBE_SEED))
+                .below(n),
         };
     }
     pick_eligible_weighted(view, members, &mut SplitMix64::new(key))
