@@ -2,7 +2,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Balancer, HashTable, View, pick_hashed};
+use super::{Balancer, HashTable, Probe, View, pick_hashed};
 use crate::context::PickContext;
 
 /// Default lookup-table size: prime, as in the paper and Envoy.
@@ -133,7 +133,13 @@ impl HashTable for Maglev {
 
 impl Balancer for Maglev {
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
-        pick_hashed(self, &self.members, view, ctx.key.unwrap_or(ctx.entropy))
+        pick_hashed(
+            self,
+            &self.members,
+            view,
+            ctx.key.unwrap_or(ctx.entropy),
+            Probe::Random,
+        )
     }
 }
 

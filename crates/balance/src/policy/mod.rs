@@ -151,30 +151,52 @@ pub(crate) trait HashTable: fmt::Debug + Send + Sync {
 /// Walk budget along a hash table before falling back to a scan.
 const HASH_WALK_LIMIT: usize = 64;
 
+/// How a consistent-hash pick looks past an ineligible home endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The next position along the table (a ring: the next point clockwise,
+    /// which is what a ring rebuilt without the endpoint would answer).
+    Next,
+    /// Pseudo-random positions derived from the key (Maglev: its entries of
+    /// one endpoint form an arithmetic progression, so the entry after a
+    /// down endpoint's run is not a weight-proportional draw; a random
+    /// position is).
+    Random,
+}
+
+/// Seeds the random probe sequence of a key.
+const PROBE_SEED: u64 = 0x7072_6f62_6570_726f;
+
 /// Plain consistent-hash pick: the home endpoint of `key`, or, when it is
-/// not eligible, the next eligible one along the table (neighbours on a ring
-/// or Maglev table belong to pseudo-random endpoints, so an ejected
-/// endpoint's keys spread out); deterministic for a given key and state.
+/// not eligible, the first eligible one along the key's probe sequence, so a
+/// down endpoint's keys spread over live ones in proportion to weight and no
+/// other key moves; deterministic for a given key and state.
 pub(crate) fn pick_hashed(
     table: &dyn HashTable,
     members: &[u32],
     view: &View<'_>,
     key: u64,
+    probe: Probe,
 ) -> Option<u32> {
     let n = table.positions();
     if n == 0 {
         return None;
     }
     let mut pos = table.home_position(key);
+    // Seeded on the first miss only: the healthy path stays one lookup.
+    let mut rng: Option<SplitMix64> = None;
     for _ in 0..HASH_WALK_LIMIT.min(n) {
         let e = table.endpoint_at(pos);
         if view.eligible(e) {
             return Some(e);
         }
-        pos += 1;
-        if pos == n {
-            pos = 0;
-        }
+        pos = match probe {
+            Probe::Next if pos + 1 == n => 0,
+            Probe::Next => pos + 1,
+            Probe::Random => rng
+                .get_or_insert_with(|| SplitMix64::new(key ^ PROBE_SEED))
+                .below(n),
+        };
     }
     pick_eligible_weighted(view, members, &mut SplitMix64::new(key))
 }

@@ -2,7 +2,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Balancer, HashTable, View, pick_hashed};
+use super::{Balancer, HashTable, Probe, View, pick_hashed};
 use crate::context::PickContext;
 
 /// Smallest automatic ring (Envoy's `minimum_ring_size` default).
@@ -119,7 +119,13 @@ impl HashTable for RingHash {
 
 impl Balancer for RingHash {
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32> {
-        pick_hashed(self, &self.members, view, ctx.key.unwrap_or(ctx.entropy))
+        pick_hashed(
+            self,
+            &self.members,
+            view,
+            ctx.key.unwrap_or(ctx.entropy),
+            Probe::Next,
+        )
     }
 }
 
