@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -294,6 +293,117 @@ async fn resume_replays_deltas_or_falls_back_to_a_snapshot() {
     plane.shutdown().await;
 }
 
+/// The control plane's metrics page.
+async fn plane_metrics(api: SocketAddr) -> String {
+    get(&client(), api, "/metrics", &[]).await.2
+}
+
+/// Waits until the control plane counts `n` connected subscribers.
+async fn wait_subscribers(api: SocketAddr, n: u64) {
+    eventually(&format!("{n} subscribers"), || async move {
+        metric(&plane_metrics(api).await, "meshless_control_subscribers") == Some(n as f64)
+    })
+    .await;
+}
+
+/// Opens a raw subscription to `shop/cart` that is never read.
+async fn stalled_subscriber(grpc: SocketAddr) -> (tonic::Streaming<v1::ServerMessage>, tokio::sync::mpsc::Sender<ClientMessage>) {
+    let mut client = DistributionClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ClientMessage {
+        msg: Some(client_message::Msg::Hello(v1::Hello {
+            services: vec!["shop/cart".into()],
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("hello");
+    let inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    (inbound, tx)
+}
+
+/// Reads `inbound` until a delta or snapshot at or above `version` has
+/// been applied; returns (messages, endpoints held, delta bytes).
+async fn read_until(
+    inbound: &mut tonic::Streaming<v1::ServerMessage>,
+    version: u64,
+) -> (usize, usize, usize) {
+    let mut table: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let (mut messages, mut bytes, mut seen) = (0, 0, 0u64);
+    while seen < version {
+        let m = tokio::time::timeout(DEADLINE, inbound.message())
+            .await
+            .expect("a message before the deadline")
+            .expect("stream ok")
+            .expect("stream open");
+        match m.msg {
+            Some(server_message::Msg::Delta(b)) => {
+                bytes += b.len();
+                messages += 1;
+                let d = decode_delta(&b).expect("delta");
+                if d.reset {
+                    table.clear();
+                }
+                table.extend(d.upserted.iter().map(|e| e.id.clone()));
+                for r in &d.removed {
+                    table.remove(r);
+                }
+                seen = seen.max(d.version);
+            }
+            Some(server_message::Msg::SnapshotDone(done)) => seen = seen.max(done.version),
+            _ => {}
+        }
+    }
+    (messages, table.len(), bytes)
+}
+
+/// 1,000 changes of 200 endpoints each (~12 MB of deltas, far more than
+/// the HTTP/2 flow-control windows hold); returns the last version and the
+/// bytes of one delta times 1,000.
+async fn write_rounds(api: SocketAddr, round: u8) -> (u64, usize) {
+    let mut last = 0;
+    for i in 0..1000u32 {
+        let put: Vec<_> = (0..200u32)
+            .map(|k| {
+                endpoint(
+                    &format!("e{k}"),
+                    SocketAddr::from(([10 + round, (i % 200) as u8, (k / 250) as u8, (k % 250) as u8], 80)),
+                )
+            })
+            .collect();
+        let (s, v) = call(
+            api,
+            Method::POST,
+            "/v1/services/shop/cart/endpoints",
+            serde_json::json!({ "put": put }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        last = v["version"].as_u64().expect("version");
+    }
+    // One delta of 200 endpoints, encoded as the control plane does.
+    let one = meshless_api::encode_delta(&v1::Delta {
+        version: last,
+        service: "shop/cart".into(),
+        upserted: (0..200u32)
+            .map(|k| v1::Endpoint {
+                id: format!("e{k}"),
+                addresses: vec![format!("10.{round}.{}.{}", k / 250, k % 250)],
+                port: 80,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    (last, one.len() * 1000)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_subscriber_neither_grows_memory_nor_delays_others() {
     let mut cfg = control_config(None);
@@ -302,83 +412,45 @@ async fn a_stalled_subscriber_neither_grows_memory_nor_delays_others() {
     let api = plane.api_addr();
     register(api, &backends(1).await).await;
     // The stalled one: opens a stream and never reads it.
-    let mut stalled_client = DistributionClient::connect(format!("http://{}", plane.grpc_addr()))
-        .await
-        .expect("connect");
-    let (stx, srx) = tokio::sync::mpsc::channel(4);
-    stx.send(ClientMessage {
-        msg: Some(client_message::Msg::Hello(v1::Hello {
-            services: vec!["shop/cart".into()],
-            ..Default::default()
-        })),
-    })
-    .await
-    .expect("hello");
-    let mut stalled = stalled_client
-        .stream(ReceiverStream::new(srx))
-        .await
-        .expect("stream")
-        .into_inner();
-    // A live one reads everything.
-    let grpc = plane.grpc_addr();
-    let live = tokio::spawn(async move { subscribe(grpc, 0, Duration::from_millis(1500)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // Large deltas: 1,000 changes of 200 endpoints each (~12 MB in all,
-    // more than the HTTP/2 flow-control windows hold).
-    for i in 0..1000u32 {
-        let put: Vec<_> = (0..200u32)
-            .map(|k| {
-                endpoint(
-                    &format!("e{k}"),
-                    SocketAddr::from(([10, (i % 200) as u8, (k / 250) as u8, (k % 250) as u8], 80)),
-                )
-            })
-            .collect();
-        let (s, _) = call(
-            api,
-            Method::POST,
-            "/v1/services/shop/cart/endpoints",
-            serde_json::json!({ "put": put }),
-        )
-        .await;
-        assert_eq!(s, StatusCode::OK);
-    }
-    let (deltas, _) = live.await.expect("live");
-    assert_eq!(
-        deltas.len(),
-        1 + 1000,
-        "the live subscriber got every delta"
-    );
-    // The stalled one now reads: it gets coalesced state, not 1,000 deltas.
-    let mut received = 0;
-    let mut last: HashMap<String, usize> = HashMap::new();
-    while let Ok(Ok(Some(m))) =
-        tokio::time::timeout(Duration::from_millis(500), stalled.message()).await
-    {
-        if let Some(server_message::Msg::Delta(b)) = m.msg {
-            let d = decode_delta(&b).expect("delta");
-            received += 1;
-            if d.reset {
-                last.insert(d.service.clone(), d.upserted.len());
-            }
-        }
-    }
-    assert!(received < 1001, "coalesced: {received} messages");
-    assert_eq!(
-        last.get("shop/cart"),
-        Some(&201),
-        "ends with the full state"
-    );
-    let (_, metrics) = {
-        let req = Request::get(format!("http://{api}/metrics"))
-            .body(Full::new(Bytes::new()))
-            .expect("req");
-        let resp = client().request(req).await.expect("resp");
-        let b = resp.into_body().collect().await.expect("body").to_bytes();
-        ((), String::from_utf8_lossy(&b).into_owned())
-    };
+    let (mut stalled, _stalled_tx) = stalled_subscriber(plane.grpc_addr()).await;
+    // A live one reads everything, in its own task.
+    let (mut live, _live_tx) = stalled_subscriber(plane.grpc_addr()).await;
+    wait_subscribers(api, 2).await;
+    let (last_tx, last_rx) = tokio::sync::oneshot::channel::<u64>();
+    let live_task = tokio::spawn(async move {
+        let last = last_rx.await.expect("last version");
+        read_until(&mut live, last).await
+    });
+    let (last, published) = write_rounds(api, 1).await;
+    let _ = last_tx.send(last);
+    // Not delayed: the live subscriber reaches the last version while the
+    // stalled one still has not read a byte.
+    let (live_messages, live_endpoints, _) = live_task.await.expect("live");
+    assert_eq!(live_endpoints, 201, "the live subscriber holds the full state");
     assert!(
-        !metrics.contains("meshless_control_coalesced_total 0"),
+        live_messages <= 1 + 1000,
+        "at most one message per change: {live_messages}"
+    );
+    // Memory: everything held for the stalled subscriber is delivered to it
+    // once it reads, so what it then receives is what was held. That is
+    // bounded by the mechanism, not by how much was published: the
+    // subscriber's queue (64 messages), the server's HTTP/2 send buffer
+    // (h2 default 400 KiB), the client's stream window (hyper default
+    // 2 MiB) and one reset. Holding the missed deltas instead would deliver
+    // all of them.
+    let one = published / 1000;
+    let bound = 64 * one + 400 * 1024 + 2 * 1024 * 1024 + 2 * one;
+    assert!(bound < published, "the test publishes more than the bound");
+    let (received, endpoints, bytes) = read_until(&mut stalled, last).await;
+    assert!(
+        bytes <= bound,
+        "a stalled subscriber held {bytes} bytes (bound {bound}, published {published})"
+    );
+    assert!(received < 1001, "coalesced: {received} messages");
+    assert_eq!(endpoints, 201, "ends with the full state");
+    let metrics = plane_metrics(api).await;
+    assert!(
+        metric(&metrics, "meshless_control_coalesced_total").unwrap_or(0.0) >= 1.0,
         "{metrics}"
     );
     plane.shutdown().await;
