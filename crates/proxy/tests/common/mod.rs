@@ -395,3 +395,93 @@ impl Relay {
         let _ = self.task.await;
     }
 }
+
+// ---------------------------------------------------------------------
+// The control plane, as the proxy's tests use it.
+// ---------------------------------------------------------------------
+
+/// A control plane config on 127.0.0.1 port 0, in memory or in `data_dir`.
+pub fn plane_config(data_dir: Option<std::path::PathBuf>) -> meshless_control::config::ControlConfig {
+    meshless_control::config::ControlConfig {
+        api_address: "127.0.0.1:0".parse().expect("addr"),
+        grpc_address: "127.0.0.1:0".parse().expect("addr"),
+        data_dir,
+        ..meshless_control::config::ControlConfig::default()
+    }
+}
+
+/// One call to the registration API: status and JSON body (Null if none).
+pub async fn api_call(
+    api: SocketAddr,
+    method: http::Method,
+    path: &str,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{api}{path}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = client().request(req).await.expect("response");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// The registration body of one endpoint at `addr`.
+pub fn endpoint_json(id: &str, addr: SocketAddr) -> serde_json::Value {
+    serde_json::json!({ "id": id, "addresses": [addr.ip().to_string()], "port": addr.port() })
+}
+
+/// Creates service `shop/cart` with one endpoint per `(id, addr)`; returns
+/// the registry version after the write.
+pub async fn register_cart(api: SocketAddr, endpoints: &[(&str, SocketAddr)]) -> u64 {
+    let (s, _) = api_call(
+        api,
+        http::Method::PUT,
+        "/v1/services/shop/cart",
+        serde_json::json!({ "ports": [{ "port": 80 }] }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let put: Vec<_> = endpoints
+        .iter()
+        .map(|(id, a)| endpoint_json(id, *a))
+        .collect();
+    let (s, body) = api_call(
+        api,
+        http::Method::POST,
+        "/v1/services/shop/cart/endpoints",
+        serde_json::json!({ "put": put }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    body["version"].as_u64().expect("version")
+}
+
+/// A proxy config whose cluster `cart` follows service `shop/cart` at `grpc`.
+pub fn cart_proxy_yaml(grpc: SocketAddr, cluster_extra: &str) -> String {
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: cart }}]\nclusters:\n  - name: cart\n    service: shop/cart\n{cluster_extra}"
+    )
+}
+
+/// Addresses of the endpoints the proxy's cluster `name` holds now, from `/clusters`.
+pub async fn cluster_addresses(p: &Proxy, name: &str) -> Vec<String> {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let clusters = v
+        .as_array()
+        .cloned()
+        .or_else(|| v["clusters"].as_array().cloned())
+        .unwrap_or_default();
+    clusters
+        .iter()
+        .filter(|c| c["name"] == name)
+        .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| e["address"].as_str().map(str::to_owned))
+        .collect()
+}
