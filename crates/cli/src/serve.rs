@@ -150,18 +150,49 @@ pub fn backend(args: BackendArgs) -> Result<()> {
 /// The demo configuration, shipped in the binary.
 const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
 
-pub fn demo() -> Result<()> {
-    let config = ProxyConfig::parse(DEMO_CONFIG, "examples/demo.yaml")?;
+/// Arguments of `meshless demo`: the README's fixed ports by default.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Proxy listener.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Admin server.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+    /// The three backends (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:9101,127.0.0.1:9102,127.0.0.1:9103"
+    )]
+    pub backends: Vec<SocketAddr>,
+}
+
+pub fn demo(args: &DemoArgs) -> Result<()> {
+    // The shipped file names the default addresses; other ones replace them.
+    let mut yaml = DEMO_CONFIG
+        .replace("127.0.0.1:8080", &args.listen.to_string())
+        .replace("127.0.0.1:9901", &args.admin.to_string());
+    for (i, addr) in args.backends.iter().enumerate() {
+        yaml = yaml.replace(&format!("127.0.0.1:910{}", i + 1), &addr.to_string());
+    }
+    if args.backends.len() != 3 {
+        bail!(
+            "--backends: three addresses are needed, got {}",
+            args.backends.len()
+        );
+    }
+    let config = ProxyConfig::parse(&yaml, "examples/demo.yaml")?;
     runtime(None)?.block_on(async {
         let mut backends = Vec::new();
-        for (port, name) in [
-            (9101, "backend-1"),
-            (9102, "backend-2"),
-            (9103, "backend-3"),
-        ] {
+        for (addr, name) in args
+            .backends
+            .iter()
+            .zip(["backend-1", "backend-2", "backend-3"])
+        {
             let b = Backend::start(BackendConfig {
                 name: name.into(),
-                listen: SocketAddr::from(([127, 0, 0, 1], port)),
+                listen: *addr,
                 latency: Duration::ZERO,
                 fail_rate: 0.0,
                 startup_delay: Duration::ZERO,

@@ -100,7 +100,11 @@ async fn terminating_endpoint_drains_with_zero_failed_requests() {
         serde_json::Value::Null,
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "DELETE of a terminating endpoint: {body}");
+    assert_eq!(
+        s,
+        StatusCode::OK,
+        "DELETE of a terminating endpoint: {body}"
+    );
     phase.store(3, Ordering::SeqCst);
     settle(3).await;
     stop.store(1, Ordering::SeqCst);
@@ -110,11 +114,11 @@ async fn terminating_endpoint_drains_with_zero_failed_requests() {
     }
     let failed: Vec<&Record> = records.iter().filter(|r| r.1 != StatusCode::OK).collect();
     assert!(failed.is_empty(), "failed requests: {failed:?}");
-    let misrouted: Vec<&Record> = records
-        .iter()
-        .filter(|r| r.0 >= 1 && r.2 == "b1")
-        .collect();
-    assert!(misrouted.is_empty(), "sent to b1 after it turned terminating: {misrouted:?}");
+    let misrouted: Vec<&Record> = records.iter().filter(|r| r.0 >= 1 && r.2 == "b1").collect();
+    assert!(
+        misrouted.is_empty(),
+        "sent to b1 after it turned terminating: {misrouted:?}"
+    );
     assert!(
         records.iter().any(|r| r.0 == 0 && r.2 == "b1"),
         "b1 served before the change"

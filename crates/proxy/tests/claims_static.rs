@@ -16,7 +16,11 @@ use http::{Method, StatusCode};
 use meshless_control::plane::ControlPlane;
 
 /// Keep-alive clients sending GETs until `stop`; returns (ok, failed).
-fn traffic(addr: SocketAddr, stop: Arc<AtomicBool>, ok: Arc<AtomicU64>) -> Vec<tokio::task::JoinHandle<u64>> {
+fn traffic(
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
     (0..2)
         .map(|_| {
             let (stop, ok) = (stop.clone(), ok.clone());
@@ -64,14 +68,21 @@ async fn silent_stream_is_dropped_and_resumed_by_version_and_a_restart_costs_not
         .expect("plane");
     let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
     let bs = backends(3).await;
-    register_cart(api, &[("b0", bs[0].local_addr()), ("b1", bs[1].local_addr())]).await;
+    register_cart(
+        api,
+        &[("b0", bs[0].local_addr()), ("b1", bs[1].local_addr())],
+    )
+    .await;
     let relay = Relay::start(grpc).await;
     let (p, addr) = proxy(&cart_proxy_yaml(relay.local_addr(), "")).await;
     eventually("two endpoints", || async {
         cluster_addresses(&p, "cart").await.len() == 2
     })
     .await;
-    let (stop, ok) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (stop, ok) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let load = traffic(addr, stop.clone(), ok.clone());
     let snapshots = plane_metric(api, "meshless_control_snapshots_total").await;
     assert!(snapshots >= 1.0);
@@ -88,10 +99,14 @@ async fn silent_stream_is_dropped_and_resumed_by_version_and_a_restart_costs_not
     )
     .await;
     assert_eq!(s, StatusCode::OK);
-    within("reconnect after the silence limit", Duration::from_secs(60), || async {
-        plane_metric(api, "meshless_control_subscribers").await >= 2.0
-            && cluster_addresses(&p, "cart").await.len() == 3
-    })
+    within(
+        "reconnect after the silence limit",
+        Duration::from_secs(60),
+        || async {
+            plane_metric(api, "meshless_control_subscribers").await >= 2.0
+                && cluster_addresses(&p, "cart").await.len() == 3
+        },
+    )
     .await;
     assert_eq!(
         plane_metric(api, "meshless_control_snapshots_total").await,
@@ -136,7 +151,9 @@ async fn silent_stream_is_dropped_and_resumed_by_version_and_a_restart_costs_not
 async fn a_control_plane_with_a_younger_state_is_followed_not_skipped() {
     let bs = backends(2).await;
     // Plane A (in memory) reaches version > 30.
-    let a = ControlPlane::start(plane_config(None)).await.expect("plane a");
+    let a = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane a");
     let (api, grpc) = (a.api_addr(), a.grpc_addr());
     register_cart(api, &[("b0", bs[0].local_addr())]).await;
     bump(api, 40).await;
@@ -184,14 +201,23 @@ async fn a_control_plane_with_a_younger_state_is_followed_not_skipped() {
 
 /// `n` writes to another service: the registry version grows by `n`.
 async fn bump(api: SocketAddr, n: usize) {
-    let (s, _) = api_call(api, Method::PUT, "/v1/services/shop/other", serde_json::json!({})).await;
+    let (s, _) = api_call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/other",
+        serde_json::json!({}),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     for i in 0..n {
         let (s, _) = api_call(
             api,
             Method::PUT,
             &format!("/v1/services/shop/other/endpoints/x{}", i % 3),
-            endpoint_json(&format!("x{}", i % 3), SocketAddr::from(([127, 0, 0, 1], 9 + i as u16))),
+            endpoint_json(
+                &format!("x{}", i % 3),
+                SocketAddr::from(([127, 0, 0, 1], 9 + i as u16)),
+            ),
         )
         .await;
         assert_eq!(s, StatusCode::OK);

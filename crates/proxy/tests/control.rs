@@ -314,7 +314,12 @@ async fn wait_subscribers(api: SocketAddr, n: u64) {
 }
 
 /// Opens a raw subscription to `shop/cart` that is never read.
-async fn stalled_subscriber(grpc: SocketAddr) -> (tonic::Streaming<v1::ServerMessage>, tokio::sync::mpsc::Sender<ClientMessage>) {
+async fn stalled_subscriber(
+    grpc: SocketAddr,
+) -> (
+    tonic::Streaming<v1::ServerMessage>,
+    tokio::sync::mpsc::Sender<ClientMessage>,
+) {
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect");
@@ -380,7 +385,15 @@ async fn write_rounds(api: SocketAddr, round: u8) -> (u64, usize) {
             .map(|k| {
                 endpoint(
                     &format!("e{k}"),
-                    SocketAddr::from(([10 + round, (i % 200) as u8, (k / 250) as u8, (k % 250) as u8], 80)),
+                    SocketAddr::from((
+                        [
+                            10 + round,
+                            (i % 200) as u8,
+                            (k / 250) as u8,
+                            (k % 250) as u8,
+                        ],
+                        80,
+                    )),
                 )
             })
             .collect();
@@ -433,7 +446,10 @@ async fn a_stalled_subscriber_neither_grows_memory_nor_delays_others() {
     // Not delayed: the live subscriber reaches the last version while the
     // stalled one still has not read a byte.
     let (live_messages, live_endpoints, _) = live_task.await.expect("live");
-    assert_eq!(live_endpoints, 201, "the live subscriber holds the full state");
+    assert_eq!(
+        live_endpoints, 201,
+        "the live subscriber holds the full state"
+    );
     assert!(
         live_messages <= 1 + 1000,
         "at most one message per change: {live_messages}"

@@ -162,7 +162,10 @@ async fn health_checks_remove_and_restore() {
     let c = client();
     bs[1].set_failing(true);
     eventually("b1 marked unhealthy", || async {
-        admin(&p, "/clusters").await.1.contains("\"healthy\": false")
+        admin(&p, "/clusters")
+            .await
+            .1
+            .contains("\"healthy\": false")
     })
     .await;
     // b1 keeps failing its checks, so it stays out for the whole loop.
@@ -184,7 +187,10 @@ async fn health_checks_remove_and_restore() {
     })
     .await;
     assert!(
-        !admin(&p, "/clusters").await.1.contains("\"healthy\": false"),
+        !admin(&p, "/clusters")
+            .await
+            .1
+            .contains("\"healthy\": false"),
         "both healthy again"
     );
     p.shutdown().await;
@@ -334,7 +340,10 @@ async fn forwarding_headers_and_request_ids() {
     assert_eq!(text("x-forwarded-proto").as_deref(), Some("http"), "{h:?}");
     assert_eq!(text("x-custom").as_deref(), Some("kept"), "{h:?}");
     for hop in ["x-secret", "proxy-authorization", "connection"] {
-        assert!(h.get(hop).is_none(), "hop-by-hop {hop} not forwarded: {h:?}");
+        assert!(
+            h.get(hop).is_none(),
+            "hop-by-hop {hop} not forwarded: {h:?}"
+        );
     }
     // Requests without an id get a fresh one each.
     let ids: Vec<String> = seen[1..]
@@ -488,12 +497,19 @@ async fn circuit_breaker_sheds_excess_requests() {
     for t in held {
         assert_eq!(t.await.expect("task"), StatusCode::OK);
     }
-    assert_eq!(up.seen().len(), 2, "shed requests never reached the upstream");
+    assert_eq!(
+        up.seen().len(),
+        2,
+        "shed requests never reached the upstream"
+    );
     // The slots were given back.
     assert_eq!(get(&client(), addr, "/", &[]).await.0, StatusCode::OK);
     let (_, metrics) = admin(&p, "/metrics").await;
     assert_eq!(
-        metric_sum(&metrics, "meshless_proxy_overflows_total{cluster=\"c\",limit=\"max_requests\"}"),
+        metric_sum(
+            &metrics,
+            "meshless_proxy_overflows_total{cluster=\"c\",limit=\"max_requests\"}"
+        ),
         4.0,
         "{metrics}"
     );

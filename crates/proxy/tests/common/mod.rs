@@ -401,7 +401,9 @@ impl Relay {
 // ---------------------------------------------------------------------
 
 /// A control plane config on 127.0.0.1 port 0, in memory or in `data_dir`.
-pub fn plane_config(data_dir: Option<std::path::PathBuf>) -> meshless_control::config::ControlConfig {
+pub fn plane_config(
+    data_dir: Option<std::path::PathBuf>,
+) -> meshless_control::config::ControlConfig {
     meshless_control::config::ControlConfig {
         api_address: "127.0.0.1:0".parse().expect("addr"),
         grpc_address: "127.0.0.1:0".parse().expect("addr"),
