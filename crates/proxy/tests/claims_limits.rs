@@ -145,7 +145,7 @@ async fn send(c: &TestClient, addr: SocketAddr, method: Method, id: usize) -> (S
 
 fn ids(seen: &[Seen], method: &Method) -> Vec<String> {
     seen.iter()
-        .filter(|s| &s.method == method)
+        .filter(|s| s.method == *method)
         .filter_map(|s| s.headers.get("x-id")?.to_str().ok().map(str::to_owned))
         .collect()
 }
