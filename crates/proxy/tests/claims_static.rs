@@ -170,9 +170,19 @@ async fn a_control_plane_with_a_younger_state_is_followed_not_skipped() {
     cfg.api_address = api;
     cfg.grpc_address = grpc;
     let b = ControlPlane::start(cfg).await.expect("plane b");
-    register_cart(api, &[("b0", bs[0].local_addr())]).await;
+    register_cart(api, &[("b0-b", bs[0].local_addr())]).await;
+    // A change after B's snapshot: once the proxy has it, it has processed
+    // the snapshot's end too (same stream, in order).
+    let (s, _) = api_call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart/endpoints/b0-c",
+        endpoint_json("b0-c", bs[0].local_addr()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
     eventually("the proxy on plane b", || async {
-        plane_metric(api, "meshless_control_subscribers").await >= 1.0
+        admin(&p, "/clusters").await.1.contains("\"id\": \"b0-c\"")
     })
     .await;
     // The proxy loses plane B; meanwhile B changes the service, then
