@@ -268,7 +268,8 @@ async fn gated_accept(
                     tokio::pin!(conn);
                     tokio::select! {
                         _ = conn.as_mut() => return,
-                        _ = goaway.wait_for(|g| *g) => conn.as_mut().graceful_shutdown(),
+                        // Only connections open when GOAWAY is asked for.
+                        _ = goaway.changed() => conn.as_mut().graceful_shutdown(),
                     }
                     let _ = conn.await;
                 });
