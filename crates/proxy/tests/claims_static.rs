@@ -233,3 +233,31 @@ async fn bump(api: SocketAddr, n: usize) {
         assert_eq!(s, StatusCode::OK);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_an_idle_stream_past_the_silence_limit() {
+    let plane = ControlPlane::start(plane_config(None)).await.expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let bs = backends(1).await;
+    register_cart(api, &[("b0", bs[0].local_addr())]).await;
+    let (p, _addr) = proxy(&cart_proxy_yaml(grpc, "")).await;
+    eventually("the endpoint", || async {
+        cluster_addresses(&p, "cart").await.len() == 1
+    })
+    .await;
+    let snapshots = plane_metric(api, "meshless_control_snapshots_total").await;
+    // No change for longer than the 15 s silence limit: only heartbeats
+    // (every 5 s) flow, and they must keep the stream open.
+    let sent_before = plane_metric(api, "meshless_control_messages_sent_total").await;
+    tokio::time::sleep(Duration::from_secs(17)).await;
+    let sent = plane_metric(api, "meshless_control_messages_sent_total").await;
+    assert!(sent >= sent_before + 2.0, "heartbeats were sent: {sent_before} -> {sent}");
+    assert_eq!(
+        plane_metric(api, "meshless_control_snapshots_total").await,
+        snapshots,
+        "the stream was not dropped and reopened"
+    );
+    assert_eq!(plane_metric(api, "meshless_control_subscribers").await, 1.0);
+    p.shutdown().await;
+    plane.shutdown().await;
+}
