@@ -236,7 +236,9 @@ async fn bump(api: SocketAddr, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_an_idle_stream_past_the_silence_limit() {
-    let plane = ControlPlane::start(plane_config(None)).await.expect("plane");
+    let plane = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane");
     let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
     let bs = backends(1).await;
     register_cart(api, &[("b0", bs[0].local_addr())]).await;
@@ -251,7 +253,10 @@ async fn heartbeats_keep_an_idle_stream_past_the_silence_limit() {
     let sent_before = plane_metric(api, "meshless_control_messages_sent_total").await;
     tokio::time::sleep(Duration::from_secs(17)).await;
     let sent = plane_metric(api, "meshless_control_messages_sent_total").await;
-    assert!(sent >= sent_before + 2.0, "heartbeats were sent: {sent_before} -> {sent}");
+    assert!(
+        sent >= sent_before + 2.0,
+        "heartbeats were sent: {sent_before} -> {sent}"
+    );
     assert_eq!(
         plane_metric(api, "meshless_control_snapshots_total").await,
         snapshots,

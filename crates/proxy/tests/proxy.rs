@@ -55,36 +55,65 @@ async fn every_policy_balances_per_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_spills_past_the_bound() {
-    let bs = backends(4).await;
-    let extra =
-        "    balancer: { policy: bounded_load, hash_key: { header: x-user }, load_factor: 1.0 }\n";
-    let (p, addr) = proxy(&config(&bs, extra)).await;
-    let c = client();
-    let (_, home, _) = get(&c, addr, "/", &[("x-user", "hot")]).await;
-    // 8 concurrent slow requests with one key: at c = 1.0 no backend may
-    // hold more than ceil(8/4) = 2, so the key must spill.
+    // Consistent hashing with bounded loads (Mirrokni, Thorup,
+    // Zadimoghaddam): with m requests in flight, counting the one being
+    // placed, no endpoint holds more than ceil(c * m / n). Requests are
+    // held upstream and sent one at a time, so the bound is checked after
+    // every placement, from the upstreams' own counts.
+    let gs = [
+        Gated::start("g0").await,
+        Gated::start("g1").await,
+        Gated::start("g2").await,
+        Gated::start("g3").await,
+    ];
+    let eps: String = gs
+        .iter()
+        .map(|g| format!("      - {{ address: \"{}\" }}\n", g.local_addr()))
+        .collect();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    balancer: {{ policy: bounded_load, hash_key: {{ header: x-user }}, load_factor: 1.0 }}\n    endpoints:\n{eps}"
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let (_, pick) = admin(&p, "/pick?cluster=c&key=hot").await;
+    let home = gs
+        .iter()
+        .position(|g| pick.contains(&g.local_addr().to_string()))
+        .expect("home endpoint");
+    let n = gs.len();
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let c = c.clone();
+    for m in 1..=8usize {
         tasks.push(tokio::spawn(async move {
-            get(&c, addr, "/?delay_ms=300", &[("x-user", "hot")]).await
+            get(&client(), addr, "/", &[("x-user", "hot")]).await
         }));
+        eventually(&format!("{m} held"), || async {
+            gs.iter().map(Gated::held).sum::<usize>() == m
+        })
+        .await;
+        let held: Vec<usize> = gs.iter().map(Gated::held).collect();
+        let bound = m.div_ceil(n); // ceil(1.0 * m / n)
+        assert!(
+            held.iter().all(|&h| h <= bound),
+            "after {m}: {held:?} exceeds ceil(m/n) = {bound}"
+        );
+        if m == 1 {
+            assert_eq!(held[home], 1, "the first request goes home: {held:?}");
+        }
     }
-    let mut by: HashMap<String, u32> = HashMap::new();
+    let held: Vec<usize> = gs.iter().map(Gated::held).collect();
+    assert_eq!(
+        held,
+        vec![2; 4],
+        "8 requests at c = 1.0 fill every endpoint to 2"
+    );
+    for g in &gs {
+        g.open();
+    }
     for t in tasks {
-        let (s, b, _) = t.await.expect("task");
-        assert_eq!(s, StatusCode::OK);
-        *by.entry(b).or_default() += 1;
+        assert_eq!(t.await.expect("task").0, StatusCode::OK);
     }
-    assert!(by.len() >= 3, "the hot key spread: {by:?}");
-    assert!(
-        by.values().all(|&n| n <= 3),
-        "no backend far above the bound: {by:?}"
-    );
-    assert!(
-        by.get(&home).copied().unwrap_or(0) >= 1,
-        "the home endpoint still serves: {by:?}"
-    );
+    // Idle again: the key goes home.
+    let (_, b, _) = get(&client(), addr, "/", &[("x-user", "hot")]).await;
+    assert_eq!(b, gs[home].name);
     p.shutdown().await;
 }
 
