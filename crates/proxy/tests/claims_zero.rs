@@ -47,7 +47,7 @@ async fn a_burst_at_zero_is_held_up_to_the_queue_bound_and_the_rest_shed() {
         ) == Some(1.0)
     })
     .await;
-    assert!(BURST > CONTAINER_CONCURRENCY * MAX_INSTANCES + MAX_QUEUED);
+    const { assert!(BURST > CONTAINER_CONCURRENCY * MAX_INSTANCES + MAX_QUEUED) };
     let shed = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..BURST {

@@ -93,124 +93,6 @@ where
     panic!("timed out waiting for {what}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registration_is_validated() {
-    let plane = ControlPlane::start(control_config(None))
-        .await
-        .expect("plane");
-    let api = plane.api_addr();
-    let (s, _) = call(
-        api,
-        Method::PUT,
-        "/v1/services/shop/cart/endpoints/a",
-        endpoint("a", "127.0.0.1:1".parse().expect("addr")),
-    )
-    .await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "unknown service");
-    let (s, body) = call(
-        api,
-        Method::PUT,
-        "/v1/services/Shop/cart",
-        serde_json::json!({}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("namespace"),
-        "{body}"
-    );
-    call(
-        api,
-        Method::PUT,
-        "/v1/services/shop/cart",
-        serde_json::json!({}),
-    )
-    .await;
-    let bad = serde_json::json!({ "id": "a", "addresses": ["10.0.0.300"], "port": 80 });
-    let (s, body) = call(api, Method::PUT, "/v1/services/shop/cart/endpoints/a", bad).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("addresses[0]"),
-        "{body}"
-    );
-    let zero = serde_json::json!({ "id": "a", "addresses": ["10.0.0.3"], "port": 0 });
-    let (s, body) = call(api, Method::PUT, "/v1/services/shop/cart/endpoints/a", zero).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
-    let huge: Vec<_> = (0..100_000)
-        .map(|i| endpoint(&format!("e{i}"), "10.0.0.1:80".parse().expect("addr")))
-        .collect();
-    let (s, _) = call(
-        api,
-        Method::POST,
-        "/v1/services/shop/cart/endpoints",
-        serde_json::json!({ "put": huge }),
-    )
-    .await;
-    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
-    let (_, view) = call(
-        api,
-        Method::GET,
-        "/v1/services/shop/cart",
-        serde_json::Value::Null,
-    )
-    .await;
-    assert_eq!(
-        view["endpoints"].as_array().map(Vec::len),
-        Some(0),
-        "nothing stored"
-    );
-    plane.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_survives_a_restart() {
-    let dir = std::env::temp_dir().join(format!("meshless-plane-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let plane = ControlPlane::start(control_config(Some(dir.clone())))
-        .await
-        .expect("plane");
-    let bs = backends(3).await;
-    register(plane.api_addr(), &bs).await;
-    let (_, before) = call(
-        plane.api_addr(),
-        Method::GET,
-        "/v1/services/shop/cart",
-        serde_json::Value::Null,
-    )
-    .await;
-    plane.shutdown().await;
-    let plane = ControlPlane::start(control_config(Some(dir.clone())))
-        .await
-        .expect("plane");
-    let (_, after) = call(
-        plane.api_addr(),
-        Method::GET,
-        "/v1/services/shop/cart",
-        serde_json::Value::Null,
-    )
-    .await;
-    assert_eq!(before, after);
-    let (_, v) = call(
-        plane.api_addr(),
-        Method::DELETE,
-        "/v1/services/shop/cart/endpoints/b0",
-        serde_json::Value::Null,
-    )
-    .await;
-    assert!(
-        v["version"].as_u64() > before["version"].as_u64(),
-        "{v} vs {before}"
-    );
-    plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
-}
-
 /// A raw subscriber: reads until `deltas` deltas or a snapshot marker
 /// arrived; returns (deltas received, got a snapshot marker).
 async fn subscribe(grpc: SocketAddr, resume: u64, deltas: usize) -> (Vec<v1::Delta>, bool) {
@@ -479,128 +361,6 @@ async fn a_stalled_subscriber_neither_grows_memory_nor_delays_others() {
     plane.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_follows_the_control_plane_and_survives_its_absence() {
-    let dir = std::env::temp_dir().join(format!("meshless-static-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let plane = ControlPlane::start(control_config(Some(dir.clone())))
-        .await
-        .expect("plane");
-    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
-    let bs = backends(3).await;
-    register(api, &bs[..2]).await;
-    let (p, addr) = proxy(&proxy_yaml(grpc, "")).await;
-    let c = client();
-    wait_for("endpoints from the control plane", || async {
-        get(&client(), addr, "/", &[]).await.0 == StatusCode::OK
-    })
-    .await;
-    // The control plane goes away: the proxy keeps serving its last endpoints.
-    plane.shutdown().await;
-    for _ in 0..20 {
-        let (s, b, _) = get(&c, addr, "/", &[]).await;
-        assert_eq!(s, StatusCode::OK);
-        assert!(b == "b0" || b == "b1");
-    }
-    // It comes back on the same ports with its store; a new endpoint appears.
-    let mut cfg = control_config(Some(dir.clone()));
-    cfg.api_address = api;
-    cfg.grpc_address = grpc;
-    let plane = ControlPlane::start(cfg).await.expect("plane restarts");
-    let (s, _) = call(
-        api,
-        Method::PUT,
-        "/v1/services/shop/cart/endpoints/b2",
-        endpoint("b2", bs[2].local_addr()),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
-    wait_for("the proxy to catch up", || async {
-        let mut seen = false;
-        for _ in 0..6 {
-            seen |= get(&client(), addr, "/", &[]).await.1 == "b2";
-        }
-        seen
-    })
-    .await;
-    p.shutdown().await;
-    plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_guards_the_api_and_the_stream() {
-    let dir = std::env::temp_dir().join(format!("meshless-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let token = dir.join("token");
-    std::fs::write(&token, "s3cret\n").expect("token");
-    let mut cfg = control_config(None);
-    cfg.token_file = Some(token.clone());
-    let plane = ControlPlane::start(cfg).await.expect("plane");
-    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
-    let (s, _) = call(
-        api,
-        Method::PUT,
-        "/v1/services/shop/cart",
-        serde_json::json!({}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED);
-    let req = Request::put(format!("http://{api}/v1/services/shop/cart"))
-        .header("authorization", "Bearer s3cret")
-        .body(Full::new(Bytes::from("{}")))
-        .expect("request");
-    assert_eq!(
-        client().request(req).await.expect("response").status(),
-        StatusCode::OK
-    );
-    // The stream refuses a proxy without the token...
-    let mut raw = DistributionClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connect");
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(ClientMessage {
-        msg: Some(client_message::Msg::Hello(v1::Hello::default())),
-    })
-    .await
-    .expect("hello");
-    let err = raw
-        .stream(ReceiverStream::new(rx))
-        .await
-        .expect_err("unauthenticated");
-    assert_eq!(err.code(), tonic::Code::Unauthenticated);
-    // ...and serves one configured with it.
-    let bs = backends(1).await;
-    let put = endpoint("b0", bs[0].local_addr());
-    let req = Request::put(format!("http://{api}/v1/services/shop/cart/endpoints/b0"))
-        .header("authorization", "Bearer s3cret")
-        .body(Full::new(Bytes::from(put.to_string())))
-        .expect("request");
-    assert_eq!(
-        client().request(req).await.expect("response").status(),
-        StatusCode::OK
-    );
-    let yaml = proxy_yaml(grpc, "").replacen(
-        &format!("control: {{ address: \"{grpc}\" }}"),
-        &format!(
-            "control: {{ address: \"{grpc}\", token_file: \"{}\" }}",
-            token.display()
-        ),
-        1,
-    );
-    let (p, addr) = proxy(&yaml).await;
-    wait_for("endpoints through the guarded stream", || async {
-        get(&client(), addr, "/", &[]).await.1 == "b0"
-    })
-    .await;
-    p.shutdown().await;
-    plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
-    // Non-loopback addresses without a token are refused at load time.
-    let err = ControlConfig::parse("api_address: 0.0.0.0:9400\n", "c.yaml").expect_err("no token");
-    assert!(err.to_string().contains("token_file"), "{err}");
-}
-
 fn scale_to_zero_config(command: &str) -> ControlConfig {
     let yaml = format!(
         "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 3\n      target_concurrency: 10\n      stable_window: 3s\n      panic_window: 1s\n      scale_to_zero_after: 1s\n      tick: 100ms\n      drain_period: 100ms\n      scaler:\n        process:\n          command: {command}\n          start_timeout: 10s\n          stop_grace: 2s\n"
@@ -747,119 +507,47 @@ async fn held_requests_time_out_and_the_queue_is_bounded() {
     plane.shutdown().await;
 }
 
-/// A webhook receiver: records each POST body, answers 200.
-async fn webhook_receiver() -> (
-    SocketAddr,
-    tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                loop {
-                    let Ok(n) = s.read(&mut chunk).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                        let len = head
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length: ")
-                                    .map(str::to_owned)
-                            })
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if body.len() >= len {
-                            let _ = tx.send(serde_json::from_str(&body[..len]).unwrap_or_default());
-                            let _ = s
-                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                                .await;
-                            buf.clear();
-                        }
-                    }
-                }
-            });
-        }
-    });
-    (addr, rx)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_webhook_scaler_is_told_the_desired_count() {
-    let (hook, mut calls) = webhook_receiver().await;
-    let yaml = format!(
-        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      tick: 100ms\n      scaler: {{ webhook: {{ url: \"http://{hook}/scale\" }} }}\n"
-    );
-    let plane = ControlPlane::start(ControlConfig::parse(&yaml, "c.yaml").expect("config"))
-        .await
-        .expect("plane");
-    let api = plane.api_addr();
-    let (p, addr) = proxy(&lazy_proxy_yaml(plane.grpc_addr())).await;
-    wait_subscribers(api, 1).await;
-    let held = tokio::spawn(async move { get(&client(), addr, "/", &[]).await.0 });
-    // The scaler is asked for one instance; the instance registers itself.
-    let mut desired = 0;
-    while desired == 0 {
-        let call = tokio::time::timeout(DEADLINE, calls.recv())
-            .await
-            .expect("webhook called")
-            .expect("call");
-        assert_eq!(call["service"], "demo/lazy");
-        desired = call["desired"].as_u64().unwrap_or(0);
-    }
-    assert_eq!(desired, 1);
-    let b = backend("w1").await;
-    let (s, _) = call(
-        api,
-        Method::PUT,
-        "/v1/services/demo/lazy/endpoints/w1",
-        endpoint("w1", b.local_addr()),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
-    assert_eq!(held.await.expect("held request"), StatusCode::OK);
-    p.shutdown().await;
-    plane.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_instance_is_replaced() {
-    // Serves one connection (the readiness probe), then exits.
-    let once = "import os, socket; s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['PORT']))); \
-                s.listen(); c, _ = s.accept(); c.close()";
-    let mut cfg = scale_to_zero_config(&format!("[python3, -c, \"{once}\"]"));
-    if let Some(a) = cfg.services[0].autoscaling.as_mut() {
-        a.min_instances = 1;
-    }
+async fn a_proxy_configured_with_the_token_gets_endpoints() {
+    let dir = std::env::temp_dir().join(format!("meshless-ptoken-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret\n").expect("token");
+    let mut cfg = control_config(None);
+    cfg.token_file = Some(token.clone());
     let plane = ControlPlane::start(cfg).await.expect("plane");
-    let api = plane.api_addr();
-    // Instances keep dying; each is replaced by a new one with a new id.
-    wait_for("a replacement instance", || async {
-        let (_, v) = call(
-            api,
-            Method::GET,
-            "/v1/services/demo/lazy",
-            serde_json::Value::Null,
-        )
-        .await;
-        v["endpoints"]
-            .as_array()
-            .is_some_and(|e| e.iter().any(|e| e["id"] == "demo-lazy-2"))
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let bs = backends(1).await;
+    for (path, body) in [
+        ("/v1/services/shop/cart".to_owned(), "{}".to_owned()),
+        (
+            "/v1/services/shop/cart/endpoints/b0".to_owned(),
+            endpoint("b0", bs[0].local_addr()).to_string(),
+        ),
+    ] {
+        let req = Request::put(format!("http://{api}{path}"))
+            .header("authorization", "Bearer s3cret")
+            .body(Full::new(Bytes::from(body)))
+            .expect("request");
+        assert_eq!(
+            client().request(req).await.expect("response").status(),
+            StatusCode::OK
+        );
+    }
+    let yaml = proxy_yaml(grpc, "").replacen(
+        &format!("control: {{ address: \"{grpc}\" }}"),
+        &format!(
+            "control: {{ address: \"{grpc}\", token_file: \"{}\" }}",
+            token.display()
+        ),
+        1,
+    );
+    let (p, addr) = proxy(&yaml).await;
+    wait_for("endpoints through the guarded stream", || async {
+        get(&client(), addr, "/", &[]).await.1 == "b0"
     })
     .await;
+    p.shutdown().await;
     plane.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
 }
