@@ -5,7 +5,6 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
@@ -79,18 +78,12 @@ fn proxy_yaml(grpc: SocketAddr, extra: &str) -> String {
     )
 }
 
-async fn wait_for<F, Fut>(what: &str, mut f: F)
+async fn wait_for<F, Fut>(what: &str, f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..200 {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
+    eventually(what, f).await;
 }
 
 /// A raw subscriber: reads until `deltas` deltas or a snapshot marker

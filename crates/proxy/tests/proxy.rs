@@ -3,7 +3,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
@@ -629,18 +628,15 @@ async fn access_log_writes_one_json_line_per_request() {
     let c = client();
     get(&c, addr, "/hello?x=1", &[("x-request-id", "req-42")]).await;
     get(&c, addr, "/status/503", &[]).await;
-    let mut lines = Vec::new();
-    for _ in 0..50 {
-        lines = std::fs::read_to_string(&path)
+    let read = || -> Vec<String> {
+        std::fs::read_to_string(&path)
             .unwrap_or_default()
             .lines()
             .map(str::to_owned)
-            .collect();
-        if lines.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .collect()
+    };
+    eventually("two access-log lines", || async { read().len() >= 2 }).await;
+    let lines = read();
     assert_eq!(lines.len(), 2, "{lines:?}");
     let first: serde_json::Value = serde_json::from_str(&lines[0]).expect("json line");
     for key in [
