@@ -27,7 +27,7 @@ enum Command {
     /// Run a small HTTP backend that names itself (for demos and tests).
     Backend(serve::BackendArgs),
     /// Start three backends and a proxy on 127.0.0.1:8080, and show what to try.
-    Demo,
+    Demo(serve::DemoArgs),
     /// Measurements that back the performance claims.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         Command::Control(args) => serve::control(args),
         Command::Up(args) => serve::up(args),
         Command::Backend(args) => serve::backend(args),
-        Command::Demo => serve::demo(),
+        Command::Demo(args) => serve::demo(&args),
         Command::Simulate(cmd) => simulate::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
     };

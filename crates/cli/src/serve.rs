@@ -137,12 +137,46 @@ pub fn backend(args: BackendArgs) -> Result<()> {
 /// The demo configuration, shipped in the binary.
 const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
 
-pub fn demo() -> Result<()> {
-    let config = ProxyConfig::parse(DEMO_CONFIG, "examples/demo.yaml")?;
-    let wanted: Vec<StackBackend> = (1..=3)
-        .map(|i| StackBackend {
-            name: format!("backend-{i}"),
-            listen: SocketAddr::from(([127, 0, 0, 1], 9100 + i)),
+/// Arguments of `meshless demo`: the README's fixed ports by default.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Proxy listener.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Admin server.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+    /// The three backends (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:9101,127.0.0.1:9102,127.0.0.1:9103"
+    )]
+    pub backends: Vec<SocketAddr>,
+}
+
+pub fn demo(args: &DemoArgs) -> Result<()> {
+    if args.backends.len() != 3 {
+        bail!(
+            "--backends: three addresses are needed, got {}",
+            args.backends.len()
+        );
+    }
+    // The shipped file names the default addresses; other ones replace them.
+    let mut yaml = DEMO_CONFIG
+        .replace("127.0.0.1:8080", &args.listen.to_string())
+        .replace("127.0.0.1:9901", &args.admin.to_string());
+    for (i, addr) in args.backends.iter().enumerate() {
+        yaml = yaml.replace(&format!("127.0.0.1:910{}", i + 1), &addr.to_string());
+    }
+    let config = ProxyConfig::parse(&yaml, "examples/demo.yaml")?;
+    let wanted: Vec<StackBackend> = args
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| StackBackend {
+            name: format!("backend-{}", i + 1),
+            listen: *addr,
         })
         .collect();
     runtime(None)?.block_on(async {

@@ -47,6 +47,17 @@ fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// Waits until the proxy reports a request in flight to an endpoint.
+fn wait_in_flight(admin: SocketAddr) {
+    wait_until("a request in flight", || {
+        http_get(admin, "/metrics").is_ok_and(|(_, m)| {
+            m.lines()
+                .filter(|l| l.starts_with("meshless_proxy_endpoint_in_flight{"))
+                .any(|l| l.ends_with(" 1"))
+        })
+    });
+}
+
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ok() {
@@ -201,8 +212,8 @@ fn sighup_and_watch_reload_and_sigterm_drains() {
     });
 
     // SIGTERM while a slow request is in flight: it completes, then exit 0.
-    let slow = std::thread::spawn(move || http_get(listen, "/?delay_ms=1000"));
-    sleep(Duration::from_millis(300));
+    let slow = std::thread::spawn(move || http_get(listen, "/?delay_ms=3000"));
+    wait_in_flight(admin);
     signal(&proxy.0, "-TERM");
     let (status, body) = slow.join().expect("thread").expect("slow request");
     assert_eq!(
@@ -216,18 +227,26 @@ fn sighup_and_watch_reload_and_sigterm_drains() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The README's main command: three backends and a proxy on fixed ports.
+/// The README's main command: three backends and a proxy (on free ports
+/// here, so two test runs at once cannot collide).
 #[test]
 fn demo_serves_round_robin_affinity_and_admin() {
+    let [web, admin, b1, b2, b3] = free_ports();
     let child = meshless()
-        .arg("demo")
+        .args([
+            "demo",
+            "--listen",
+            &web.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ])
+        .arg("--backends")
+        .arg(format!("{b1},{b2},{b3}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn demo");
     let mut demo = Running(child);
-    let admin: SocketAddr = "127.0.0.1:9901".parse().expect("addr");
-    let web: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
     wait_until("demo ready", || {
         matches!(http_get(admin, "/ready"), Ok((200, _)))
     });
@@ -238,6 +257,10 @@ fn demo_serves_round_robin_affinity_and_admin() {
     assert_eq!(names, ["backend-1\n", "backend-2\n", "backend-3\n"]);
     let (_, pick) = http_get(admin, "/pick?cluster=sticky&key=alice").expect("pick");
     assert!(pick.contains("\"cluster\": \"sticky\""), "{pick}");
+    assert!(
+        [b1, b2, b3].iter().any(|b| pick.contains(&b.to_string())),
+        "{pick}"
+    );
     signal(&demo.0, "-TERM");
     assert!(demo.0.wait().expect("wait").success());
     let mut out = String::new();
@@ -248,6 +271,45 @@ fn demo_serves_round_robin_affinity_and_admin() {
         out.contains("curl -s http://127.0.0.1:8080/"),
         "prints what to try: {out}"
     );
+}
+
+/// SIGHUP reloads without `--watch`; SIGINT drains like SIGTERM.
+#[test]
+fn sighup_reloads_without_watch_and_sigint_drains() {
+    let (_backend, backend) = start_backend("app-1");
+    let dir = temp_dir("sighup");
+    let [listen, admin] = free_ports();
+    let path = write_config(&dir, listen, admin, backend, "v1");
+    let child = meshless()
+        .args(["proxy", "--threads", "2", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn proxy");
+    let mut proxy = Running(child);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
+    write_config(&dir, listen, admin, backend, "v2");
+    signal(&proxy.0, "-HUP");
+    wait_until("SIGHUP reload without --watch", || {
+        http_get(listen, "/gone").is_ok_and(|r| r.1 == "v2")
+    });
+    let slow = std::thread::spawn(move || http_get(listen, "/?delay_ms=3000"));
+    wait_in_flight(admin);
+    signal(&proxy.0, "-INT");
+    let (status, body) = slow.join().expect("thread").expect("slow request");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "app-1\n"),
+        "drained on SIGINT"
+    );
+    let exit = proxy.0.wait().expect("wait");
+    assert!(exit.success(), "exit status {exit:?}");
+    assert!(TcpStream::connect(listen).is_err(), "listener closed");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `meshless up`: control plane, proxy and backends from one file; the

@@ -141,15 +141,22 @@ async fn session(
         .map_err(|s| format!("{}: {}", s.code(), s.message()))?
         .into_inner();
     tracing::info!(control = %uri, resume_version = *version, "control plane stream open");
+    // Measured from the last message received, not from the last turn of
+    // the loop: the load report wakes the loop every second.
+    let silence = tokio::time::sleep(SILENCE);
+    tokio::pin!(silence);
     loop {
         tokio::select! {
-            msg = tokio::time::timeout(SILENCE, inbound.message()) => {
+            () = &mut silence => {
+                return Err(format!("no message for {} s", SILENCE.as_secs()));
+            }
+            msg = inbound.message() => {
                 let msg = match msg {
-                    Err(_) => return Err(format!("no message for {} s", SILENCE.as_secs())),
-                    Ok(Err(s)) => return Err(format!("{}: {}", s.code(), s.message())),
-                    Ok(Ok(None)) => return Err("stream closed by the control plane".into()),
-                    Ok(Ok(Some(m))) => m,
+                    Err(s) => return Err(format!("{}: {}", s.code(), s.message())),
+                    Ok(None) => return Err("stream closed by the control plane".into()),
+                    Ok(Some(m)) => m,
                 };
+                silence.as_mut().reset(tokio::time::Instant::now() + SILENCE);
                 match msg.msg {
                     Some(server_message::Msg::Delta(bytes)) => {
                         let delta = decode_delta(&bytes).map_err(|e| e.to_string())?;
@@ -160,7 +167,11 @@ async fn session(
                         let _ = tx.try_send(ack);
                     }
                     Some(server_message::Msg::SnapshotDone(done)) => {
-                        *version = (*version).max(done.version);
+                        // The snapshot is the whole state at `done.version`;
+                        // a control plane that restarted younger has a lower
+                        // one, and resuming later from the larger version
+                        // seen before would skip its changes in between.
+                        *version = done.version;
                     }
                     Some(server_message::Msg::Heartbeat(_)) | None => {}
                 }

@@ -3,7 +3,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
@@ -55,65 +54,108 @@ async fn every_policy_balances_per_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_spills_past_the_bound() {
-    let bs = backends(4).await;
-    let extra =
-        "    balancer: { policy: bounded_load, hash_key: { header: x-user }, load_factor: 1.0 }\n";
-    let (p, addr) = proxy(&config(&bs, extra)).await;
-    let c = client();
-    let (_, home, _) = get(&c, addr, "/", &[("x-user", "hot")]).await;
-    // 8 concurrent slow requests with one key: at c = 1.0 no backend may
-    // hold more than ceil(8/4) = 2, so the key must spill.
+    // Consistent hashing with bounded loads (Mirrokni, Thorup,
+    // Zadimoghaddam): with m requests in flight, counting the one being
+    // placed, no endpoint holds more than ceil(c * m / n). Requests are
+    // held upstream and sent one at a time, so the bound is checked after
+    // every placement, from the upstreams' own counts.
+    let gs = [
+        Gated::start("g0").await,
+        Gated::start("g1").await,
+        Gated::start("g2").await,
+        Gated::start("g3").await,
+    ];
+    let eps: String = gs
+        .iter()
+        .map(|g| format!("      - {{ address: \"{}\" }}\n", g.local_addr()))
+        .collect();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    balancer: {{ policy: bounded_load, hash_key: {{ header: x-user }}, load_factor: 1.0 }}\n    endpoints:\n{eps}"
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let (_, pick) = admin(&p, "/pick?cluster=c&key=hot").await;
+    let home = gs
+        .iter()
+        .position(|g| pick.contains(&g.local_addr().to_string()))
+        .expect("home endpoint");
+    let n = gs.len();
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let c = c.clone();
+    for m in 1..=8usize {
         tasks.push(tokio::spawn(async move {
-            get(&c, addr, "/?delay_ms=300", &[("x-user", "hot")]).await
+            get(&client(), addr, "/", &[("x-user", "hot")]).await
         }));
+        eventually(&format!("{m} held"), || async {
+            gs.iter().map(Gated::held).sum::<usize>() == m
+        })
+        .await;
+        let held: Vec<usize> = gs.iter().map(Gated::held).collect();
+        let bound = m.div_ceil(n); // ceil(1.0 * m / n)
+        assert!(
+            held.iter().all(|&h| h <= bound),
+            "after {m}: {held:?} exceeds ceil(m/n) = {bound}"
+        );
+        if m == 1 {
+            assert_eq!(held[home], 1, "the first request goes home: {held:?}");
+        }
     }
-    let mut by: HashMap<String, u32> = HashMap::new();
+    let held: Vec<usize> = gs.iter().map(Gated::held).collect();
+    assert_eq!(
+        held,
+        vec![2; 4],
+        "8 requests at c = 1.0 fill every endpoint to 2"
+    );
+    for g in &gs {
+        g.open();
+    }
     for t in tasks {
-        let (s, b, _) = t.await.expect("task");
-        assert_eq!(s, StatusCode::OK);
-        *by.entry(b).or_default() += 1;
+        assert_eq!(t.await.expect("task").0, StatusCode::OK);
     }
-    assert!(by.len() >= 3, "the hot key spread: {by:?}");
-    assert!(
-        by.values().all(|&n| n <= 3),
-        "no backend far above the bound: {by:?}"
-    );
-    assert!(
-        by.get(&home).copied().unwrap_or(0) >= 1,
-        "the home endpoint still serves: {by:?}"
-    );
+    // Idle again: the key goes home.
+    let (_, b, _) = get(&client(), addr, "/", &[("x-user", "hot")]).await;
+    assert_eq!(b, gs[home].name);
     p.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_backend_is_ejected_and_returns() {
     let bs = backends(3).await;
-    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 3, interval: 100ms, base_ejection_time: 1s, max_ejection_percent: 50 }\n";
+    // The ejection outlasts any pause of a busy machine between the third
+    // failure and the look at /clusters; its end is waited for, not timed.
+    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 3, interval: 100ms, base_ejection_time: 3s, max_ejection_percent: 50 }\n";
     let (p, addr) = proxy(&config(&bs, extra)).await;
     let c = client();
     bs[0].set_failing(true);
     let mut failures = 0;
-    for _ in 0..30 {
+    let mut sent = 0;
+    while failures < 3 {
         let (s, b, _) = get(&c, addr, "/", &[]).await;
+        sent += 1;
+        assert!(sent <= 30, "three failures within 30 requests");
         if s == StatusCode::INTERNAL_SERVER_ERROR {
             assert_eq!(b, "b0");
             failures += 1;
         }
     }
-    assert_eq!(failures, 3, "ejected after exactly its threshold");
+    // Ejected right at its threshold: the next requests never reach b0.
     let (_, clusters) = admin(&p, "/clusters").await;
     assert!(clusters.contains("\"ejected\": true"), "{clusters}");
-    bs[0].set_failing(false);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut back = false;
     for _ in 0..6 {
-        let (_, b, _) = get(&c, addr, "/", &[]).await;
-        back |= b == "b0";
+        let (_, clusters) = admin(&p, "/clusters").await;
+        let (s, b, _) = get(&c, addr, "/", &[]).await;
+        if clusters.contains("\"ejected\": true") {
+            assert_eq!(s, StatusCode::OK, "no request reaches an ejected endpoint");
+            assert_ne!(b, "b0");
+        }
     }
-    assert!(back, "b0 serves again after the ejection time");
+    bs[0].set_failing(false);
+    eventually("b0 serves again after the ejection time", || async {
+        let mut back = false;
+        for _ in 0..3 {
+            back |= get(&client(), addr, "/", &[]).await.1 == "b0";
+        }
+        back
+    })
+    .await;
     let (_, metrics) = admin(&p, "/metrics").await;
     assert!(
         metrics.contains("meshless_proxy_requests_total{listener=\"web\",cluster=\"c\""),
@@ -143,11 +185,18 @@ async fn killed_backend_costs_no_request_with_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_remove_and_restore() {
     let bs = backends(2).await;
-    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n    health_check: { path: /healthz, interval: 100ms, timeout: 100ms, healthy_threshold: 2, unhealthy_threshold: 2 }\n";
+    let extra = "    retries: { count: 0 }\n    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n    health_check: { path: /healthz, interval: 100ms, timeout: 1s, healthy_threshold: 2, unhealthy_threshold: 2 }\n";
     let (p, addr) = proxy(&config(&bs, extra)).await;
     let c = client();
     bs[1].set_failing(true);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    eventually("b1 marked unhealthy", || async {
+        admin(&p, "/clusters")
+            .await
+            .1
+            .contains("\"healthy\": false")
+    })
+    .await;
+    // b1 keeps failing its checks, so it stays out for the whole loop.
     for _ in 0..10 {
         let (s, b, _) = get(&c, addr, "/", &[]).await;
         assert_eq!(
@@ -156,15 +205,22 @@ async fn health_checks_remove_and_restore() {
             "unhealthy b1 gets nothing"
         );
     }
-    let (_, clusters) = admin(&p, "/clusters").await;
-    assert!(clusters.contains("\"healthy\": false"), "{clusters}");
     bs[1].set_failing(false);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let mut seen = std::collections::HashSet::new();
-    for _ in 0..10 {
-        seen.insert(get(&c, addr, "/", &[]).await.1);
-    }
-    assert!(seen.contains("b1"), "restored: {seen:?}");
+    eventually("b1 restored", || async {
+        let mut seen = false;
+        for _ in 0..4 {
+            seen |= get(&client(), addr, "/", &[]).await.1 == "b1";
+        }
+        seen
+    })
+    .await;
+    assert!(
+        !admin(&p, "/clusters")
+            .await
+            .1
+            .contains("\"healthy\": false"),
+        "both healthy again"
+    );
     p.shutdown().await;
 }
 
@@ -277,17 +333,61 @@ async fn failures_map_to_the_right_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers_and_request_ids() {
-    let bs = backends(1).await;
-    let (p, addr) = proxy(&config(&bs, "")).await;
+    let up = Gated::start("g").await;
+    up.open();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
+        up.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
     let c = client();
     let req = Request::get(format!("http://{addr}/"))
         .header("x-request-id", "abc-123")
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("connection", "x-secret")
+        .header("x-secret", "hop")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("x-custom", "kept")
         .body(Full::new(Bytes::new()))
         .expect("request");
     let resp = c.request(req).await.expect("response");
     assert_eq!(resp.status(), StatusCode::OK);
+    for _ in 0..2 {
+        get(&c, addr, "/", &[]).await;
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 3);
+    let h = &seen[0].headers;
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    assert_eq!(text("x-request-id").as_deref(), Some("abc-123"), "{h:?}");
+    assert_eq!(
+        text("x-forwarded-for").as_deref(),
+        Some("203.0.113.7, 127.0.0.1"),
+        "the client address is appended: {h:?}"
+    );
+    assert_eq!(text("x-forwarded-proto").as_deref(), Some("http"), "{h:?}");
+    assert_eq!(text("x-custom").as_deref(), Some("kept"), "{h:?}");
+    for hop in ["x-secret", "proxy-authorization", "connection"] {
+        assert!(
+            h.get(hop).is_none(),
+            "hop-by-hop {hop} not forwarded: {h:?}"
+        );
+    }
+    // Requests without an id get a fresh one each.
+    let ids: Vec<String> = seen[1..]
+        .iter()
+        .map(|s| {
+            s.headers
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert!(ids.iter().all(|i| !i.is_empty()), "{ids:?}");
+    assert_ne!(ids[0], ids[1], "ids are unique");
     let (_, pick) = admin(&p, "/pick?cluster=c&key=alice").await;
-    assert!(pick.contains(&bs[0].local_addr().to_string()), "{pick}");
+    assert!(pick.contains(&up.local_addr().to_string()), "{pick}");
     let (s, _) = admin(&p, "/pick?cluster=nope").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (s, _) = admin(&p, "/ready").await;
@@ -383,11 +483,10 @@ async fn reload_keeps_endpoint_state_and_moves_listeners() {
     assert!(p.listener_addr("web").await.is_none());
     let addr2 = p.listener_addr("web2").await.expect("listener");
     assert_ne!(addr, addr2);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "old listener closed"
-    );
+    eventually("old listener closed", || async {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
     for _ in 0..6 {
         let (s, b, _) = get(&client(), addr2, "/", &[]).await;
         assert_eq!(
@@ -401,34 +500,47 @@ async fn reload_keeps_endpoint_state_and_moves_listeners() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn circuit_breaker_sheds_excess_requests() {
-    let bs = backends(1).await;
-    let extra = "    circuit_breakers: { max_requests: 2 }\n";
-    let (p, addr) = proxy(&config(&bs, extra)).await;
-    let mut tasks = Vec::new();
-    for _ in 0..6 {
-        tasks.push(tokio::spawn(async move {
-            get(&client(), addr, "/?delay_ms=300", &[]).await.0
+    let up = Gated::start("g").await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n    circuit_breakers: {{ max_requests: 2 }}\n",
+        up.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    // Two requests fill the breaker and stay in flight until the gate opens.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(tokio::spawn(async move {
+            get(&client(), addr, "/", &[]).await.0
         }));
     }
-    let mut codes = Vec::new();
-    for t in tasks {
-        codes.push(t.await.expect("task"));
+    eventually("two requests held upstream", || async { up.held() == 2 }).await;
+    // While they are held, every further request is shed at once.
+    for _ in 0..4 {
+        assert_eq!(
+            get(&client(), addr, "/", &[]).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    up.open();
+    for t in held {
+        assert_eq!(t.await.expect("task"), StatusCode::OK);
     }
     assert_eq!(
-        codes.iter().filter(|&&s| s == StatusCode::OK).count(),
+        up.seen().len(),
         2,
-        "{codes:?}"
+        "shed requests never reached the upstream"
     );
-    assert_eq!(
-        codes
-            .iter()
-            .filter(|&&s| s == StatusCode::SERVICE_UNAVAILABLE)
-            .count(),
-        4,
-        "{codes:?}"
-    );
+    // The slots were given back.
+    assert_eq!(get(&client(), addr, "/", &[]).await.0, StatusCode::OK);
     let (_, metrics) = admin(&p, "/metrics").await;
-    assert!(metrics.contains("limit=\"max_requests\""), "{metrics}");
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "meshless_proxy_overflows_total{cluster=\"c\",limit=\"max_requests\"}"
+        ),
+        4.0,
+        "{metrics}"
+    );
     p.shutdown().await;
 }
 
@@ -516,18 +628,15 @@ async fn access_log_writes_one_json_line_per_request() {
     let c = client();
     get(&c, addr, "/hello?x=1", &[("x-request-id", "req-42")]).await;
     get(&c, addr, "/status/503", &[]).await;
-    let mut lines = Vec::new();
-    for _ in 0..50 {
-        lines = std::fs::read_to_string(&path)
+    let read = || -> Vec<String> {
+        std::fs::read_to_string(&path)
             .unwrap_or_default()
             .lines()
             .map(str::to_owned)
-            .collect();
-        if lines.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .collect()
+    };
+    eventually("two access-log lines", || async { read().len() >= 2 }).await;
+    let lines = read();
     assert_eq!(lines.len(), 2, "{lines:?}");
     let first: serde_json::Value = serde_json::from_str(&lines[0]).expect("json line");
     for key in [

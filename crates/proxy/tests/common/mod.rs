@@ -120,3 +120,391 @@ pub fn config_with_endpoints(endpoints_yaml: &str, cluster_extra: &str) -> Strin
         "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\nclusters:\n  - name: c\n    endpoints:\n{endpoints_yaml}{cluster_extra}"
     )
 }
+// ---------------------------------------------------------------------
+// Waiting on conditions, reading metrics, and upstreams the test controls.
+// ---------------------------------------------------------------------
+
+/// Generous deadline for a condition on a busy 2-core machine.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Polls `ok` every 25 ms until it holds; panics after [`DEADLINE`].
+pub async fn eventually<F, Fut>(what: &str, mut ok: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !ok().await {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The value of the sample `series` (name with its labels, exactly as
+/// printed, e.g. `foo_total{a="b"}`) in a Prometheus text page.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Sum of every sample whose line starts with `prefix`.
+pub fn metric_sum(page: &str, prefix: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One proxy metric (see [`metric`]), 0 when absent.
+pub async fn proxy_metric(p: &Proxy, series: &str) -> f64 {
+    metric(&admin(p, "/metrics").await.1, series).unwrap_or(0.0)
+}
+
+/// One request the [`Gated`] upstream received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: http::Method,
+    pub path: String,
+    pub headers: http::HeaderMap,
+}
+
+/// An HTTP/1.1 + h2c upstream that holds every answer until [`Gated::open`]
+/// (or answers at once after it), records what it received, and can be
+/// killed (every connection closed mid-request) or told to send GOAWAY.
+pub struct Gated {
+    pub name: String,
+    addr: SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    /// Requests being held now.
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    gate: tokio::sync::watch::Sender<bool>,
+    goaway: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gated {
+    /// Starts closed: requests are held until [`Gated::open`].
+    pub async fn start(name: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (gate, gate_rx) = tokio::sync::watch::channel(false);
+        let (goaway, goaway_rx) = tokio::sync::watch::channel(false);
+        let ctx = GateCtx {
+            name: name.to_owned(),
+            seen: seen.clone(),
+            held: held.clone(),
+            gate: gate_rx,
+        };
+        let task = tokio::spawn(gated_accept(listener, ctx, goaway_rx));
+        Self {
+            name: name.to_owned(),
+            addr,
+            seen,
+            held,
+            gate,
+            goaway,
+            task,
+        }
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Releases held requests; later ones are answered at once.
+    pub fn open(&self) {
+        let _ = self.gate.send(true);
+    }
+
+    /// Requests being held now.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Every request received so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Graceful shutdown of every open connection (HTTP/2: GOAWAY; held
+    /// streams still finish), while the listener keeps accepting.
+    pub fn goaway(&self) {
+        let _ = self.goaway.send(true);
+    }
+
+    /// A crash: the listener and every connection close at once, held
+    /// requests unanswered.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+#[derive(Clone)]
+struct GateCtx {
+    name: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    gate: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Lowers the held count when the answer is sent or the request dropped.
+struct HeldGuard(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for HeldGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn gated_accept(
+    listener: tokio::net::TcpListener,
+    ctx: GateCtx,
+    goaway: tokio::sync::watch::Receiver<bool>,
+) {
+    // Dropping the set (on abort) closes every connection.
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let ctx = ctx.clone();
+                let mut goaway = goaway.clone();
+                goaway.mark_unchanged();
+                conns.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| gated_answer(ctx.clone(), req));
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        // Only connections open when GOAWAY is asked for.
+                        _ = goaway.changed() => conn.as_mut().graceful_shutdown(),
+                    }
+                    let _ = conn.await;
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn gated_answer(
+    ctx: GateCtx,
+    req: Request<hyper::body::Incoming>,
+) -> Result<http::Response<Full<Bytes>>, std::convert::Infallible> {
+    let (parts, body) = req.into_parts();
+    let _ = body.collect().await;
+    ctx.seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(Seen {
+            method: parts.method.clone(),
+            path: parts.uri.path().to_owned(),
+            headers: parts.headers.clone(),
+        });
+    ctx.held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let _guard = HeldGuard(ctx.held.clone());
+    let mut gate = ctx.gate.clone();
+    let _ = gate.wait_for(|open| *open).await;
+    let mut resp = http::Response::new(Full::new(Bytes::from(format!("{}\n", ctx.name))));
+    resp.headers_mut().insert(
+        "x-backend",
+        http::HeaderValue::from_str(&ctx.name).expect("name"),
+    );
+    Ok(resp)
+}
+
+/// A raw TCP upstream that answers every connection with `response`
+/// (bytes written as they are), then closes it: for truncated bodies and
+/// other broken answers. Returns its address.
+pub async fn raw_upstream(response: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s.write_all(response).await;
+                let _ = s.flush().await;
+                // Closing with unread data pending would send RST; the
+                // request is read whole above, so this is a plain close.
+            });
+        }
+    });
+    addr
+}
+
+/// A TCP relay in front of an address: forwards bytes both ways until
+/// [`Relay::freeze`] stops forwarding on every open connection (they stay
+/// open, silent); connections opened later are forwarded normally.
+pub struct Relay {
+    addr: SocketAddr,
+    frozen: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(target: SocketAddr) -> Self {
+        Self::start_on("127.0.0.1:0".parse().expect("addr"), target).await
+    }
+
+    /// A relay bound at `listen` (to reuse the address of one stopped).
+    pub async fn start_on(listen: SocketAddr, target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind(listen).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (frozen, frozen_rx) = tokio::sync::watch::channel(0u64);
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let Ok((down, _)) = accepted else { continue };
+                        let mut freeze = frozen_rx.clone();
+                        freeze.mark_unchanged();
+                        conns.spawn(async move {
+                            let Ok(mut up) = tokio::net::TcpStream::connect(target).await else { return };
+                            let mut down = down;
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                                _ = freeze.changed() => {
+                                    // Silent but open until the relay stops.
+                                    std::future::pending::<()>().await;
+                                }
+                            }
+                        });
+                    }
+                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                }
+            }
+        });
+        Self { addr, frozen, task }
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops forwarding on every connection open now (they stay open).
+    pub fn freeze(&self) {
+        self.frozen.send_modify(|n| *n += 1);
+    }
+
+    /// Closes the listener and every connection.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+// ---------------------------------------------------------------------
+// The control plane, as the proxy's tests use it.
+// ---------------------------------------------------------------------
+
+/// A control plane config on 127.0.0.1 port 0, in memory or in `data_dir`.
+pub fn plane_config(
+    data_dir: Option<std::path::PathBuf>,
+) -> meshless_control::config::ControlConfig {
+    meshless_control::config::ControlConfig {
+        api_address: "127.0.0.1:0".parse().expect("addr"),
+        grpc_address: "127.0.0.1:0".parse().expect("addr"),
+        data_dir,
+        ..meshless_control::config::ControlConfig::default()
+    }
+}
+
+/// One call to the registration API: status and JSON body (Null if none).
+pub async fn api_call(
+    api: SocketAddr,
+    method: http::Method,
+    path: &str,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{api}{path}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = client().request(req).await.expect("response");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// The registration body of one endpoint at `addr`.
+pub fn endpoint_json(id: &str, addr: SocketAddr) -> serde_json::Value {
+    serde_json::json!({ "id": id, "addresses": [addr.ip().to_string()], "port": addr.port() })
+}
+
+/// Creates service `shop/cart` with one endpoint per `(id, addr)`; returns
+/// the registry version after the write.
+pub async fn register_cart(api: SocketAddr, endpoints: &[(&str, SocketAddr)]) -> u64 {
+    let (s, _) = api_call(
+        api,
+        http::Method::PUT,
+        "/v1/services/shop/cart",
+        serde_json::json!({ "ports": [{ "port": 80 }] }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let put: Vec<_> = endpoints
+        .iter()
+        .map(|(id, a)| endpoint_json(id, *a))
+        .collect();
+    let (s, body) = api_call(
+        api,
+        http::Method::POST,
+        "/v1/services/shop/cart/endpoints",
+        serde_json::json!({ "put": put }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    body["version"].as_u64().expect("version")
+}
+
+/// A proxy config whose cluster `cart` follows service `shop/cart` at `grpc`.
+pub fn cart_proxy_yaml(grpc: SocketAddr, cluster_extra: &str) -> String {
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: cart }}]\nclusters:\n  - name: cart\n    service: shop/cart\n{cluster_extra}"
+    )
+}
+
+/// Addresses of the endpoints the proxy's cluster `name` holds now, from `/clusters`.
+pub async fn cluster_addresses(p: &Proxy, name: &str) -> Vec<String> {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let clusters = v
+        .as_array()
+        .cloned()
+        .or_else(|| v["clusters"].as_array().cloned())
+        .unwrap_or_default();
+    clusters
+        .iter()
+        .filter(|c| c["name"] == name)
+        .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| e["address"].as_str().map(str::to_owned))
+        .collect()
+}
