@@ -86,7 +86,7 @@ pub fn slot_ranks(slot: u64, n: usize, size: usize) -> std::ops::Range<usize> {
 
 /// The subset of subscriber `index` among endpoints `ids`, sorted by id.
 /// Duplicate ids count once; `size` 0 gives an empty subset.
-pub fn subset<'a, S: AsRef<str>>(ids: &'a [S], index: u64, size: usize) -> Vec<&'a str> {
+pub fn subset<S: AsRef<str>>(ids: &[S], index: u64, size: usize) -> Vec<&str> {
     let distinct: BTreeSet<&str> = ids.iter().map(AsRef::as_ref).collect();
     if size == 0 || distinct.is_empty() {
         return Vec::new();
