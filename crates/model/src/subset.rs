@@ -38,8 +38,20 @@
 //!   endpoint's rank and the new one's (about a third of the subscribers on
 //!   average), each by one out and one in.
 //!
-//! Locality (preferring the subscriber's zone) is not part of this
-//! assignment yet.
+//! # Locality ([`zone_subset`])
+//!
+//! When the subscriber's zone holds at least `size` endpoints, its subset is
+//! [`subset`] over that zone's endpoints alone, with the subscriber's index
+//! among its zone's subscribers: so (a)-(d) hold per zone, for subscribers
+//! numbered `0 .. S_z` within each zone. When the zone holds fewer, the
+//! subset is all of the zone's endpoints plus [`subset`] of
+//! `size - N_z` among the other zones' endpoints: still exactly
+//! `min(size, N)` distinct endpoints, zone first. Churn (b) holds for a
+//! subscriber while its zone keeps `⌊N_z/size⌋ ≥ 1` unchanged (a change in
+//! another zone then does not touch it at all). Locality does not balance
+//! load across zones of unequal size (an endpoint in a zone with few
+//! endpoints and many subscribers serves more of them); that is the
+//! operator's trade, as with Kubernetes' topology-aware routing.
 
 use std::collections::BTreeSet;
 
@@ -104,6 +116,40 @@ pub fn subset<S: AsRef<str>>(ids: &[S], index: u64, size: usize) -> Vec<&str> {
         .collect();
     out.sort_unstable();
     out
+}
+
+/// The subset of the subscriber with index `zone_index` among the
+/// subscribers in `zone`, preferring endpoints in `zone`; `endpoints` are
+/// `(id, zone)` pairs. Sorted by id; duplicate ids count once (with the
+/// lexicographically smallest zone given for them).
+pub fn zone_subset<'a>(
+    endpoints: &'a [(&'a str, &'a str)],
+    zone: &str,
+    zone_index: u64,
+    size: usize,
+) -> Vec<&'a str> {
+    let mut by_id: Vec<(&str, &str)> = endpoints.to_vec();
+    by_id.sort_unstable();
+    by_id.dedup_by(|a, b| a.0 == b.0);
+    let (local, other): (Vec<_>, Vec<_>) = by_id.iter().partition(|(_, z)| *z == zone);
+    let local: Vec<&'a str> = local.into_iter().map(|&(id, _)| id).collect();
+    if local.len() >= size {
+        return borrowed(&local, subset(&local, zone_index, size));
+    }
+    let other: Vec<&'a str> = other.into_iter().map(|&(id, _)| id).collect();
+    let rest = borrowed(&other, subset(&other, zone_index, size - local.len()));
+    let mut out = local;
+    out.extend(rest);
+    out.sort_unstable();
+    out
+}
+
+/// `picked` (ids of `sorted`) as `sorted`'s own `&'a str`s.
+fn borrowed<'a>(sorted: &[&'a str], picked: Vec<&str>) -> Vec<&'a str> {
+    picked
+        .into_iter()
+        .filter_map(|id| sorted.binary_search(&id).ok().map(|i| sorted[i]))
+        .collect()
 }
 
 #[cfg(test)]
@@ -205,6 +251,57 @@ mod tests {
                 let (out, inn) = diff(&subset(&before, i, size), &subset(&after, i, size));
                 prop_assert!(out <= 1 && inn <= 1, "subscriber {i}: {out} out, {inn} in");
             }
+        }
+    }
+
+    fn zoned(n: usize, zones: usize) -> Vec<(String, String)> {
+        (0..n)
+            .map(|i| (format!("pod-{i}"), format!("zone-{}", i % zones.max(1))))
+            .collect()
+    }
+
+    proptest! {
+        /// Locality: exactly min(size, N) distinct endpoints; only the
+        /// subscriber's zone when it has `size`, else all of it plus others.
+        #[test]
+        fn zone_subset_prefers_the_zone(
+            n in 0usize..60, zones in 1usize..4, size in 0usize..30, index in 0u64..200,
+        ) {
+            let owned = zoned(n, zones);
+            let eps: Vec<(&str, &str)> = owned.iter().map(|(i, z)| (i.as_str(), z.as_str())).collect();
+            let s = zone_subset(&eps, "zone-0", index, size);
+            prop_assert_eq!(s.len(), size.min(n));
+            prop_assert_eq!(s.iter().collect::<BTreeSet<_>>().len(), s.len());
+            let local: BTreeSet<&str> = eps.iter().filter(|e| e.1 == "zone-0").map(|e| e.0).collect();
+            if local.len() >= size {
+                prop_assert!(s.iter().all(|id| local.contains(id)));
+            } else {
+                prop_assert!(local.iter().all(|id| s.contains(id)));
+            }
+            let mut reversed = eps.clone();
+            reversed.reverse();
+            prop_assert_eq!(zone_subset(&reversed, "zone-0", index, size), s);
+        }
+
+        /// Locality keeps (a) per zone: with size dividing the zone's count,
+        /// zone subscribers 0..S hold each zone endpoint ⌊S/m⌋ or ⌈S/m⌉ times.
+        #[test]
+        fn zone_subset_balances_within_the_zone(m in 1usize..8, size in 1usize..8, s in 0u64..80) {
+            let owned = zoned(m * size * 3, 3);
+            let eps: Vec<(&str, &str)> = owned.iter().map(|(i, z)| (i.as_str(), z.as_str())).collect();
+            let mut c: BTreeMap<&str, u64> = BTreeMap::new();
+            for i in 0..s {
+                for id in zone_subset(&eps, "zone-1", i, size) {
+                    *c.entry(id).or_default() += 1;
+                }
+            }
+            let local = eps.iter().filter(|e| e.1 == "zone-1");
+            let (lo, hi) = (s / m as u64, s.div_ceil(m as u64));
+            for (id, _) in local {
+                let k = c.get(id).copied().unwrap_or(0);
+                prop_assert!(k >= lo && k <= hi, "{id}: {k} not in {lo}..={hi}");
+            }
+            prop_assert!(c.keys().all(|id| eps.iter().any(|e| e.0 == *id && e.1 == "zone-1")));
         }
     }
 
