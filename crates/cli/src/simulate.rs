@@ -79,6 +79,10 @@ pub struct DistributionArgs {
     /// Seed of the generated names and addresses.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Endpoints per node's subset: adds rows for meshless deltas with
+    /// deterministic subsetting (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub subset_size: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -139,6 +143,7 @@ pub fn run(cmd: SimulateCommand) -> Result<()> {
                 endpoints: a.endpoints,
                 slice_size: a.slice_size,
                 seed: a.seed,
+                subset_size: a.subset_size,
             })?;
             print(a.json, &report)
         }

@@ -8,6 +8,7 @@
 mod endpoint;
 pub mod field_error;
 pub mod serde_duration;
+pub mod subset;
 pub mod yaml;
 
 pub use endpoint::{

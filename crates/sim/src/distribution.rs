@@ -23,6 +23,9 @@ pub struct DistributionWorkload {
     pub slice_size: u64,
     /// Seed of the generated names and addresses.
     pub seed: u64,
+    /// Endpoints per subscriber's subset (`--subset-size`); 0 = no subset
+    /// rows.
+    pub subset_size: u64,
 }
 
 /// One scheme in one scenario.
@@ -34,6 +37,8 @@ pub struct Row {
     pub writes: u64,
     /// Bytes of one object or delta as sent.
     pub bytes_per_write: u64,
+    /// Events one watcher receives; for subset rows, the mean over
+    /// watchers rounded up (`total_events / nodes`), as watchers differ.
     pub events_per_watcher: u64,
     pub total_events: u64,
     pub total_bytes: u64,
@@ -228,7 +233,7 @@ pub fn model(a: &DistributionWorkload) -> Result<Vec<Row>, SimError> {
         total_bytes: writes * size * n,
         talk_estimate: talk,
     };
-    Ok(vec![
+    let mut rows = vec![
         row("one endpoint changes", 0, 1, full_object, Some("~10 GB")),
         row("one endpoint changes", 1, 1, slice_of_s, Some("~50 MB")),
         row("one endpoint changes", 2, 1, slice_of_1, Some("~5 MB")),
@@ -259,7 +264,63 @@ pub fn model(a: &DistributionWorkload) -> Result<Vec<Row>, SimError> {
             Some("20k writes / 100M events"),
         ),
         row("service created", 3, 1, created_delta, None),
-    ])
+    ];
+    if a.subset_size > 0 {
+        subset_rows(a, &all, &mut rows);
+    }
+    Ok(rows)
+}
+
+/// Rows for meshless deltas with subsets of `a.subset_size`, each inserted
+/// after its scenario's last row: a node receives a delta only when its
+/// subset is touched (see [`crate::subset_cost`]).
+fn subset_rows(a: &DistributionWorkload, all: &[Pod], rows: &mut Vec<Row>) {
+    let (n, e, s) = (a.nodes, a.endpoints, a.slice_size);
+    let k = a.subset_size.min(e) as usize;
+    let ids: Vec<String> = all.iter().map(|p| p.name.clone()).collect();
+    let new_pods = pods(e, a.seed ^ 0x5eed);
+    let new_ids: Vec<String> = new_pods.iter().map(|p| p.name.clone()).collect();
+    // The same deltas as the full-stream rows: one endpoint changes, or one
+    // member leaves and one joins the subset.
+    let one_delta = delta_bytes(vec![wire_endpoint(&all[0], 0)], Vec::new(), false) as u64;
+    let replace_delta = delta_bytes(
+        vec![wire_endpoint(&new_pods[0], 0)],
+        vec![all[0].name.clone()],
+        false,
+    ) as u64;
+    let created_delta = delta_bytes(
+        all[..k]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| wire_endpoint(p, i as u64 / s))
+            .collect(),
+        Vec::new(),
+        true,
+    ) as u64;
+    let scheme = format!("meshless deltas, subsets of {}", a.subset_size);
+    let row = |scenario, writes, size, events: u64| Row {
+        scenario,
+        scheme: scheme.clone(),
+        writes,
+        bytes_per_write: size,
+        events_per_watcher: events.div_ceil(n),
+        total_events: events,
+        total_bytes: events * size,
+        talk_estimate: None,
+    };
+    let holders = crate::subset_cost::holders(&ids, 0, n, k);
+    let rolling = crate::subset_cost::rolling_update_messages(&ids, &new_ids, n, k);
+    for r in [
+        row("one endpoint changes", 1, one_delta, holders),
+        row("rolling update", e, replace_delta, rolling),
+        row("service created", 1, created_delta, n),
+    ] {
+        let at = rows
+            .iter()
+            .rposition(|x| x.scenario == r.scenario)
+            .map_or(rows.len(), |i| i + 1);
+        rows.insert(at, r);
+    }
 }
 
 /// Bytes in a human unit (decimal, as the talk uses).
@@ -286,6 +347,8 @@ pub struct DistributionReport {
     pub nodes: u64,
     pub endpoints: u64,
     pub slice_size: u64,
+    /// `--subset-size`; 0 when subset rows are off.
+    pub subset_size: u64,
     pub rows: Vec<Row>,
 }
 
@@ -295,6 +358,7 @@ pub fn report(a: &DistributionWorkload) -> Result<DistributionReport, SimError> 
         nodes: a.nodes,
         endpoints: a.endpoints,
         slice_size: a.slice_size,
+        subset_size: a.subset_size,
         rows: model(a)?,
     })
 }
@@ -313,13 +377,13 @@ impl fmt::Display for DistributionReport {
                 write!(f, "\n{scenario}")?;
                 write!(
                     f,
-                    "\n  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  talk",
+                    "\n  {:<32} {:>9} {:>12} {:>12} {:>14} {:>12}  talk",
                     "scheme", "writes", "bytes/write", "events/node", "total events", "total bytes"
                 )?;
             }
             write!(
                 f,
-                "\n  {:<24} {:>9} {:>12} {:>12} {:>14} {:>12}  {}",
+                "\n  {:<32} {:>9} {:>12} {:>12} {:>14} {:>12}  {}",
                 r.scheme,
                 r.writes,
                 human(r.bytes_per_write),
@@ -344,6 +408,7 @@ mod tests {
             endpoints: 20_000,
             slice_size: 100,
             seed: 1,
+            subset_size: 0,
         })
         .expect("model");
         let total = |scenario: &str, k: usize| {
@@ -375,5 +440,30 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(created[1].writes, 200);
         assert_eq!(created[1].total_events, 1_000_000);
+    }
+
+    #[test]
+    fn a_subset_of_everything_costs_what_the_full_stream_costs() {
+        let rows = model(&DistributionWorkload {
+            nodes: 7,
+            endpoints: 30,
+            slice_size: 10,
+            seed: 3,
+            subset_size: 30,
+        })
+        .expect("model");
+        for scenario in ["one endpoint changes", "rolling update"] {
+            let of = |scheme: &str| {
+                rows.iter()
+                    .find(|r| r.scenario == scenario && r.scheme == scheme)
+                    .map(|r| (r.total_events, r.total_bytes))
+                    .unwrap_or_else(|| panic!("{scenario}: no {scheme} row"))
+            };
+            assert_eq!(
+                of("meshless deltas"),
+                of("meshless deltas, subsets of 30"),
+                "{scenario}"
+            );
+        }
     }
 }

@@ -9,6 +9,7 @@ pub mod balance;
 pub mod distribution;
 mod keys;
 pub mod progress;
+pub mod subset_cost;
 
 pub use balance::{BalanceReport, BalanceWorkload, Down, EndpointShare, simulate_balance};
 pub use distribution::{DistributionWorkload, Row, human};
