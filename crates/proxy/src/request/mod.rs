@@ -132,7 +132,7 @@ impl Exchange<'_> {
         let mut retry: Option<Slot> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
-            if activate::needed(base, picked.as_ref(), policy.retrying()) {
+            if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
                 if picked.is_some() {
                     // The key's endpoint is full: after the wait, pick by load.
                     ctx.key = None;
@@ -175,6 +175,9 @@ impl Exchange<'_> {
                 }
                 Err(failure) => {
                     guard.finish(failure.outcome());
+                    if failure == attempt::Failure::ConnectionLimit {
+                        admit::overflow(self.state, &cluster, "max_connections");
+                    }
                     if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
                         retry = admit::retry(self.state, &cluster);
                     }
