@@ -4,50 +4,18 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use bytes::Bytes;
 use common::*;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use meshless_api::v1::{self, ClientMessage, client_message, server_message};
 use meshless_api::{DistributionClient, decode_delta};
 use meshless_control::config::ControlConfig;
 use meshless_control::plane::ControlPlane;
 use tokio_stream::wrappers::ReceiverStream;
 
-fn control_config(data_dir: Option<PathBuf>) -> ControlConfig {
-    ControlConfig {
-        api_address: "127.0.0.1:0".parse().expect("addr"),
-        grpc_address: "127.0.0.1:0".parse().expect("addr"),
-        data_dir,
-        ..ControlConfig::default()
-    }
-}
-
-async fn call(
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    body: serde_json::Value,
-) -> (StatusCode, serde_json::Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("request");
-    let resp = client().request(req).await.expect("response");
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-    )
-}
-
-fn endpoint(id: &str, addr: SocketAddr) -> serde_json::Value {
-    serde_json::json!({ "id": id, "addresses": [addr.ip().to_string()], "port": addr.port() })
-}
+use common::{api_call as call, endpoint_json as endpoint, plane_config as control_config};
 
 async fn register(api: SocketAddr, backends: &[meshless_backend::Backend]) {
     let (s, _) = call(
