@@ -162,6 +162,20 @@ pub struct ListenerConfig {
     pub forwarding: crate::limits::Forwarding,
 }
 
+impl ListenerConfig {
+    /// The settings a running listener takes from this block.
+    pub fn settings(&self) -> crate::limits::ListenerSettings {
+        crate::limits::ListenerSettings {
+            max_connections: self.max_connections,
+            limits: self.limits.clone(),
+            timeouts: self.timeouts.clone(),
+            trace: self.trace,
+            paths: self.paths.clone(),
+            forwarding: self.forwarding.clone(),
+        }
+    }
+}
+
 /// Listener protocols.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

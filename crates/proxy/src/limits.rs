@@ -19,20 +19,6 @@ pub struct ListenerSettings {
     pub forwarding: Forwarding,
 }
 
-impl ListenerSettings {
-    /// The settings of `l`.
-    pub fn of(l: &crate::config::ListenerConfig) -> Self {
-        Self {
-            max_connections: l.max_connections,
-            limits: l.limits.clone(),
-            timeouts: l.timeouts.clone(),
-            trace: l.trace,
-            paths: l.paths.clone(),
-            forwarding: l.forwarding.clone(),
-        }
-    }
-}
-
 /// Downstream connections a listener serves at once by default.
 pub fn default_max_connections() -> u32 {
     4096

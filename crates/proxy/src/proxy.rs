@@ -13,7 +13,6 @@ use tokio::task::JoinHandle;
 
 use crate::access_log::AccessLogger;
 use crate::config::ProxyConfig;
-use crate::limits::ListenerSettings;
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::snapshot::Snapshot;
@@ -93,7 +92,7 @@ impl Proxy {
                 l.address,
                 socket,
                 Arc::clone(&state),
-                ListenerSettings::of(l),
+                l.settings(),
             );
             tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
             listeners.insert(l.name.clone(), handle);
@@ -231,7 +230,7 @@ impl Proxy {
         let mut fresh = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
             if let Some(h) = listeners.get(&l.name).filter(|h| h.serves(l.address)) {
-                h.update(ListenerSettings::of(l));
+                h.update(l.settings());
                 continue;
             }
             let moved_here =
@@ -243,9 +242,7 @@ impl Proxy {
                 )));
             }
             match ListenerHandle::bind(l.address).await {
-                Ok((socket, _)) => {
-                    fresh.push((l.name.clone(), l.address, socket, ListenerSettings::of(l)))
-                }
+                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket, l.settings())),
                 Err(source) => {
                     return Err(ProxyError::Bind {
                         what: format!("listeners[{i}].address"),
