@@ -11,7 +11,7 @@ use meshless_balance::{
     BalancerConfig, ClusterConfig as BalanceClusterConfig, ConfigError, HashKind, HealthConfig,
     LocalityConfig, LocalityMode, OutlierConfig, PolicyKind, policy::DEFAULT_TABLE_SIZE,
 };
-use meshless_model::Endpoint;
+use meshless_model::{AtPath, Endpoint, FieldError};
 use serde::{Deserialize, Serialize};
 
 use meshless_model::serde_duration as duration;
@@ -729,16 +729,17 @@ impl ProxyConfig {
 
     /// Parses and validates YAML `text`; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Self, ConfigFileError> {
-        let config: ProxyConfig = meshless_model::yaml::from_str(text).map_err(
-            |meshless_model::FieldError { path, reason }| ConfigFileError::Invalid {
-                file: file.to_owned(),
-                path,
-                reason,
-            },
-        )?;
+        let config: ProxyConfig =
+            meshless_model::yaml::from_str(text).map_err(|FieldError { path, reason }| {
+                ConfigFileError::Invalid {
+                    file: file.to_owned(),
+                    path,
+                    reason,
+                }
+            })?;
         config
             .validate()
-            .map_err(|(path, reason)| ConfigFileError::Invalid {
+            .map_err(|FieldError { path, reason }| ConfigFileError::Invalid {
                 file: file.to_owned(),
                 path,
                 reason,
@@ -747,8 +748,8 @@ impl ProxyConfig {
     }
 
     /// Checks what the types alone cannot: names, references, ranges.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let err = |path: String, reason: &str| Err((path, reason.to_owned()));
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
         let mut names = HashSet::new();
         let mut addresses = HashSet::new();
         // Port 0 means "any free port": such addresses never collide.
@@ -781,10 +782,11 @@ impl ProxyConfig {
             if l.routes.is_empty() {
                 return err(format!("{at}.routes"), "at least one route is required");
             }
-            crate::limits::validate(&at, l.max_connections, &l.limits, &l.timeouts)?;
+            crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
             for (j, r) in l.routes.iter().enumerate() {
-                validate_route(r, &format!("{at}.routes[{j}]"), &clusters)?;
-                crate::limits::validate_upgrades(&format!("{at}.routes[{j}]"), &r.upgrades)?;
+                let route = format!("{at}.routes[{j}]");
+                validate_route(r, &clusters).at(&route)?;
+                crate::limits::validate_upgrades(&r.upgrades).at(&route)?;
             }
         }
         let mut cluster_names = HashSet::new();
@@ -799,7 +801,7 @@ impl ProxyConfig {
                     &format!("duplicate cluster name {:?}", c.name),
                 );
             }
-            validate_cluster(c, &at, self.control.is_some())?;
+            validate_cluster(c, self.control.is_some()).at(&at)?;
             let local_only = c
                 .locality
                 .as_ref()
@@ -815,29 +817,26 @@ impl ProxyConfig {
     }
 }
 
-fn validate_route(
-    r: &RouteConfig,
-    at: &str,
-    clusters: &HashSet<&str>,
-) -> Result<(), (String, String)> {
-    let fail = |path: String, reason: String| Err((path, reason));
+/// Checks one route; the error's path is relative to the route.
+fn validate_route(r: &RouteConfig, clusters: &HashSet<&str>) -> Result<(), FieldError> {
+    let fail = |path: String, reason: String| Err(FieldError::new(path, reason));
     match (&r.cluster, &r.weighted_clusters) {
         (Some(c), None) => {
             if !clusters.contains(c.as_str()) {
-                return fail(format!("{at}.cluster"), format!("unknown cluster {c:?}"));
+                return fail("cluster".to_owned(), format!("unknown cluster {c:?}"));
             }
         }
         (None, Some(list)) => {
             if list.is_empty() || list.iter().all(|w| w.weight == 0) {
                 return fail(
-                    format!("{at}.weighted_clusters"),
+                    "weighted_clusters".to_owned(),
                     "needs at least one cluster with weight > 0".into(),
                 );
             }
             for (k, w) in list.iter().enumerate() {
                 if !clusters.contains(w.cluster.as_str()) {
                     return fail(
-                        format!("{at}.weighted_clusters[{k}].cluster"),
+                        format!("weighted_clusters[{k}].cluster"),
                         format!("unknown cluster {:?}", w.cluster),
                     );
                 }
@@ -845,14 +844,14 @@ fn validate_route(
         }
         _ => {
             return fail(
-                at.to_owned(),
+                String::new(),
                 "exactly one of `cluster` or `weighted_clusters` is required".into(),
             );
         }
     }
     if r.matcher.path.is_some() && r.matcher.path_prefix.is_some() {
         return fail(
-            format!("{at}.match"),
+            "match".to_owned(),
             "use `path` or `path_prefix`, not both".into(),
         );
     }
@@ -864,7 +863,7 @@ fn validate_route(
             && !p.starts_with('/')
         {
             return fail(
-                format!("{at}.match.{field}"),
+                format!("match.{field}"),
                 format!("must start with '/', got {p:?}"),
             );
         }
@@ -872,7 +871,7 @@ fn validate_route(
     for (k, h) in r.matcher.headers.iter().enumerate() {
         if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
             return fail(
-                format!("{at}.match.headers[{k}].name"),
+                format!("match.headers[{k}].name"),
                 format!("not a valid header name: {:?}", h.name),
             );
         }
@@ -880,27 +879,28 @@ fn validate_route(
     Ok(())
 }
 
-fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (String, String)> {
-    let fail = |path: String, reason: String| Err((path, reason));
+/// Checks one cluster; the error's path is relative to the cluster.
+fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), FieldError> {
+    let fail = |path: String, reason: String| Err(FieldError::new(path, reason));
     if let Some(service) = &c.service {
         let ok = service
             .split_once('/')
             .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'));
         if !ok {
             return fail(
-                format!("{at}.service"),
+                "service".to_owned(),
                 format!("expected NAMESPACE/NAME, got {service:?}"),
             );
         }
         if !c.endpoints.is_empty() {
             return fail(
-                format!("{at}.endpoints"),
+                "endpoints".to_owned(),
                 "use `endpoints` or `service`, not both".into(),
             );
         }
         if !control {
             return fail(
-                format!("{at}.service"),
+                "service".to_owned(),
                 "needs the top-level `control` block".into(),
             );
         }
@@ -909,39 +909,39 @@ fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (S
         && http::HeaderName::from_bytes(h.as_bytes()).is_err()
     {
         return fail(
-            format!("{at}.balancer.hash_key.header"),
+            "balancer.hash_key.header".to_owned(),
             format!("not a valid header name: {h:?}"),
         );
     }
     if let Some(hc) = &c.health_check {
         if !hc.path.starts_with('/') {
             return fail(
-                format!("{at}.health_check.path"),
+                "health_check.path".to_owned(),
                 format!("must start with '/', got {:?}", hc.path),
             );
         }
         if hc.healthy_threshold == 0 {
             return fail(
-                format!("{at}.health_check.healthy_threshold"),
+                "health_check.healthy_threshold".to_owned(),
                 "must be at least 1".into(),
             );
         }
         if hc.unhealthy_threshold == 0 {
             return fail(
-                format!("{at}.health_check.unhealthy_threshold"),
+                "health_check.unhealthy_threshold".to_owned(),
                 "must be at least 1".into(),
             );
         }
         if hc.interval.is_zero() || hc.timeout.is_zero() {
             return fail(
-                format!("{at}.health_check.interval"),
+                "health_check.interval".to_owned(),
                 "interval and timeout must be above zero".into(),
             );
         }
     }
     if c.outlier_detection.interval.is_zero() {
         return fail(
-            format!("{at}.outlier_detection.interval"),
+            "outlier_detection.interval".to_owned(),
             "must be above zero".into(),
         );
     }
@@ -949,7 +949,7 @@ fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (S
         && !(100..=599).contains(&f.status)
     {
         return fail(
-            format!("{at}.fallback.status"),
+            "fallback.status".to_owned(),
             format!("must be 100..=599, got {}", f.status),
         );
     }
@@ -957,19 +957,19 @@ fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (S
         && http::HeaderValue::from_str(&f.content_type).is_err()
     {
         return fail(
-            format!("{at}.fallback.content_type"),
+            "fallback.content_type".to_owned(),
             "not a valid header value".into(),
         );
     }
     if c.timeouts.connect.is_zero() || c.timeouts.request.is_zero() {
         return fail(
-            format!("{at}.timeouts"),
+            "timeouts".to_owned(),
             "connect and request timeouts must be above zero".into(),
         );
     }
     if c.retries.budget_percent > 100 {
         return fail(
-            format!("{at}.retries.budget_percent"),
+            "retries.budget_percent".to_owned(),
             format!("must be 0..=100, got {}", c.retries.budget_percent),
         );
     }
@@ -980,7 +980,7 @@ fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (S
     ] {
         if v == 0 {
             return fail(
-                format!("{at}.circuit_breakers.{field}"),
+                format!("circuit_breakers.{field}"),
                 "must be at least 1".into(),
             );
         }
@@ -988,21 +988,27 @@ fn validate_cluster(c: &ClusterConfig, at: &str, control: bool) -> Result<(), (S
     let endpoints = c.endpoints_model();
     for (k, e) in endpoints.iter().enumerate() {
         if let Err(e) = e.validate() {
-            return fail(format!("{at}.endpoints[{k}]"), e.to_string());
+            return fail(format!("endpoints[{k}]"), e.to_string());
         }
     }
-    let balance = c
-        .balance_config()
-        .map_err(|(p, r)| (format!("{at}.{p}"), r))?;
+    let balance = c.balance_config()?;
     meshless_balance::Cluster::new(&endpoints, balance).map_err(|e| match e {
-        ConfigError::Field { field, reason } => (format!("{at}.{field}"), reason),
-        ConfigError::DuplicateEndpoint(id) => (
-            format!("{at}.endpoints"),
-            format!("duplicate endpoint {id}"),
-        ),
-        other => (at.to_owned(), other.to_string()),
+        ConfigError::Field { field, reason } => FieldError::new(field, reason),
+        ConfigError::DuplicateEndpoint(id) => {
+            FieldError::new("endpoints", format!("duplicate endpoint {id}"))
+        }
+        other => FieldError::new("", other.to_string()),
     })?;
     Ok(())
+}
+
+/// Why `name` is not a policy, naming the ones there are.
+fn unknown_policy(name: &str) -> String {
+    let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+    format!(
+        "unknown policy {name:?} (expected one of {})",
+        names.join(", ")
+    )
 }
 
 impl ClusterConfig {
@@ -1019,21 +1025,19 @@ impl ClusterConfig {
             .collect()
     }
 
-    /// The balancing settings, or the field path and reason they are wrong.
-    pub fn balance_config(&self) -> Result<BalanceClusterConfig, (String, String)> {
+    /// The balancing settings, or the field at fault and why.
+    pub fn balance_config(&self) -> Result<BalanceClusterConfig, FieldError> {
         let b = &self.balancer;
-        let policy: PolicyKind = b.policy.parse().map_err(|e: ConfigError| {
-            (
-                "balancer.policy".to_owned(),
-                e.to_string().replace("policy: ", ""),
-            )
-        })?;
+        let policy: PolicyKind = b
+            .policy
+            .parse()
+            .map_err(|_| FieldError::new("balancer.policy", unknown_policy(&b.policy)))?;
         let over = match b.over.as_str() {
             "maglev" => HashKind::Maglev,
             "ring_hash" => HashKind::RingHash,
             other => {
-                return Err((
-                    "balancer.over".into(),
+                return Err(FieldError::new(
+                    "balancer.over",
                     format!("expected maglev or ring_hash, got {other:?}"),
                 ));
             }
