@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use meshless_balance::{
     BalancerConfig, ClusterConfig as BalanceClusterConfig, ConfigError, HashKind, HealthConfig,
-    LocalityConfig, LocalityMode, OutlierConfig, PolicyKind, policy::DEFAULT_TABLE_SIZE,
+    LocalityConfig, LocalityMode, OutlierConfig, PolicyKind,
 };
 use meshless_model::{AtPath, Endpoint, FieldError};
 use serde::{Deserialize, Serialize};
@@ -289,7 +289,7 @@ pub struct ClusterConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation: Option<Activation>,
     /// Panic mode on or off (off = `panic_threshold: 0`).
-    #[serde(default = "yes")]
+    #[serde(default = "default_panic_mode")]
     pub panic_mode: bool,
     /// Below this percent of endpoints available, spread over all of them
     /// (Envoy's `healthy_panic_threshold`, default 50; 0 disables).
@@ -301,7 +301,7 @@ fn default_panic_threshold() -> u8 {
     meshless_balance::DEFAULT_PANIC_THRESHOLD
 }
 
-fn yes() -> bool {
+fn default_panic_mode() -> bool {
     true
 }
 
@@ -312,7 +312,7 @@ pub struct EndpointConfig {
     /// IP address and port (no DNS names).
     pub address: SocketAddr,
     /// Relative weight, 1..=10000.
-    #[serde(default = "one")]
+    #[serde(default = "default_weight")]
     pub weight: u32,
     /// Zone of the endpoint.
     #[serde(default)]
@@ -322,7 +322,7 @@ pub struct EndpointConfig {
     pub node: Option<String>,
 }
 
-fn one() -> u32 {
+fn default_weight() -> u32 {
     1
 }
 
@@ -331,6 +331,8 @@ fn one() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct BalancerYaml {
     /// round_robin, random, least_request, p2c, ring_hash, maglev, bounded_load.
+    /// A name, checked by validation (not by serde, whose error would not
+    /// name the policies there are).
     #[serde(default = "default_policy")]
     pub policy: String,
     /// Where the affinity key comes from (hash policies).
@@ -367,20 +369,48 @@ impl Default for BalancerYaml {
     }
 }
 
+// The balancer's defaults are the balance crate's, defined there once.
 fn default_policy() -> String {
-    "round_robin".into()
+    BalancerConfig::default().policy.name().to_owned()
 }
 fn default_load_factor() -> f64 {
-    meshless_balance::DEFAULT_LOAD_FACTOR
+    BalancerConfig::default().load_factor
 }
 fn default_choices() -> usize {
-    meshless_balance::policy::DEFAULT_CHOICES
+    BalancerConfig::default().choices
 }
 fn default_table_size() -> usize {
-    DEFAULT_TABLE_SIZE
+    BalancerConfig::default().table_size
 }
 fn default_over() -> String {
-    "maglev".into()
+    BalancerConfig::default().over.name().to_owned()
+}
+
+impl BalancerYaml {
+    /// The policy named by `policy`; the error names the policies there are.
+    pub fn policy_kind(&self) -> Result<PolicyKind, FieldError> {
+        self.policy.parse().map_err(|_| {
+            let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+            FieldError::new(
+                "policy",
+                format!(
+                    "unknown policy {:?} (expected one of {})",
+                    self.policy,
+                    names.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The hash named by `over`.
+    pub fn over_kind(&self) -> Result<HashKind, FieldError> {
+        self.over.parse().map_err(|_| {
+            FieldError::new(
+                "over",
+                format!("expected maglev or ring_hash, got {:?}", self.over),
+            )
+        })
+    }
 }
 
 /// The source of a request's affinity key.
@@ -404,21 +434,24 @@ pub enum HashKey {
 #[serde(deny_unknown_fields)]
 pub struct LocalityYaml {
     /// On or off.
-    #[serde(default = "yes")]
+    #[serde(default = "default_locality_enabled")]
     pub enabled: bool,
     /// prefer (default), proportional (Envoy zone-aware) or local_only
     /// (node only, no spill).
     #[serde(default)]
     pub mode: LocalityMode,
     /// prefer: spill to the next tier below this available share (0.0..=1.0).
-    #[serde(default = "default_share")]
+    #[serde(default = "default_min_healthy_share")]
     pub min_healthy_share: f64,
     /// proportional: no locality below this many endpoints (Envoy: 6).
     #[serde(default = "default_min_cluster_size")]
     pub min_cluster_size: usize,
 }
 
-fn default_share() -> f64 {
+fn default_locality_enabled() -> bool {
+    true
+}
+fn default_min_healthy_share() -> f64 {
     meshless_balance::DEFAULT_MIN_HEALTHY_SHARE
 }
 fn default_min_cluster_size() -> usize {
@@ -477,7 +510,7 @@ fn default_idle() -> Duration {
 #[serde(deny_unknown_fields)]
 pub struct Retries {
     /// Retries after the first attempt; 0 = off.
-    #[serde(default = "one")]
+    #[serde(default = "default_retry_count")]
     pub count: u32,
     /// Failures that are retried.
     #[serde(default = "default_retry_on")]
@@ -496,7 +529,7 @@ pub struct Retries {
 impl Default for Retries {
     fn default() -> Self {
         Self {
-            count: 1,
+            count: default_retry_count(),
             on: default_retry_on(),
             all_methods: false,
             budget_percent: default_budget_percent(),
@@ -505,6 +538,9 @@ impl Default for Retries {
     }
 }
 
+fn default_retry_count() -> u32 {
+    1
+}
 fn default_retry_on() -> Vec<RetryOn> {
     vec![RetryOn::ConnectFailure]
 }
@@ -599,10 +635,10 @@ fn default_fall() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct OutlierDetection {
     /// Consecutive 5xx (and gateway errors) that eject; 0 = off.
-    #[serde(default = "five")]
+    #[serde(default = "default_consecutive_5xx")]
     pub consecutive_5xx: u32,
     /// Consecutive 502/503/504, connect failures, resets, timeouts that eject; 0 = off.
-    #[serde(default = "five")]
+    #[serde(default = "default_consecutive_gateway_errors")]
     pub consecutive_gateway_errors: u32,
     /// How often ejections are reviewed.
     #[serde(default = "default_outlier_interval", with = "duration")]
@@ -614,37 +650,41 @@ pub struct OutlierDetection {
     #[serde(default = "default_max_ejection", with = "duration")]
     pub max_ejection_time: Duration,
     /// Largest share of the cluster ejected at once, 0..=100.
-    #[serde(default = "ten")]
+    #[serde(default = "default_max_ejection_percent")]
     pub max_ejection_percent: u8,
 }
 
 impl Default for OutlierDetection {
     fn default() -> Self {
         Self {
-            consecutive_5xx: five(),
-            consecutive_gateway_errors: five(),
+            consecutive_5xx: default_consecutive_5xx(),
+            consecutive_gateway_errors: default_consecutive_gateway_errors(),
             interval: default_outlier_interval(),
             base_ejection_time: default_base_ejection(),
             max_ejection_time: default_max_ejection(),
-            max_ejection_percent: ten(),
+            max_ejection_percent: default_max_ejection_percent(),
         }
     }
 }
 
-fn five() -> u32 {
-    5
+// Outlier defaults are the balance crate's (Envoy's), defined there once.
+fn default_consecutive_5xx() -> u32 {
+    OutlierConfig::default().consecutive_5xx
 }
-fn ten() -> u8 {
-    10
+fn default_consecutive_gateway_errors() -> u32 {
+    OutlierConfig::default().consecutive_gateway_errors
 }
 fn default_outlier_interval() -> Duration {
-    Duration::from_secs(10)
+    OutlierConfig::default().interval
 }
 fn default_base_ejection() -> Duration {
-    Duration::from_secs(30)
+    OutlierConfig::default().base_ejection_time
 }
 fn default_max_ejection() -> Duration {
-    Duration::from_secs(300)
+    OutlierConfig::default().max_ejection_time
+}
+fn default_max_ejection_percent() -> u8 {
+    OutlierConfig::default().max_ejection_percent
 }
 
 /// `activation:` block: requests for a `service:` cluster with no ready
@@ -991,24 +1031,22 @@ fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), FieldError> 
             return fail(format!("endpoints[{k}]"), e.to_string());
         }
     }
-    let balance = c.balance_config()?;
-    meshless_balance::Cluster::new(&endpoints, balance).map_err(|e| match e {
-        ConfigError::Field { field, reason } => FieldError::new(field, reason),
-        ConfigError::DuplicateEndpoint(id) => {
-            FieldError::new("endpoints", format!("duplicate endpoint {id}"))
-        }
-        other => FieldError::new("", other.to_string()),
-    })?;
-    Ok(())
-}
-
-/// Why `name` is not a policy, naming the ones there are.
-fn unknown_policy(name: &str) -> String {
-    let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
-    format!(
-        "unknown policy {name:?} (expected one of {})",
-        names.join(", ")
-    )
+    let mut ids = HashSet::new();
+    if let Some(dup) = endpoints.iter().find(|e| !ids.insert(&e.id)) {
+        return fail(
+            "endpoints".to_owned(),
+            format!("duplicate endpoint {}", dup.id),
+        );
+    }
+    // The settings alone, without building a balancer (a Maglev table is
+    // 65,537 entries by default).
+    let routable = meshless_model::routable_endpoints(&endpoints).len();
+    c.balance_config()?
+        .validate_for(routable)
+        .map_err(|e| match e {
+            ConfigError::Field { field, reason } => FieldError::new(field, reason),
+            other => FieldError::new("", other.to_string()),
+        })
 }
 
 impl ClusterConfig {
@@ -1025,23 +1063,12 @@ impl ClusterConfig {
             .collect()
     }
 
-    /// The balancing settings, or the field at fault and why.
+    /// The balancing settings, or the name that is no policy or hash;
+    /// their ranges are checked by [`BalanceClusterConfig::validate`].
     pub fn balance_config(&self) -> Result<BalanceClusterConfig, FieldError> {
         let b = &self.balancer;
-        let policy: PolicyKind = b
-            .policy
-            .parse()
-            .map_err(|_| FieldError::new("balancer.policy", unknown_policy(&b.policy)))?;
-        let over = match b.over.as_str() {
-            "maglev" => HashKind::Maglev,
-            "ring_hash" => HashKind::RingHash,
-            other => {
-                return Err(FieldError::new(
-                    "balancer.over",
-                    format!("expected maglev or ring_hash, got {other:?}"),
-                ));
-            }
-        };
+        let policy = b.policy_kind().at("balancer")?;
+        let over = b.over_kind().at("balancer")?;
         let health = self
             .health_check
             .as_ref()

@@ -17,7 +17,7 @@ use crate::upstream::{self, ClusterCounters, PoolKey, UpstreamClient};
 /// Why a cluster could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// A setting is out of range.
+    /// A policy or hash name that is none.
     #[error(transparent)]
     Settings(#[from] FieldError),
     /// The balancer rejected the settings or the endpoints.
