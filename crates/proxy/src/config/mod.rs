@@ -339,5 +339,20 @@ clusters:
         );
         let e = invalid(&GOOD.replace("\"[::1]:9002\"", "127.0.0.1:9001"));
         assert!(e.contains("clusters[0].endpoints: duplicate"), "{e}");
+        let e = invalid(&GOOD.replace("policy: p2c,", "policy: bounded_load, over: nope,"));
+        assert!(
+            e.contains("clusters[1].balancer.over: expected maglev or ring_hash, got \"nope\""),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("policy: p2c,", "policy: maglev, table_size: 4,"));
+        assert!(
+            e.contains("clusters[1].balancer.table_size: must be prime, got 4"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("cluster: api\n", "\n"));
+        assert!(
+            e.contains("listeners[0].routes[0]: exactly one of `cluster` or `weighted_clusters`"),
+            "{e}"
+        );
     }
 }
