@@ -208,6 +208,9 @@ impl Exchange<'_> {
                     guard.finish(status);
                 }
                 Err(failure) => {
+                    if matches!(failure, attempt::Failure::ConnectionLimit) {
+                        admit::overflow(self.state, &cluster, "max_connections");
+                    }
                     guard.finish(failure.outcome());
                     if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
                         retry = admit::retry(self.state, &cluster);
