@@ -166,7 +166,7 @@ impl Exchange<'_> {
         let mut retry: Option<Slot> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
-            if activate::needed(base, picked.as_ref(), policy.retrying()) {
+            if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
                 if picked.is_some() {
                     // The key's endpoint is full: after the wait, pick by load.
                     ctx.key = None;
