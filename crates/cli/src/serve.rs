@@ -284,7 +284,7 @@ impl Stack {
         stack
             .proxy
             .validate()
-            .map_err(|(path, reason)| anyhow::anyhow!("{file}: proxy.{path}: {reason}"))?;
+            .map_err(|e| anyhow::anyhow!("{file}: {}", e.at("proxy")))?;
         Ok(stack)
     }
 }

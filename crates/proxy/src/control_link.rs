@@ -26,6 +26,47 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often the load of watched services is reported.
 const LOAD_REPORT: Duration = Duration::from_secs(1);
 
+/// Why a stream to the control plane ended.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Not a usable address, or no connection.
+    #[error(transparent)]
+    Connect(#[from] tonic::transport::Error),
+    /// The token cannot be sent as a header value.
+    #[error("control.token_file: {0}")]
+    Token(#[from] tonic::metadata::errors::InvalidMetadataValue),
+    /// The control plane answered with an error status.
+    #[error("{code}: {message}")]
+    Status { code: tonic::Code, message: String },
+    /// No message, heartbeats included, for [`SILENCE`].
+    #[error("no message for {} s", SILENCE.as_secs())]
+    Silent,
+    /// The control plane closed the stream.
+    #[error("stream closed by the control plane")]
+    Closed,
+    /// The outgoing half of the stream is gone.
+    #[error("outgoing stream closed")]
+    SendClosed,
+    /// A delta that does not decode.
+    #[error(transparent)]
+    Decode(#[from] meshless_api::WireError),
+}
+
+impl From<tonic::Status> for LinkError {
+    fn from(s: tonic::Status) -> Self {
+        LinkError::Status {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+}
+
+impl<T> From<mpsc::error::SendError<T>> for LinkError {
+    fn from(_: mpsc::error::SendError<T>) -> Self {
+        LinkError::SendClosed
+    }
+}
+
 /// Requests in flight and held, per watched service, over its clusters.
 fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
     use std::sync::atomic::Ordering;
@@ -104,19 +145,16 @@ async fn session(
     activate: &mut mpsc::UnboundedReceiver<String>,
     table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
     version: &mut u64,
-) -> Result<(), String> {
+) -> Result<(), LinkError> {
     let mut report = tokio::time::interval(LOAD_REPORT);
-    let channel = GrpcEndpoint::from_shared(uri.to_owned())
-        .map_err(|e| e.to_string())?
+    let channel = GrpcEndpoint::from_shared(uri.to_owned())?
         .connect_timeout(Duration::from_secs(2))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .connect()
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let auth = token
         .map(|t| format!("Bearer {t}").parse::<tonic::metadata::MetadataValue<_>>())
-        .transpose()
-        .map_err(|e| format!("control.token_file: {e}"))?;
+        .transpose()?;
     let mut client =
         DistributionClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
             if let Some(v) = &auth {
@@ -134,12 +172,8 @@ async fn session(
             resume_version: *version,
         })),
     };
-    tx.send(hello).await.map_err(|e| e.to_string())?;
-    let mut inbound = client
-        .stream(ReceiverStream::new(rx))
-        .await
-        .map_err(|s| format!("{}: {}", s.code(), s.message()))?
-        .into_inner();
+    tx.send(hello).await?;
+    let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
     tracing::info!(control = %uri, resume_version = *version, "control plane stream open");
     // Measured from the last message received, not from the last turn of
     // the loop: the load report wakes the loop every second.
@@ -148,20 +182,20 @@ async fn session(
     loop {
         tokio::select! {
             () = &mut silence => {
-                return Err(format!("no message for {} s", SILENCE.as_secs()));
+                return Err(LinkError::Silent);
             }
             msg = inbound.message() => {
                 let msg = match msg {
-                    Err(s) => return Err(format!("{}: {}", s.code(), s.message())),
-                    Ok(None) => return Err("stream closed by the control plane".into()),
+                    Err(s) => return Err(s.into()),
+                    Ok(None) => return Err(LinkError::Closed),
                     Ok(Some(m)) => m,
                 };
                 silence.as_mut().reset(tokio::time::Instant::now() + SILENCE);
                 match msg.msg {
                     Some(server_message::Msg::Delta(bytes)) => {
-                        let delta = decode_delta(&bytes).map_err(|e| e.to_string())?;
+                        let delta = decode_delta(&bytes)?;
                         let v = delta.version;
-                        apply(state, table, delta)?;
+                        apply(state, table, delta);
                         *version = (*version).max(v);
                         let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: *version })) };
                         let _ = tx.try_send(ack);
@@ -183,9 +217,9 @@ async fn session(
             Some(service) = activate.recv() => {
                 // Tell the control plane at once, with the load that explains it.
                 let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
-                tx.send(load).await.map_err(|e| e.to_string())?;
+                tx.send(load).await?;
                 let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service })) };
-                tx.send(act).await.map_err(|e| e.to_string())?;
+                tx.send(act).await?;
             }
             changed = watched.changed() => {
                 if changed.is_err() {
@@ -194,7 +228,7 @@ async fn session(
                 let services: Vec<String> = watched.borrow_and_update().iter().cloned().collect();
                 table.retain(|s, _| services.contains(s));
                 let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services })) };
-                tx.send(sub).await.map_err(|e| e.to_string())?;
+                tx.send(sub).await?;
             }
         }
     }
@@ -205,7 +239,7 @@ fn apply(
     state: &ProxyState,
     table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
     delta: v1::Delta,
-) -> Result<(), String> {
+) {
     if !delta.activation_error.is_empty() {
         state
             .activation_errors
@@ -216,7 +250,7 @@ fn apply(
                 (delta.activation_error.clone(), std::time::Instant::now()),
             );
         state.endpoints_changed.notify_waiters();
-        return Ok(());
+        return;
     }
     let entry = table.entry(delta.service.clone()).or_default();
     if delta.reset {
@@ -250,5 +284,4 @@ fn apply(
             tracing::error!(service = %delta.service, error = %e, "cannot apply endpoints; keeping the previous ones");
         }
     }
-    Ok(())
 }

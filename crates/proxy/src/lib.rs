@@ -3,7 +3,6 @@
 
 pub mod access_log;
 pub mod admin;
-pub mod body;
 pub mod config;
 pub mod health;
 pub mod limits;
@@ -14,7 +13,6 @@ pub mod request;
 pub mod router;
 pub mod snapshot;
 pub mod state;
-pub mod tunnel;
 pub mod upstream;
 
 pub use config::{ConfigFileError, ProxyConfig};

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use meshless_model::FieldError;
 use meshless_model::serde_duration as duration;
 
 /// The settings of a running listener, updated in place on reload.
@@ -17,20 +18,6 @@ pub struct ListenerSettings {
     pub trace: TracePolicy,
     pub paths: PathSettings,
     pub forwarding: Forwarding,
-}
-
-impl ListenerSettings {
-    /// The settings of `l`.
-    pub fn of(l: &crate::config::ListenerConfig) -> Self {
-        Self {
-            max_connections: l.max_connections,
-            limits: l.limits.clone(),
-            timeouts: l.timeouts.clone(),
-            trace: l.trace,
-            paths: l.paths.clone(),
-            forwarding: l.forwarding.clone(),
-        }
-    }
 }
 
 /// Downstream connections a listener serves at once by default.
@@ -178,50 +165,45 @@ pub fn default_upgrades() -> Vec<String> {
     vec!["websocket".to_owned()]
 }
 
-/// Checks one listener's limits; `(field path, reason)` on error.
+/// Checks one listener's limits; the error's path is relative to the listener.
 pub fn validate(
-    at: &str,
     max_connections: u32,
     head: &HeadLimits,
     timeouts: &ListenerTimeouts,
-) -> Result<(), (String, String)> {
-    let fail = |field: &str, reason: &str| Err((format!("{at}.{field}"), reason.to_owned()));
+) -> Result<(), FieldError> {
     if max_connections == 0 {
-        return fail("max_connections", "must be at least 1");
+        return Err(FieldError::new("max_connections", "must be at least 1"));
     }
     if head.max_header_bytes < 1024 || head.max_uri_bytes < 256 || head.max_headers == 0 {
-        return fail(
+        return Err(FieldError::new(
             "limits",
             "max_header_bytes must be >= 1024, max_uri_bytes >= 256, max_headers >= 1",
-        );
+        ));
     }
     if timeouts.request_headers.is_zero()
         || timeouts.idle.is_zero()
         || timeouts.stream_idle.is_zero()
     {
-        return fail(
+        return Err(FieldError::new(
             "timeouts",
             "request_headers, idle and stream_idle must be above zero",
-        );
+        ));
     }
     Ok(())
 }
 
-/// Checks a route's upgrade allowlist.
-pub fn validate_upgrades(at: &str, upgrades: &[String]) -> Result<(), (String, String)> {
+/// Checks a route's upgrade allowlist; the error's path is relative to the route.
+pub fn validate_upgrades(upgrades: &[String]) -> Result<(), FieldError> {
     for (i, u) in upgrades.iter().enumerate() {
+        let at = format!("upgrades[{i}]");
         if u.eq_ignore_ascii_case("h2c") {
-            return Err((
-                format!("{at}.upgrades[{i}]"),
-                "h2c upgrades are never passed through (they would carry HTTP/2 past routing and limits)"
-                    .to_owned(),
+            return Err(FieldError::new(
+                at,
+                "h2c upgrades are never passed through (they would carry HTTP/2 past routing and limits)",
             ));
         }
         if u.is_empty() || !u.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err((
-                format!("{at}.upgrades[{i}]"),
-                "not a protocol token".to_owned(),
-            ));
+            return Err(FieldError::new(at, "not a protocol token"));
         }
     }
     Ok(())

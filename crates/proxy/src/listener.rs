@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -17,24 +16,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::limits::ListenerSettings;
+use crate::request::Downstream;
 use crate::state::ProxyState;
-use crate::tunnel::Tunnels;
-
-/// What a request handler knows of the listener it came in on.
-#[derive(Debug)]
-pub struct Downstream {
-    pub name: Arc<str>,
-    pub state: Arc<ProxyState>,
-    pub tunnels: Arc<Tunnels>,
-    settings: ArcSwap<ListenerSettings>,
-}
-
-impl Downstream {
-    /// The listener's settings now.
-    pub fn settings(&self) -> Arc<ListenerSettings> {
-        self.settings.load_full()
-    }
-}
 
 /// A running listener.
 #[derive(Debug)]
@@ -67,12 +50,7 @@ impl ListenerHandle {
     ) -> Self {
         let local_addr = listener.local_addr().unwrap_or(address);
         let (stop, stopped) = watch::channel(None);
-        let downstream = Arc::new(Downstream {
-            name,
-            state,
-            tunnels: Arc::default(),
-            settings: ArcSwap::from_pointee(settings),
-        });
+        let downstream = Arc::new(Downstream::new(name, state, settings));
         let task = tokio::spawn(accept_loop(Arc::clone(&downstream), listener, stopped));
         Self {
             address,
@@ -86,7 +64,7 @@ impl ListenerHandle {
     /// Applies reloaded settings (limits and timeouts of new requests and
     /// connections; `max_connections` when the listener is re-created).
     pub fn update(&self, settings: ListenerSettings) {
-        self.downstream.settings.store(Arc::new(settings));
+        self.downstream.update(settings);
     }
 
     /// Whether a listener configured at `address` is this one: the same

@@ -13,10 +13,9 @@ use tokio::task::JoinHandle;
 
 use crate::access_log::AccessLogger;
 use crate::config::ProxyConfig;
-use crate::limits::ListenerSettings;
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{ClusterError, Snapshot, SnapshotError};
 use crate::state::ProxyState;
 
 /// Why the proxy could not start or reload.
@@ -30,6 +29,16 @@ pub enum ProxyError {
     },
     #[error("access_log: {0}")]
     AccessLog(std::io::Error),
+    /// A config file that cannot be read or is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigFileError),
+    /// A cluster of the new config cannot be built.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// A cluster cannot take the endpoints it has now.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// A change the running proxy cannot make, or a setting it cannot use.
     #[error("{0}")]
     Invalid(String),
 }
@@ -63,8 +72,7 @@ impl Proxy {
         let listener_configs = config.listeners.clone();
         let control = config.control.clone();
         let node = config.node.clone();
-        let snapshot =
-            Snapshot::build(config, None, &Default::default()).map_err(ProxyError::Invalid)?;
+        let snapshot = Snapshot::build(config, None, &Default::default())?;
         let watched = snapshot.watched_services();
         let (activate_tx, activate_rx) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ProxyState {
@@ -93,7 +101,7 @@ impl Proxy {
                 l.address,
                 socket,
                 Arc::clone(&state),
-                ListenerSettings::of(l),
+                l.settings(),
             );
             tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
             listeners.insert(l.name.clone(), handle);
@@ -196,7 +204,7 @@ impl Proxy {
                     })
                     .inc();
                 tracing::error!(error = %e, "reload rejected; the running configuration stays");
-                Err(ProxyError::Invalid(e.to_string()))
+                Err(e.into())
             }
         }
     }
@@ -223,15 +231,14 @@ impl Proxy {
             config.clone(),
             Some(&current),
             &self.state.service_endpoints(),
-        )
-        .map_err(ProxyError::Invalid)?;
+        )?;
         let watched = snapshot.watched_services();
         let mut listeners = self.listeners.lock().await;
         // Bind what is new before anything changes.
         let mut fresh = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
             if let Some(h) = listeners.get(&l.name).filter(|h| h.serves(l.address)) {
-                h.update(ListenerSettings::of(l));
+                h.update(l.settings());
                 continue;
             }
             let moved_here =
@@ -243,9 +250,7 @@ impl Proxy {
                 )));
             }
             match ListenerHandle::bind(l.address).await {
-                Ok((socket, _)) => {
-                    fresh.push((l.name.clone(), l.address, socket, ListenerSettings::of(l)))
-                }
+                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket, l.settings())),
                 Err(source) => {
                     return Err(ProxyError::Bind {
                         what: format!("listeners[{i}].address"),
@@ -264,9 +269,7 @@ impl Proxy {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut snapshot = snapshot;
             for service in &watched {
-                snapshot = snapshot
-                    .with_service(service, &services)
-                    .map_err(ProxyError::Invalid)?;
+                snapshot = snapshot.with_service(service, &services)?;
             }
             self.state.snapshot.store(Arc::new(snapshot));
         }

@@ -8,10 +8,37 @@ use std::sync::atomic::Ordering;
 
 use http::uri::Authority;
 use meshless_balance::Cluster;
+use meshless_model::FieldError;
 
 use crate::config::{ClusterConfig, ProxyConfig};
 use crate::router::RouteTable;
 use crate::upstream::{self, ClusterCounters, PoolKey, UpstreamClient};
+
+/// Why a cluster could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A policy or hash name that is none.
+    #[error(transparent)]
+    Settings(#[from] FieldError),
+    /// The balancer rejected the settings or the endpoints.
+    #[error(transparent)]
+    Balancer(#[from] meshless_balance::ConfigError),
+    /// An endpoint without a socket address.
+    #[error("endpoint {0} has no address")]
+    NoAddress(String),
+    /// An endpoint address that is no URI authority.
+    #[error(transparent)]
+    Authority(#[from] http::uri::InvalidUri),
+}
+
+/// Why a snapshot could not be built: the cluster at fault and why.
+#[derive(Debug, thiserror::Error)]
+#[error("clusters[{index}]: {source}")]
+pub struct SnapshotError {
+    /// Position of the cluster in the config.
+    pub index: usize,
+    pub source: ClusterError,
+}
 
 /// A cluster as the request path uses it.
 #[derive(Debug)]
@@ -36,29 +63,26 @@ impl UpstreamCluster {
         config: &ClusterConfig,
         previous: Option<&UpstreamCluster>,
         services: &ServiceEndpoints,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClusterError> {
         let endpoints = match &config.service {
             Some(s) => services.get(s).cloned().unwrap_or_default(),
             None => config.endpoints_model(),
         };
-        let balance = config
-            .balance_config()
-            .map_err(|(path, reason)| format!("{path}: {reason}"))?;
+        let balance = config.balance_config()?;
         let lb = match previous {
             Some(p) => p.lb.rebuild(&endpoints, balance),
             None => Cluster::new(&endpoints, balance),
-        }
-        .map_err(|e| e.to_string())?;
+        }?;
         let authorities = lb
             .endpoints()
             .iter()
             .map(|e| {
                 let addr = e
                     .socket_addr()
-                    .ok_or_else(|| format!("endpoint {} has no address", e.id))?;
-                Authority::try_from(addr.to_string()).map_err(|e| e.to_string())
+                    .ok_or_else(|| ClusterError::NoAddress(e.id.to_string()))?;
+                Ok(Authority::try_from(addr.to_string())?)
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, ClusterError>>()?;
         let endpoint_labels = lb
             .endpoints()
             .iter()
@@ -104,14 +128,14 @@ impl Snapshot {
         config: ProxyConfig,
         previous: Option<&Snapshot>,
         services: &ServiceEndpoints,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SnapshotError> {
         let mut clusters = HashMap::new();
         for (i, c) in config.clusters.iter().enumerate() {
             let prev = previous
                 .and_then(|p| p.clusters.get(&c.name))
                 .map(Arc::as_ref);
             let built = UpstreamCluster::build(c, prev, services)
-                .map_err(|e| format!("clusters[{i}]: {e}"))?;
+                .map_err(|source| SnapshotError { index: i, source })?;
             clusters.insert(c.name.clone(), Arc::new(built));
         }
         let routes = config
@@ -130,7 +154,11 @@ impl Snapshot {
 impl Snapshot {
     /// This snapshot with the clusters of `service` rebuilt from `services`
     /// (keeping their endpoint state); everything else is shared.
-    pub fn with_service(&self, service: &str, services: &ServiceEndpoints) -> Result<Self, String> {
+    pub fn with_service(
+        &self,
+        service: &str,
+        services: &ServiceEndpoints,
+    ) -> Result<Self, ClusterError> {
         let mut clusters = self.clusters.clone();
         for (name, c) in &self.clusters {
             if c.config.service.as_deref() == Some(service) {

@@ -1,6 +1,8 @@
 //! State shared by every listener, the admin server and background tasks.
 
+use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
@@ -28,7 +30,7 @@ pub struct ProxyState {
     pub activation_errors:
         std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
     /// Per service: one held request probes at a time.
-    pub probing: crate::request::activate::Probing,
+    pub probing: Probing,
 }
 
 impl ProxyState {
@@ -38,5 +40,46 @@ impl ProxyState {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+}
+
+/// Services with a held request probing their starting instances: one
+/// prober per service, the others wait for it.
+#[derive(Debug, Default)]
+pub struct Probing(Mutex<HashSet<String>>);
+
+impl Probing {
+    /// The turn to probe `service`, if nobody holds it.
+    pub fn turn<'a>(&'a self, service: &str) -> Option<ProbeTurn<'a>> {
+        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        set.insert(service.to_owned()).then(|| ProbeTurn {
+            probing: self,
+            service: service.to_owned(),
+        })
+    }
+
+    /// Whether some request is probing `service` now.
+    pub fn is_probing(&self, service: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(service)
+    }
+}
+
+/// A held request's turn as its service's prober; given back on drop.
+#[derive(Debug)]
+pub struct ProbeTurn<'a> {
+    probing: &'a Probing,
+    service: String,
+}
+
+impl Drop for ProbeTurn<'_> {
+    fn drop(&mut self) {
+        self.probing
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.service);
     }
 }

@@ -6,13 +6,12 @@
 //! the moment one accepts — no extra hop, no wait for a readiness cycle.
 //!
 //! Everything a held request raises is a guard: its place in the queue
-//! ([`Slot`]) and its turn as the service's prober ([`ProbeTurn`]). A held
+//! ([`Slot`]) and its turn as the service's prober ([`crate::state::ProbeTurn`]). A held
 //! request dropped at any point (client gone, mid-probe) leaves neither a
 //! queued count nor a service stuck in `probing`.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -25,47 +24,6 @@ use crate::request::admit::{Gauge, Slot, overflow};
 use crate::request::respond::LocalReply;
 use crate::snapshot::UpstreamCluster;
 use crate::state::ProxyState;
-
-/// Services with a held request probing their starting instances: one
-/// prober per service, the others wait for it.
-#[derive(Debug, Default)]
-pub struct Probing(Mutex<HashSet<String>>);
-
-impl Probing {
-    /// The turn to probe `service`, if nobody holds it.
-    pub fn turn<'a>(&'a self, service: &str) -> Option<ProbeTurn<'a>> {
-        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        set.insert(service.to_owned()).then(|| ProbeTurn {
-            probing: self,
-            service: service.to_owned(),
-        })
-    }
-
-    /// Whether some request is probing `service` now.
-    pub fn is_probing(&self, service: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(service)
-    }
-}
-
-/// A held request's turn as its service's prober; given back on drop.
-#[derive(Debug)]
-pub struct ProbeTurn<'a> {
-    probing: &'a Probing,
-    service: String,
-}
-
-impl Drop for ProbeTurn<'_> {
-    fn drop(&mut self) {
-        self.probing
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.service);
-    }
-}
 
 /// Whether this pick must wait for activation: the cluster activates, this
 /// is not a retry, and there is no endpoint or the picked one is over
@@ -268,7 +226,12 @@ pub async fn hold(
 
 /// Records the cold-start timeline of a held request whose response
 /// headers arrived.
-pub fn answered(state: &ProxyState, held: Instant, record: &crate::body::Completion, status: u16) {
+pub fn answered(
+    state: &ProxyState,
+    held: Instant,
+    record: &crate::request::body::Completion,
+    status: u16,
+) {
     phase(state, "response", held);
     tracing::info!(
         cluster = %record.cluster,
@@ -283,6 +246,7 @@ pub fn answered(state: &ProxyState, held: Instant, record: &crate::body::Complet
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Probing;
 
     #[test]
     fn one_prober_per_service_and_the_turn_is_given_back() {

@@ -19,12 +19,14 @@
 pub mod activate;
 pub mod admit;
 pub mod attempt;
+pub mod body;
 pub mod downstream;
 pub mod headers;
 pub mod path;
 pub mod respond;
 pub mod route;
 pub mod screen;
+pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,9 +38,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use meshless_balance::{InFlight, Outcome, PickContext};
 
-use crate::body::{Completion, ProxyBody};
 use crate::config::RetryOn;
-use crate::listener::Downstream;
+use crate::limits::ListenerSettings;
+use crate::request::body::{Completion, ProxyBody};
 use crate::snapshot::{Snapshot, UpstreamCluster};
 use crate::state::ProxyState;
 use crate::upstream::UpstreamBody;
@@ -46,6 +48,38 @@ use admit::Slot;
 use attempt::RetryPolicy;
 use downstream::DownstreamBody;
 use respond::LocalReply;
+use tunnel::Tunnels;
+
+/// What a request handler knows of the listener it came in on.
+#[derive(Debug)]
+pub struct Downstream {
+    pub name: Arc<str>,
+    pub state: Arc<ProxyState>,
+    pub tunnels: Arc<Tunnels>,
+    settings: arc_swap::ArcSwap<ListenerSettings>,
+}
+
+impl Downstream {
+    /// The listener `name`, serving with `settings`.
+    pub fn new(name: Arc<str>, state: Arc<ProxyState>, settings: ListenerSettings) -> Self {
+        Self {
+            name,
+            state,
+            tunnels: Arc::default(),
+            settings: arc_swap::ArcSwap::from_pointee(settings),
+        }
+    }
+
+    /// The listener's settings now.
+    pub fn settings(&self) -> Arc<ListenerSettings> {
+        self.settings.load_full()
+    }
+
+    /// Applies reloaded settings to the requests that start from now on.
+    pub fn update(&self, settings: ListenerSettings) {
+        self.settings.store(Arc::new(settings));
+    }
+}
 
 /// Handles one downstream request received by `downstream`.
 pub async fn handle(
@@ -174,6 +208,9 @@ impl Exchange<'_> {
                     guard.finish(status);
                 }
                 Err(failure) => {
+                    if matches!(failure, attempt::Failure::ConnectionLimit) {
+                        admit::overflow(self.state, &cluster, "max_connections");
+                    }
                     guard.finish(failure.outcome());
                     if failure == attempt::Failure::ConnectionLimit {
                         admit::overflow(self.state, &cluster, "max_connections");

@@ -7,9 +7,9 @@ use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::body::{Completion, ProxyBody};
 use crate::config::Fallback;
-use crate::listener::Downstream;
+use crate::request::Downstream;
+use crate::request::body::{Completion, ProxyBody};
 use crate::request::headers::strip_hop_by_hop;
 
 /// A response the proxy makes itself, and the reason it is counted under.
@@ -122,7 +122,7 @@ pub fn proxied(
     if switching && let Some(down) = upgrade {
         let up = hyper::upgrade::on(&mut resp);
         let idle = downstream.settings().timeouts.stream_idle;
-        crate::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
+        crate::request::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
         let (parts, body) = resp.into_parts();
         return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
     }

@@ -94,7 +94,7 @@ mod tests {
     fn listener() -> ListenerSettings {
         let yaml = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
         let cfg = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
-        ListenerSettings::of(&cfg.listeners[0])
+        cfg.listeners[0].settings()
     }
 
     fn status(l: &ListenerSettings, req: Request<()>) -> Option<StatusCode> {

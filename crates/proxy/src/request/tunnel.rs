@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 
-use crate::body::{Completion, End};
+use crate::request::body::{Completion, End};
 
 /// The open tunnels of one listener.
 #[derive(Debug)]

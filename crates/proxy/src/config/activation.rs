@@ -1,0 +1,58 @@
+//! `clusters[].activation:` and `clusters[].fallback:` what a request
+//! gets when no endpoint is ready.
+
+use std::time::Duration;
+
+use meshless_model::serde_duration as duration;
+use serde::{Deserialize, Serialize};
+
+/// `activation:` block: requests for a `service:` cluster with no ready
+/// endpoint are held while the control plane starts an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Activation {
+    /// Requests held at once per cluster; past it, 503 with `Retry-After`.
+    #[serde(default = "default_max_queued")]
+    pub max_queued: u32,
+    /// A held request waits at most this long, then 504.
+    #[serde(default = "default_queue_timeout", with = "duration")]
+    pub queue_timeout: Duration,
+    /// How often a starting instance's address is probed (TCP connect).
+    #[serde(default = "default_probe_interval", with = "duration")]
+    pub probe_interval: Duration,
+    /// Hard limit of requests in flight per instance; 0 = none.
+    #[serde(default)]
+    pub container_concurrency: u32,
+}
+
+fn default_max_queued() -> u32 {
+    10_000
+}
+fn default_queue_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_probe_interval() -> Duration {
+    Duration::from_millis(5)
+}
+
+/// `fallback:` block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fallback {
+    /// Status code.
+    #[serde(default = "default_fallback_status")]
+    pub status: u16,
+    /// Body.
+    #[serde(default)]
+    pub body: String,
+    /// Content-Type of the body.
+    #[serde(default = "default_content_type")]
+    pub content_type: String,
+}
+
+fn default_fallback_status() -> u16 {
+    503
+}
+fn default_content_type() -> String {
+    "text/plain; charset=utf-8".into()
+}

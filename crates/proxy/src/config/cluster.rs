@@ -1,0 +1,293 @@
+//! `clusters:` groups of endpoints, their validation and the settings the
+//! balancer is built from.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use meshless_balance::{
+    BalancerConfig, ClusterConfig as BalanceClusterConfig, ConfigError, HealthConfig,
+    LocalityConfig, OutlierConfig,
+};
+use meshless_model::{AtPath, Endpoint, FieldError};
+use serde::{Deserialize, Serialize};
+
+use super::activation::{Activation, Fallback};
+use super::balancer::{BalancerYaml, HashKey, LocalityYaml};
+use super::upstream::{
+    CircuitBreakers, HealthCheck, OutlierDetection, Retries, Timeouts, UpstreamProtocol,
+};
+
+/// A cluster of endpoints and how to reach and balance them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Unique name, referenced by routes.
+    pub name: String,
+    /// Static endpoints.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointConfig>,
+    /// Endpoints from the control plane: `NAMESPACE/NAME` (instead of `endpoints`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Algorithm and affinity key.
+    #[serde(default)]
+    pub balancer: BalancerYaml,
+    /// Prefer this proxy's node, then zone.
+    #[serde(default)]
+    pub locality: Option<LocalityYaml>,
+    /// Protocol to the endpoints.
+    #[serde(default)]
+    pub upstream_protocol: UpstreamProtocol,
+    /// Timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Retries and their budget.
+    #[serde(default)]
+    pub retries: Retries,
+    /// Limits that shed load instead of queueing forever.
+    #[serde(default)]
+    pub circuit_breakers: CircuitBreakers,
+    /// Active health checks; absent = off.
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+    /// Passive outlier ejection.
+    #[serde(default)]
+    pub outlier_detection: OutlierDetection,
+    /// The answer when no endpoint is usable, instead of a bare 503.
+    #[serde(default)]
+    pub fallback: Option<Fallback>,
+    /// Hold requests while the service has no ready instance (scale from zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation: Option<Activation>,
+    /// Panic mode on or off (off = `panic_threshold: 0`).
+    #[serde(default = "default_panic_mode")]
+    pub panic_mode: bool,
+    /// Below this percent of endpoints available, spread over all of them
+    /// (Envoy's `healthy_panic_threshold`, default 50; 0 disables).
+    #[serde(default = "default_panic_threshold")]
+    pub panic_threshold: u8,
+}
+
+fn default_panic_threshold() -> u8 {
+    meshless_balance::DEFAULT_PANIC_THRESHOLD
+}
+
+fn default_panic_mode() -> bool {
+    true
+}
+
+/// One static endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// IP address and port (no DNS names).
+    pub address: SocketAddr,
+    /// Relative weight, 1..=10000.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Zone of the endpoint.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Node of the endpoint.
+    #[serde(default)]
+    pub node: Option<String>,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// Checks one cluster; the error's path is relative to the cluster.
+pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), FieldError> {
+    let fail = |path: String, reason: String| Err(FieldError::new(path, reason));
+    if let Some(service) = &c.service {
+        let ok = service
+            .split_once('/')
+            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'));
+        if !ok {
+            return fail(
+                "service".to_owned(),
+                format!("expected NAMESPACE/NAME, got {service:?}"),
+            );
+        }
+        if !c.endpoints.is_empty() {
+            return fail(
+                "endpoints".to_owned(),
+                "use `endpoints` or `service`, not both".into(),
+            );
+        }
+        if !control {
+            return fail(
+                "service".to_owned(),
+                "needs the top-level `control` block".into(),
+            );
+        }
+    }
+    if let Some(HashKey::Header(h)) = &c.balancer.hash_key
+        && http::HeaderName::from_bytes(h.as_bytes()).is_err()
+    {
+        return fail(
+            "balancer.hash_key.header".to_owned(),
+            format!("not a valid header name: {h:?}"),
+        );
+    }
+    if let Some(hc) = &c.health_check {
+        if !hc.path.starts_with('/') {
+            return fail(
+                "health_check.path".to_owned(),
+                format!("must start with '/', got {:?}", hc.path),
+            );
+        }
+        if hc.healthy_threshold == 0 {
+            return fail(
+                "health_check.healthy_threshold".to_owned(),
+                "must be at least 1".into(),
+            );
+        }
+        if hc.unhealthy_threshold == 0 {
+            return fail(
+                "health_check.unhealthy_threshold".to_owned(),
+                "must be at least 1".into(),
+            );
+        }
+        if hc.interval.is_zero() || hc.timeout.is_zero() {
+            return fail(
+                "health_check.interval".to_owned(),
+                "interval and timeout must be above zero".into(),
+            );
+        }
+    }
+    if c.outlier_detection.interval.is_zero() {
+        return fail(
+            "outlier_detection.interval".to_owned(),
+            "must be above zero".into(),
+        );
+    }
+    if let Some(f) = &c.fallback
+        && !(100..=599).contains(&f.status)
+    {
+        return fail(
+            "fallback.status".to_owned(),
+            format!("must be 100..=599, got {}", f.status),
+        );
+    }
+    if let Some(f) = &c.fallback
+        && http::HeaderValue::from_str(&f.content_type).is_err()
+    {
+        return fail(
+            "fallback.content_type".to_owned(),
+            "not a valid header value".into(),
+        );
+    }
+    if c.timeouts.connect.is_zero() || c.timeouts.request.is_zero() {
+        return fail(
+            "timeouts".to_owned(),
+            "connect and request timeouts must be above zero".into(),
+        );
+    }
+    if c.retries.budget_percent > 100 {
+        return fail(
+            "retries.budget_percent".to_owned(),
+            format!("must be 0..=100, got {}", c.retries.budget_percent),
+        );
+    }
+    for (field, v) in [
+        ("max_connections", c.circuit_breakers.max_connections),
+        ("max_pending", c.circuit_breakers.max_pending),
+        ("max_requests", c.circuit_breakers.max_requests),
+    ] {
+        if v == 0 {
+            return fail(
+                format!("circuit_breakers.{field}"),
+                "must be at least 1".into(),
+            );
+        }
+    }
+    let endpoints = c.endpoints_model();
+    for (k, e) in endpoints.iter().enumerate() {
+        if let Err(e) = e.validate() {
+            return fail(format!("endpoints[{k}]"), e.to_string());
+        }
+    }
+    let mut ids = HashSet::new();
+    if let Some(dup) = endpoints.iter().find(|e| !ids.insert(&e.id)) {
+        return fail(
+            "endpoints".to_owned(),
+            format!("duplicate endpoint {}", dup.id),
+        );
+    }
+    // The settings alone, without building a balancer (a Maglev table is
+    // 65,537 entries by default).
+    let routable = meshless_model::routable_endpoints(&endpoints).len();
+    c.balance_config()?
+        .validate_for(routable)
+        .map_err(|e| match e {
+            ConfigError::Field { field, reason } => FieldError::new(field, reason),
+            other => FieldError::new("", other.to_string()),
+        })
+}
+
+impl ClusterConfig {
+    /// The endpoints as model values; the id of a static endpoint is its address.
+    pub fn endpoints_model(&self) -> Vec<Endpoint> {
+        self.endpoints
+            .iter()
+            .map(|e| {
+                let mut m = Endpoint::new(e.address.to_string(), e.address).with_weight(e.weight);
+                m.zone = e.zone.clone();
+                m.node = e.node.clone();
+                m
+            })
+            .collect()
+    }
+
+    /// The balancing settings, or the name that is no policy or hash;
+    /// their ranges are checked by [`BalanceClusterConfig::validate`].
+    pub fn balance_config(&self) -> Result<BalanceClusterConfig, FieldError> {
+        let b = &self.balancer;
+        let policy = b.policy_kind().at("balancer")?;
+        let over = b.over_kind().at("balancer")?;
+        let health = self
+            .health_check
+            .as_ref()
+            .map_or_else(HealthConfig::default, |h| HealthConfig {
+                rise: h.healthy_threshold,
+                fall: h.unhealthy_threshold,
+                initially_healthy: true,
+            });
+        let o = &self.outlier_detection;
+        Ok(BalanceClusterConfig {
+            balancer: BalancerConfig {
+                policy,
+                choices: b.choices,
+                ring_size: b.ring_size,
+                table_size: b.table_size,
+                load_factor: b.load_factor,
+                over,
+            },
+            locality: self
+                .locality
+                .as_ref()
+                .filter(|l| l.enabled)
+                .map(|l| LocalityConfig {
+                    mode: l.mode,
+                    min_healthy_share: l.min_healthy_share,
+                    min_cluster_size: l.min_cluster_size,
+                }),
+            outlier: OutlierConfig {
+                consecutive_5xx: o.consecutive_5xx,
+                consecutive_gateway_errors: o.consecutive_gateway_errors,
+                interval: o.interval,
+                base_ejection_time: o.base_ejection_time,
+                max_ejection_time: o.max_ejection_time,
+                max_ejection_percent: o.max_ejection_percent,
+            },
+            health,
+            panic_threshold: if self.panic_mode {
+                self.panic_threshold
+            } else {
+                0
+            },
+        })
+    }
+}

@@ -1,0 +1,358 @@
+//! The proxy's YAML configuration: every field, its default, and the
+//! validation that rejects a bad file with the file, the field path and the
+//! reason. Documented field by field in `docs/config.md`.
+
+mod activation;
+mod balancer;
+mod cluster;
+mod control;
+mod listener;
+mod route;
+mod upstream;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use meshless_balance::LocalityMode;
+use meshless_model::{AtPath, FieldError};
+use serde::{Deserialize, Serialize};
+
+use meshless_model::serde_duration as duration;
+
+pub use activation::{Activation, Fallback};
+pub use balancer::{BalancerYaml, HashKey, LocalityYaml};
+pub use cluster::{ClusterConfig, EndpointConfig};
+pub use control::ControlLink;
+pub use listener::{ListenerConfig, ListenerProtocol};
+pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
+pub use upstream::{
+    CircuitBreakers, HealthCheck, OutlierDetection, Retries, RetryOn, Timeouts, UpstreamProtocol,
+};
+
+/// The whole proxy configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// The admin HTTP server.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Where this proxy runs, for locality.
+    #[serde(default)]
+    pub node: NodeConfig,
+    /// Where JSON access-log lines go.
+    #[serde(default)]
+    pub access_log: AccessLog,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    #[serde(default = "default_drain_timeout", with = "duration")]
+    pub drain_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long `/ready` fails while listeners still
+    /// serve, before they stop accepting and drain.
+    #[serde(default, with = "duration")]
+    pub drain_delay: Duration,
+    /// Ports the proxy accepts requests on.
+    #[serde(default)]
+    pub listeners: Vec<ListenerConfig>,
+    /// Groups of endpoints requests are balanced over.
+    #[serde(default)]
+    pub clusters: Vec<ClusterConfig>,
+    /// The control plane that serves `service:` clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlLink>,
+}
+
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The admin HTTP server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address; loopback by default.
+    #[serde(default = "default_admin_address")]
+    pub address: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            address: default_admin_address(),
+        }
+    }
+}
+
+fn default_admin_address() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9901))
+}
+
+/// This proxy's place in the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node name, matched against endpoint `node`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Zone, matched against endpoint `zone`.
+    #[serde(default)]
+    pub zone: Option<String>,
+}
+
+/// Access-log destination: `stdout`, `off`, or a file path (appended to).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum AccessLog {
+    /// One JSON line per request on standard output.
+    Stdout,
+    /// No access log.
+    #[default]
+    Off,
+    /// Appended to this file.
+    File(String),
+}
+
+impl From<String> for AccessLog {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "stdout" => AccessLog::Stdout,
+            "off" => AccessLog::Off,
+            _ => AccessLog::File(s),
+        }
+    }
+}
+
+impl From<AccessLog> for String {
+    fn from(a: AccessLog) -> Self {
+        match a {
+            AccessLog::Stdout => "stdout".into(),
+            AccessLog::Off => "off".into(),
+            AccessLog::File(f) => f,
+        }
+    }
+}
+
+/// A rejected configuration: the file, the field path and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    /// A field is missing, unknown or out of range.
+    #[error("{file}: {path}: {reason}")]
+    Invalid {
+        file: String,
+        path: String,
+        reason: String,
+    },
+}
+
+impl ProxyConfig {
+    /// Reads and validates `file`.
+    pub fn load(file: &Path) -> Result<Self, ConfigFileError> {
+        let name = file.display().to_string();
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigFileError::Read {
+            file: name.clone(),
+            source,
+        })?;
+        Self::parse(&text, &name)
+    }
+
+    /// Parses and validates YAML `text`; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Self, ConfigFileError> {
+        let config: ProxyConfig =
+            meshless_model::yaml::from_str(text).map_err(|FieldError { path, reason }| {
+                ConfigFileError::Invalid {
+                    file: file.to_owned(),
+                    path,
+                    reason,
+                }
+            })?;
+        config
+            .validate()
+            .map_err(|FieldError { path, reason }| ConfigFileError::Invalid {
+                file: file.to_owned(),
+                path,
+                reason,
+            })?;
+        Ok(config)
+    }
+
+    /// Checks what the types alone cannot: names, references, ranges.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
+        let mut names = HashSet::new();
+        let mut addresses = HashSet::new();
+        // Port 0 means "any free port": such addresses never collide.
+        if self.admin.address.port() != 0
+            && self
+                .listeners
+                .iter()
+                .any(|l| l.address == self.admin.address)
+        {
+            return err("admin.address".into(), "is also a listener's address");
+        }
+        let clusters: HashSet<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
+        for (i, l) in self.listeners.iter().enumerate() {
+            let at = format!("listeners[{i}]");
+            if l.name.is_empty() {
+                return err(format!("{at}.name"), "must not be empty");
+            }
+            if !names.insert(l.name.as_str()) {
+                return err(
+                    format!("{at}.name"),
+                    &format!("duplicate listener name {:?}", l.name),
+                );
+            }
+            if l.address.port() != 0 && !addresses.insert(l.address) {
+                return err(
+                    format!("{at}.address"),
+                    &format!("{} is used by another listener", l.address),
+                );
+            }
+            if l.routes.is_empty() {
+                return err(format!("{at}.routes"), "at least one route is required");
+            }
+            crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
+            for (j, r) in l.routes.iter().enumerate() {
+                let route = format!("{at}.routes[{j}]");
+                route::validate_route(r, &clusters).at(&route)?;
+                crate::limits::validate_upgrades(&r.upgrades).at(&route)?;
+            }
+        }
+        let mut cluster_names = HashSet::new();
+        for (i, c) in self.clusters.iter().enumerate() {
+            let at = format!("clusters[{i}]");
+            if c.name.is_empty() {
+                return err(format!("{at}.name"), "must not be empty");
+            }
+            if !cluster_names.insert(c.name.as_str()) {
+                return err(
+                    format!("{at}.name"),
+                    &format!("duplicate cluster name {:?}", c.name),
+                );
+            }
+            cluster::validate_cluster(c, self.control.is_some()).at(&at)?;
+            let local_only = c
+                .locality
+                .as_ref()
+                .is_some_and(|l| l.enabled && l.mode == LocalityMode::LocalOnly);
+            if local_only && self.node.name.is_none() {
+                return err(
+                    format!("{at}.locality.mode"),
+                    "local_only needs this proxy's node.name (it sends only to endpoints on that node)",
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listeners:
+  - name: web
+    address: 127.0.0.1:8080
+    routes:
+      - match: { path_prefix: /api }
+        cluster: api
+      - weighted_clusters:
+          - { cluster: api, weight: 90 }
+          - { cluster: canary, weight: 10 }
+clusters:
+  - name: api
+    endpoints:
+      - address: 127.0.0.1:9001
+      - { address: "[::1]:9002", weight: 2, zone: z1, node: n1 }
+    balancer: { policy: bounded_load, hash_key: { header: x-user }, load_factor: 1.5 }
+    health_check: { path: /healthz, interval: 2s }
+  - name: canary
+    endpoints: [{ address: 127.0.0.1:9003 }]
+    balancer: { policy: p2c, hash_key: client_address }
+"#;
+
+    fn invalid(text: &str) -> String {
+        ProxyConfig::parse(text, "proxy.yaml")
+            .expect_err("invalid")
+            .to_string()
+    }
+
+    #[test]
+    fn parses_with_defaults() {
+        let c = ProxyConfig::parse(GOOD, "proxy.yaml").expect("valid");
+        assert_eq!(c.admin.address.port(), 9901);
+        assert_eq!(
+            c.clusters[0].balancer.hash_key,
+            Some(HashKey::Header("x-user".into()))
+        );
+        assert_eq!(
+            c.clusters[1].balancer.hash_key,
+            Some(HashKey::ClientAddress)
+        );
+        assert_eq!(
+            c.clusters[0].health_check.as_ref().map(|h| h.interval),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(c.clusters[0].timeouts.connect, Duration::from_secs(1));
+        assert_eq!(c.clusters[0].retries.count, 1);
+    }
+
+    #[test]
+    fn errors_name_file_field_and_reason() {
+        let e = invalid(&GOOD.replace("load_factor: 1.5", "load_factor: 0.5"));
+        assert!(
+            e.starts_with("proxy.yaml: clusters[0].balancer.load_factor: must be"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("policy: p2c", "policy: p3c"));
+        assert!(
+            e.starts_with("proxy.yaml: clusters[1].balancer.policy:"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("interval: 2s", "interval: 2 parsecs"));
+        assert!(e.contains("clusters[0].health_check.interval"), "{e}");
+        let e = invalid(&GOOD.replace("cluster: canary", "cluster: nope"));
+        assert!(
+            e.contains("listeners[0].routes[1].weighted_clusters[1].cluster: unknown cluster"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace(
+            "hash_key: { header: x-user }",
+            "hash_kee: { header: x-user }",
+        ));
+        assert!(
+            e.contains("clusters[0].balancer") && e.contains("hash_kee"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("address: 127.0.0.1:9003", "address: localhost:9003"));
+        assert!(e.contains("clusters[1].endpoints[0].address"), "{e}");
+        let e = invalid(&GOOD.replace("weight: 2,", "weight: 0,"));
+        assert!(
+            e.contains("clusters[0].endpoints[1]: endpoint [::1]:9002: weight"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("\"[::1]:9002\"", "127.0.0.1:9001"));
+        assert!(e.contains("clusters[0].endpoints: duplicate"), "{e}");
+        let e = invalid(&GOOD.replace("policy: p2c,", "policy: bounded_load, over: nope,"));
+        assert!(
+            e.contains("clusters[1].balancer.over: expected maglev or ring_hash, got \"nope\""),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("policy: p2c,", "policy: maglev, table_size: 4,"));
+        assert!(
+            e.contains("clusters[1].balancer.table_size: must be prime, got 4"),
+            "{e}"
+        );
+        let e = invalid(&GOOD.replace("cluster: api\n", "\n"));
+        assert!(
+            e.contains("listeners[0].routes[0]: exactly one of `cluster` or `weighted_clusters`"),
+            "{e}"
+        );
+    }
+}
