@@ -212,9 +212,6 @@ impl Exchange<'_> {
                         admit::overflow(self.state, &cluster, "max_connections");
                     }
                     guard.finish(failure.outcome());
-                    if failure == attempt::Failure::ConnectionLimit {
-                        admit::overflow(self.state, &cluster, "max_connections");
-                    }
                     if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
                         retry = admit::retry(self.state, &cluster);
                     }
