@@ -135,6 +135,7 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
             zone: "bench".into(),
             services: vec!["bench/svc".into()],
             resume_version: 0,
+            resume_incarnation: 0,
         })),
     })
     .await

@@ -54,6 +54,9 @@ pub struct Distributor {
     /// Woken when a proxy asks to activate a service.
     activations: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
     pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
+    /// Random and non-zero, new on every start: versions are comparable
+    /// only within one incarnation (a restarted plane may reuse them).
+    pub(crate) incarnation: u64,
 }
 
 impl Distributor {
@@ -89,6 +92,7 @@ impl Distributor {
             loads: Mutex::new(std::collections::HashMap::new()),
             activations: Mutex::new(std::collections::HashMap::new()),
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
+            incarnation: new_incarnation(),
         }
     }
 
@@ -244,6 +248,19 @@ impl Distributor {
                 .collect(),
         )
     }
+}
+
+/// A random non-zero id for this process's distributor: the std hasher's
+/// per-process random keys over the clock and the process id.
+fn new_incarnation() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    std::collections::hash_map::RandomState::new()
+        .hash_one((now, std::process::id()))
+        .max(1)
 }
 
 #[cfg(test)]

@@ -153,7 +153,8 @@ async fn serve_subscriber(
     let mut watched: BTreeSet<String> = hello.services.into_iter().collect();
     // Subscribe before reading state, so no delta falls between the two.
     let mut rx = d.tx.subscribe();
-    let replay = (hello.resume_version > 0)
+    let same_incarnation = hello.resume_incarnation == d.incarnation;
+    let replay = (hello.resume_version > 0 && same_incarnation)
         .then(|| d.replay(hello.resume_version, &watched))
         .flatten();
     let mut sent_up_to = match replay {
@@ -171,6 +172,7 @@ async fn serve_subscriber(
             let done = ServerMessage {
                 msg: Some(server_message::Msg::SnapshotDone(v1::SnapshotDone {
                     version: v,
+                    incarnation: d.incarnation,
                 })),
             };
             send(d, &out, done, 0).await?;

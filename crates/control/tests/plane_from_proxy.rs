@@ -132,6 +132,7 @@ async fn open_stream(
             zone: "z".into(),
             services: vec![service.into()],
             resume_version: 0,
+            resume_incarnation: 0,
         })),
     })
     .await

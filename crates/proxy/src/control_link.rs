@@ -104,7 +104,7 @@ pub async fn run(
         format!("http://{address}")
     };
     let mut table: BTreeMap<String, BTreeMap<EndpointId, Endpoint>> = BTreeMap::new();
-    let mut version = 0u64;
+    let mut resume = Resume::default();
     let mut backoff = BACKOFF_MIN;
     loop {
         let session = session(
@@ -115,7 +115,7 @@ pub async fn run(
             &mut watched,
             &mut activate,
             &mut table,
-            &mut version,
+            &mut resume,
         );
         tokio::select! {
             result = session => {
@@ -134,6 +134,14 @@ pub async fn run(
     }
 }
 
+/// Where the next stream resumes: the last version applied completely, and
+/// the control-plane incarnation it belongs to (0, 0: nothing yet).
+#[derive(Debug, Default, Clone, Copy)]
+struct Resume {
+    version: u64,
+    incarnation: u64,
+}
+
 /// One stream, from connect to disconnect.
 #[allow(clippy::too_many_arguments)]
 async fn session(
@@ -144,7 +152,7 @@ async fn session(
     watched: &mut watch::Receiver<BTreeSet<String>>,
     activate: &mut mpsc::UnboundedReceiver<String>,
     table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
-    version: &mut u64,
+    resume: &mut Resume,
 ) -> Result<(), LinkError> {
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
@@ -169,12 +177,13 @@ async fn session(
             node: node.name.clone().unwrap_or_default(),
             zone: node.zone.clone().unwrap_or_default(),
             services,
-            resume_version: *version,
+            resume_version: resume.version,
+            resume_incarnation: resume.incarnation,
         })),
     };
     tx.send(hello).await?;
     let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
-    tracing::info!(control = %uri, resume_version = *version, "control plane stream open");
+    tracing::info!(control = %uri, resume_version = resume.version, "control plane stream open");
     // Measured from the last message received, not from the last turn of
     // the loop: the load report wakes the loop every second.
     let silence = tokio::time::sleep(SILENCE);
@@ -194,18 +203,24 @@ async fn session(
                 match msg.msg {
                     Some(server_message::Msg::Delta(bytes)) => {
                         let delta = decode_delta(&bytes)?;
-                        let v = delta.version;
+                        let (v, reset) = (delta.version, delta.reset);
                         apply(state, table, delta);
-                        *version = (*version).max(v);
-                        let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: *version })) };
+                        // A reset is one service of a snapshot (or of a
+                        // catch-up after lag): the version moves only once
+                        // all of it arrived, so a stream cut half-way
+                        // resumes from before it.
+                        if !reset {
+                            resume.version = resume.version.max(v);
+                        }
+                        let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: resume.version })) };
                         let _ = tx.try_send(ack);
                     }
                     Some(server_message::Msg::SnapshotDone(done)) => {
-                        // The snapshot is the whole state at `done.version`;
-                        // a control plane that restarted younger has a lower
-                        // one, and resuming later from the larger version
-                        // seen before would skip its changes in between.
-                        *version = done.version;
+                        // The snapshot is the whole state at `done.version`
+                        // of `done.incarnation`: a restarted control plane
+                        // may be younger, or older with other changes, and
+                        // versions of another incarnation say nothing.
+                        *resume = Resume { version: done.version, incarnation: done.incarnation };
                     }
                     Some(server_message::Msg::Heartbeat(_)) | None => {}
                 }

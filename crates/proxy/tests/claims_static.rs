@@ -209,6 +209,46 @@ async fn a_control_plane_with_a_younger_state_is_followed_not_skipped() {
     relay.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_control_plane_past_the_proxys_version_sends_a_snapshot() {
+    let bs = backends(2).await;
+    // Plane A (in memory): the proxy follows it up to some version v.
+    let a = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane a");
+    let (api, grpc) = (a.api_addr(), a.grpc_addr());
+    register_cart(api, &[("b0", bs[0].local_addr())]).await;
+    bump(api, 5).await;
+    let relay = Relay::start(grpc).await;
+    let relay_addr = relay.local_addr();
+    let (p, _addr) = proxy(&cart_proxy_yaml(relay_addr, "")).await;
+    eventually("b0 from plane a", || async {
+        cluster_addresses(&p, "cart").await == vec![bs[0].local_addr().to_string()]
+    })
+    .await;
+    // While the proxy is cut off, plane B replaces A (versions start
+    // again), holds only b1 and passes v with writes of its own. Resuming
+    // "from v" would replay B's last few deltas on top of A's state.
+    relay.stop().await;
+    a.shutdown().await;
+    let mut cfg = plane_config(None);
+    cfg.api_address = api;
+    cfg.grpc_address = grpc;
+    let b = ControlPlane::start(cfg).await.expect("plane b");
+    register_cart(api, &[("b1", bs[1].local_addr())]).await;
+    bump(api, 40).await;
+    let relay = Relay::start_on(relay_addr, grpc).await;
+    eventually("exactly plane b's endpoints", || async {
+        cluster_addresses(&p, "cart").await == vec![bs[1].local_addr().to_string()]
+    })
+    .await;
+    let snapshots = plane_metric(api, "meshless_control_snapshots_total").await;
+    assert!(snapshots >= 1.0, "the resume was answered by a snapshot");
+    p.shutdown().await;
+    b.shutdown().await;
+    relay.stop().await;
+}
+
 /// `n` writes to another service: the registry version grows by `n`.
 async fn bump(api: SocketAddr, n: usize) {
     let (s, _) = api_call(

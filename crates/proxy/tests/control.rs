@@ -54,9 +54,14 @@ where
     eventually(what, f).await;
 }
 
-/// A raw subscriber: reads until `deltas` deltas or a snapshot marker
-/// arrived; returns (deltas received, got a snapshot marker).
-async fn subscribe(grpc: SocketAddr, resume: u64, deltas: usize) -> (Vec<v1::Delta>, bool) {
+/// A raw subscriber resuming from `resume` = (version, incarnation): reads
+/// until `deltas` deltas or a snapshot marker arrived; returns (deltas
+/// received, the snapshot marker's incarnation if one came).
+async fn subscribe(
+    grpc: SocketAddr,
+    resume: (u64, u64),
+    deltas: usize,
+) -> (Vec<v1::Delta>, Option<u64>) {
     let want = deltas;
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
         .await
@@ -67,7 +72,8 @@ async fn subscribe(grpc: SocketAddr, resume: u64, deltas: usize) -> (Vec<v1::Del
             node: "n".into(),
             zone: "z".into(),
             services: vec!["shop/cart".into()],
-            resume_version: resume,
+            resume_version: resume.0,
+            resume_incarnation: resume.1,
         })),
     })
     .await
@@ -77,8 +83,8 @@ async fn subscribe(grpc: SocketAddr, resume: u64, deltas: usize) -> (Vec<v1::Del
         .await
         .expect("stream")
         .into_inner();
-    let (mut deltas, mut snapshot) = (Vec::new(), false);
-    while deltas.len() < want && !snapshot {
+    let (mut deltas, mut snapshot) = (Vec::new(), None);
+    while deltas.len() < want && snapshot.is_none() {
         let m = tokio::time::timeout(DEADLINE, inbound.message())
             .await
             .expect("a message before the deadline")
@@ -86,7 +92,7 @@ async fn subscribe(grpc: SocketAddr, resume: u64, deltas: usize) -> (Vec<v1::Del
             .expect("stream open");
         match m.msg {
             Some(server_message::Msg::Delta(b)) => deltas.push(decode_delta(&b).expect("delta")),
-            Some(server_message::Msg::SnapshotDone(_)) => snapshot = true,
+            Some(server_message::Msg::SnapshotDone(done)) => snapshot = Some(done.incarnation),
             _ => {}
         }
     }
@@ -102,11 +108,10 @@ async fn resume_replays_deltas_or_falls_back_to_a_snapshot() {
     let api = plane.api_addr();
     let bs = backends(2).await;
     register(api, &bs).await;
-    let (deltas, snapshot) = subscribe(plane.grpc_addr(), 0, usize::MAX).await;
-    assert!(
-        snapshot && deltas.len() == 1 && deltas[0].reset,
-        "{deltas:?}"
-    );
+    let (deltas, snapshot) = subscribe(plane.grpc_addr(), (0, 0), usize::MAX).await;
+    let incarnation = snapshot.expect("a first connection gets a snapshot");
+    assert!(incarnation != 0, "an incarnation is never 0");
+    assert!(deltas.len() == 1 && deltas[0].reset, "{deltas:?}");
     assert_eq!(deltas[0].upserted.len(), 2);
     let seen = deltas[0].version;
     // Two changes: a resume from `seen` replays exactly those.
@@ -119,8 +124,11 @@ async fn resume_replays_deltas_or_falls_back_to_a_snapshot() {
         )
         .await;
     }
-    let (deltas, snapshot) = subscribe(plane.grpc_addr(), seen, 2).await;
-    assert!(!snapshot, "resumed, no snapshot");
+    // The same version from another incarnation is not comparable: a snapshot.
+    let (_, snapshot) = subscribe(plane.grpc_addr(), (seen, incarnation ^ 1), usize::MAX).await;
+    assert_eq!(snapshot, Some(incarnation), "another incarnation: snapshot");
+    let (deltas, snapshot) = subscribe(plane.grpc_addr(), (seen, incarnation), 2).await;
+    assert!(snapshot.is_none(), "resumed, no snapshot");
     assert_eq!(deltas.len(), 2);
     assert!(
         deltas
@@ -137,8 +145,8 @@ async fn resume_replays_deltas_or_falls_back_to_a_snapshot() {
         )
         .await;
     }
-    let (deltas, snapshot) = subscribe(plane.grpc_addr(), seen, usize::MAX).await;
-    assert!(snapshot, "history too short: snapshot");
+    let (deltas, snapshot) = subscribe(plane.grpc_addr(), (seen, incarnation), usize::MAX).await;
+    assert!(snapshot.is_some(), "history too short: snapshot");
     assert_eq!(deltas[0].upserted.len(), 2 + 2 + 40);
     plane.shutdown().await;
 }
