@@ -228,11 +228,15 @@ async fn malformed_request_bodies_eject_nothing() {
         );
         s.write_all(req.as_bytes()).await.unwrap();
         let mut answer = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
+        let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut answer)).await;
+        assert!(read.is_ok(), "{path}: the proxy closes the connection");
         let text = String::from_utf8_lossy(&answer);
-        if path == "/echo" && text.starts_with("HTTP/1.1 200") {
-            // The upstream's headers were already sent on: the response is
-            // cut, never completed as if nothing happened.
+        if path == "/echo" && (text.is_empty() || text.starts_with("HTTP/1.1 200")) {
+            // The upstream's headers had arrived: the response is cut,
+            // never completed as if nothing happened. Whether its head was
+            // flushed before the cut depends on timing (hyper writes a head
+            // together with the first body bytes), so the client sees a
+            // head and no end, or a closed connection.
             assert!(!text.ends_with("0\r\n\r\n"), "{text}");
         } else {
             assert!(text.starts_with("HTTP/1.1 400"), "{path}: {text}");
