@@ -23,6 +23,11 @@ use crate::config::{ScalerConfig, ServiceScaling};
 use crate::process_scaler::{self, ProcessSpec};
 use crate::state::PlaneState;
 
+/// How long a drained instance keeps running after its endpoint is
+/// removed, so the removal reaches proxies before the process stops
+/// (capped by the service's drain period).
+const DEREGISTER_GRACE: Duration = Duration::from_secs(1);
+
 /// One instance run by the process scaler.
 #[derive(Debug)]
 struct Managed {
@@ -135,6 +140,11 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
             put(&state, &service, &id, address, conditions(false, true));
             tokio::time::sleep(drain).await;
             remove(&state, &service, &id);
+            // The delete takes a moment to reach every proxy, and one with
+            // no ready endpoint still uses a terminating one as its
+            // fallback: the instance outlives its registration a little
+            // (Kubernetes users get the same from a preStop sleep).
+            tokio::time::sleep(DEREGISTER_GRACE.min(drain)).await;
             process_scaler::stop(inst, spec.stop_grace).await;
         }
     }
