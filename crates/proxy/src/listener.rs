@@ -16,7 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::limits::ListenerSettings;
-use crate::request::Downstream;
+use crate::request::{Downstream, Peer};
 use crate::state::ProxyState;
 
 /// A running listener.
@@ -169,14 +169,17 @@ fn serve_connection(
     let settings = downstream.settings();
     let t = &settings.timeouts;
     let d = Arc::clone(downstream);
-    let service = service_fn(move |req| crate::request::handle(Arc::clone(&d), client, req));
+    let peer = Peer::new(client);
+    let service = service_fn(move |req| crate::request::handle(Arc::clone(&d), peer.clone(), req));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(t.request_headers)
-        .max_headers(settings.limits.max_headers as usize + 1)
         .max_buf_size(head_buffer(&settings));
+    if let Some(n) = hyper_max_headers(settings.limits.max_headers) {
+        builder.http1().max_headers(n);
+    }
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -199,6 +202,18 @@ fn serve_connection(
     });
 }
 
+/// hyper's own header-count limit, when its default (100, parsed on the
+/// stack) does not do: the screen stage answers `431` with its reason for
+/// more than `max_headers`, so hyper must parse one more. Up to 100, hyper's
+/// default lets the screen see every count it refuses, and more than 100
+/// hyper refuses itself (also `431`). Set, hyper allocates two arrays of
+/// that many entries on the heap for every request head it parses.
+fn hyper_max_headers(max_headers: u32) -> Option<usize> {
+    const HYPER_DEFAULT: usize = 100;
+    let n = max_headers as usize + 1;
+    (n > HYPER_DEFAULT + 1).then_some(n)
+}
+
 /// hyper's read buffer for a request head: the header and target limits
 /// plus room for the request line; hyper answers `431` past it.
 fn head_buffer(s: &ListenerSettings) -> usize {
@@ -209,6 +224,13 @@ fn head_buffer(s: &ListenerSettings) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hyper_parses_on_the_stack_up_to_its_default() {
+        assert_eq!(hyper_max_headers(10), None);
+        assert_eq!(hyper_max_headers(100), None);
+        assert_eq!(hyper_max_headers(101), Some(102));
+    }
 
     #[test]
     fn accept_backoff_doubles_to_a_second_and_resets() {
