@@ -150,9 +150,9 @@ pub async fn handle(
         parts: &parts,
         upgrading: upgrade.is_some(),
     };
-    let sent = exchange
-        .forward(&routed, body, upstream_headers, &mut record)
-        .await;
+    // Boxed: hyper keeps room for this future in every connection, idle
+    // or not; the exchange's state exists only while there is one.
+    let sent = Box::pin(exchange.forward(&routed, body, upstream_headers, &mut record)).await;
     Ok(match sent {
         Ok((resp, guard)) => {
             record.guard = Some(guard);
