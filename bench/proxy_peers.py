@@ -249,6 +249,11 @@ SCENARIOS = [
     ("idle", f"{IDLE_CONNECTIONS} idle keep-alive connections"),
 ]
 TARGETS = ["direct", "haproxy", "nginx", "meshless"]
+# A subset, for a quick look: ONLY=idle,ka32 PEERS=haproxy,meshless.
+if os.environ.get("ONLY"):
+    SCENARIOS = [s for s in SCENARIOS if s[0] in os.environ["ONLY"].split(",")]
+if os.environ.get("PEERS"):
+    TARGETS = [t for t in TARGETS if t in os.environ["PEERS"].split(",")]
 
 
 def med(values):
@@ -293,12 +298,13 @@ def main():
             print("| target | memory per idle connection (bytes) | failed |")
             print("|---|---|---|")
             rows = {}
-            for name in TARGETS[1:]:
+            for name in [t for t in TARGETS if t != "direct"]:
                 rs = results.get((name, scenario), [])
                 rows[name] = med([r["bytes_per_conn"] for r in rs])
                 print(f"| {name} | {fmt(rows[name], 0)} | {sum(r['failed'] for r in rs)} |")
-            ratio = rows["meshless"] / rows["haproxy"] if rows["haproxy"] else float("nan")
-            print(f"| meshless / haproxy | {fmt(ratio, 2)} | |\n")
+            if "meshless" in rows and rows.get("haproxy"):
+                print(f"| meshless / haproxy | {fmt(rows['meshless'] / rows['haproxy'], 2)} | |")
+            print()
             continue
         latency = "mean latency (ms)" if scenario == "h2" else "p50 / p99 latency (ms)"
         print(f"| target | requests/s | {latency} | CPU µs per request | peak RSS (MiB) | failed |")
@@ -311,6 +317,9 @@ def main():
             agg[name] = a
             lat = fmt(a["p50"], 3) if scenario == "h2" else f"{fmt(a['p50'], 3)} / {fmt(a['p99'], 3)}"
             print(f"| {name} | {fmt(a['rps'], 0)} | {lat} | {fmt(a['cpu_us'])} | {fmt(a['rss_mb'])} | {a['failed']} |")
+        if "meshless" not in agg or "haproxy" not in agg:
+            print()
+            continue
         m, h = agg["meshless"], agg["haproxy"]
         r = lambda k: fmt(m[k] / h[k], 2) if h[k] else "-"
         lat = r("p50") if scenario == "h2" else f"{r('p50')} / {r('p99')}"

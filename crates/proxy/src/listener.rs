@@ -7,10 +7,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -105,7 +101,9 @@ async fn accept_loop(
     listener: TcpListener,
     mut stopped: watch::Receiver<Option<Duration>>,
 ) {
-    let graceful = GracefulShutdown::new();
+    // Connections hold a receiver: true asks them to finish; the sender's
+    // `closed()` resolves once every one has ended.
+    let (graceful, _) = watch::channel(false);
     let max = downstream.settings().max_connections as usize;
     let slots = Arc::new(Semaphore::new(max));
     let metrics = &downstream.state.metrics;
@@ -125,7 +123,7 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, client)) => {
                     backoff.reset();
-                    serve_connection(&downstream, &graceful, stream, client, permit);
+                    serve_connection(&downstream, graceful.subscribe(), stream, client, permit);
                 }
                 Err(e) => {
                     let pause = backoff.failed();
@@ -138,7 +136,8 @@ async fn accept_loop(
     };
     drop(listener);
     let tunnels = &downstream.tunnels;
-    let drained = async { tokio::join!(graceful.shutdown(), tunnels.idle()) };
+    graceful.send_replace(true);
+    let drained = async { tokio::join!(graceful.closed(), tunnels.idle()) };
     if tokio::time::timeout(drain, drained).await.is_err() {
         tracing::warn!(listener = %downstream.name, "drain timeout: closing remaining connections");
     }
@@ -160,50 +159,23 @@ fn drain_of(
 /// Serves one accepted connection; `permit` is its `max_connections` slot.
 fn serve_connection(
     downstream: &Arc<Downstream>,
-    graceful: &GracefulShutdown,
+    draining: watch::Receiver<bool>,
     stream: TcpStream,
     client: SocketAddr,
     permit: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
-    let settings = downstream.settings();
-    let t = &settings.timeouts;
-    let d = Arc::clone(downstream);
-    let service = service_fn(move |req| crate::request::handle(Arc::clone(&d), client, req));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(t.request_headers)
-        .max_headers(settings.limits.max_headers as usize + 1)
-        .max_buf_size(head_buffer(&settings));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(t.idle)
-        .keep_alive_timeout(t.request_headers)
-        .max_header_list_size(settings.limits.max_header_bytes + settings.limits.max_uri_bytes);
-    let conn = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-        .into_owned();
-    let conn = graceful.watch(conn);
     let open = downstream.state.metrics.connection_opened(&downstream.name);
     // At the end of a drain, whatever is still open is dropped (closed).
     let closed = downstream.tunnels.closed();
+    let served = crate::connection::serve(Arc::clone(downstream), stream, client, draining);
     tokio::spawn(async move {
         tokio::select! {
-            _ = conn => {}
+            () = served => {}
             () = closed => {}
         }
         drop((open, permit));
     });
-}
-
-/// hyper's read buffer for a request head: the header and target limits
-/// plus room for the request line; hyper answers `431` past it.
-fn head_buffer(s: &ListenerSettings) -> usize {
-    let want = s.limits.max_header_bytes as usize + s.limits.max_uri_bytes as usize + 1024;
-    want.max(8192)
 }
 
 #[cfg(test)]

@@ -210,6 +210,30 @@ async fn slowloris_is_held_to_max_connections() {
     p.shutdown().await;
 }
 
+/// A connection that never sends a byte is closed once `request_headers`
+/// passes (the protocol is told from the first bytes, so no request head
+/// timer of hyper's runs yet), and its slot is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_closed_after_request_headers() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    timeouts: { request_headers: 1s }\n    routes:",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    wait_closed(&mut silent).await;
+    let gauge = "meshless_proxy_downstream_connections{listener=\"web\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&p, gauge).await != 0.0 {
+        assert!(Instant::now() < deadline, "connection gauge not back to 0");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, head) = head_of(addr, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    p.shutdown().await;
+}
+
 /// An upload that trickles is cut by the cluster's request timeout, which
 /// covers the exchange to the last response byte, and frees its slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

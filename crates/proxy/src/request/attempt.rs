@@ -45,6 +45,11 @@ impl RetryPolicy {
         self.attempts
     }
 
+    /// Whether the attempts are used up: the one just recorded was the last.
+    pub fn last(&self) -> bool {
+        self.attempts >= self.max_attempts
+    }
+
     /// Whether the next attempt is a retry.
     pub fn retrying(&self) -> bool {
         self.attempts > 0
@@ -200,8 +205,10 @@ mod tests {
         assert!(!p.may_retry(RetryOn::FiveXx));
         p.record(1);
         assert!(p.may_retry(RetryOn::Reset));
+        assert!(!p.last());
         p.record(2);
         assert!(!p.may_retry(RetryOn::Reset));
+        assert!(p.last());
         assert_eq!(p.attempts(), 3);
     }
 

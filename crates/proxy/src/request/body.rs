@@ -54,7 +54,8 @@ pub struct Completion {
     pub cluster: Arc<str>,
     pub endpoint: Arc<str>,
     pub method: http::Method,
-    pub path: String,
+    /// The target as received (its path is logged); shares the bytes.
+    pub uri: http::Uri,
     /// The status sent downstream; 0 before one is.
     pub status: u16,
     pub request_id: String,
@@ -83,7 +84,7 @@ impl Completion {
             cluster: unknown(),
             endpoint: unknown(),
             method: parts.method.clone(),
-            path: parts.uri.path().to_owned(),
+            uri: parts.uri.clone(),
             status: 0,
             request_id: crate::request::headers::request_id(&parts.headers),
             attempts: 0,
@@ -170,7 +171,7 @@ impl Drop for Completion {
                 cluster: &self.cluster,
                 endpoint: &self.endpoint,
                 method: self.method.as_str(),
-                path: &self.path,
+                path: self.uri.path(),
                 status: self.status,
                 bytes: self.bytes,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,

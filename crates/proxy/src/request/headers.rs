@@ -4,6 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, Uri};
 
 use crate::limits::{Forwarding, XffMode};
@@ -11,7 +12,8 @@ use crate::snapshot::UpstreamCluster;
 use crate::upstream::UpstreamBody;
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 7.6.1).
-const HOP_BY_HOP: [HeaderName; 9] = [
+const HOP_BY_HOP_COUNT: usize = 9;
+static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -35,7 +37,19 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .get(&X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(|| format!("{:032x}", fastrand::u128(..)), str::to_owned)
+        .map_or_else(|| hex128(fastrand::u128(..)), str::to_owned)
+}
+
+/// `n` as 32 lower-case hex digits (`format!("{n:032x}")` without the
+/// formatting machinery: this runs for every request).
+fn hex128(mut n: u128) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(32);
+    for _ in 0..32 {
+        out.push(char::from(DIGITS[(n >> 124) as usize]));
+        n <<= 4;
+    }
+    out
 }
 
 /// Methods a retry may repeat (RFC 9110 9.2.2).
@@ -63,18 +77,44 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
 }
 
 /// Removes hop-by-hop headers, and those the `Connection` header names;
-/// keeps `Connection: upgrade` and `Upgrade` for a protocol switch.
+/// keeps `Connection: upgrade` and `Upgrade` for a protocol switch. One
+/// pass over the names present, then only what is there is removed (each
+/// `remove` hashes: this runs on every request and response).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .filter(|h| !(upgrading && h == header::UPGRADE))
-        .collect();
-    for h in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(h);
+    if headers.contains_key(header::CONNECTION) {
+        // Cloned (shared bytes, no copy) so that `headers` can be changed.
+        let named: Vec<HeaderValue> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        let tokens = named
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim);
+        for token in tokens {
+            if !(upgrading && token.eq_ignore_ascii_case("upgrade")) {
+                // A `&str` key is parsed on the stack; an invalid name
+                // matches nothing.
+                headers.remove(token);
+            }
+        }
+    }
+    let mut present = [false; HOP_BY_HOP_COUNT];
+    let mut upgrade = false;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+        upgrade |= name == header::UPGRADE;
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+        headers.remove(name);
     }
     if upgrading {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
+    } else if upgrade {
         headers.remove(header::UPGRADE);
     }
 }
@@ -115,7 +155,8 @@ fn wants_trailers(headers: &HeaderMap) -> bool {
 /// How the upstream request's headers are made.
 #[derive(Debug, Clone, Copy)]
 pub struct Forward<'a> {
-    pub peer: SocketAddr,
+    /// The peer's address as an `X-Forwarded-For` entry.
+    pub peer: &'a HeaderValue,
     pub request_id: &'a str,
     pub upgrading: bool,
     pub forwarding: &'a Forwarding,
@@ -123,30 +164,33 @@ pub struct Forward<'a> {
     pub http2: bool,
 }
 
-/// The headers sent upstream: hop-by-hop removed, forwarding headers set.
-pub fn forwarded_headers(headers: &HeaderMap, f: &Forward<'_>) -> HeaderMap {
-    let mut out = headers.clone();
-    strip_hop_by_hop(&mut out, f.upgrading);
-    if f.http2 && wants_trailers(headers) {
-        out.insert(header::TE, HeaderValue::from_static("trailers"));
-    }
-    let ip = f.peer.ip().to_string();
+/// The headers sent upstream, made from the client's in place:
+/// hop-by-hop removed, forwarding headers set.
+pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
+    let trailers = f.http2 && wants_trailers(&headers);
     let prev = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
-    let xff = match prev {
-        Some(prev) if f.forwarding.x_forwarded_for == XffMode::Append => format!("{prev}, {ip}"),
-        _ => ip,
+    let xff = match (prev, f.peer.to_str()) {
+        (Some(prev), Ok(ip)) if f.forwarding.x_forwarded_for == XffMode::Append => {
+            HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+        }
+        _ => Some(f.peer.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        out.insert(X_FORWARDED_FOR.clone(), v);
+    strip_hop_by_hop(&mut headers, f.upgrading);
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    out.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    if let Some(v) = xff {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     if let Ok(v) = HeaderValue::from_str(f.request_id) {
-        out.insert(X_REQUEST_ID.clone(), v);
+        headers.insert(X_REQUEST_ID.clone(), v);
     }
-    out
+    headers
 }
 
-/// The request to endpoint `index` of `cluster`.
+/// The request to endpoint `index` of `cluster`: its target is the
+/// client's (shared, not parsed again) with the endpoint's authority.
 pub fn build_request(
     parts: &http::request::Parts,
     headers: HeaderMap,
@@ -154,15 +198,19 @@ pub fn build_request(
     index: usize,
     body: UpstreamBody,
 ) -> Result<Request<UpstreamBody>, http::Error> {
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(cluster.authorities[index].clone())
-        .path_and_query(path)
-        .build()?;
+    let mut target = http::uri::Parts::default();
+    target.scheme = Some(Scheme::HTTP);
+    target.authority = Some(cluster.authorities[index].clone());
+    target.path_and_query = Some(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
+    *req.uri_mut() = Uri::from_parts(target)?;
     *req.headers_mut() = headers;
     if !req.headers().contains_key(header::HOST)
         && let Some(a) = parts.uri.authority()
@@ -193,7 +241,7 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("1"));
         let fwd = Forwarding::default();
         let f = forward(&fwd, false);
-        let out = forwarded_headers(&h, &f);
+        let out = forwarded_headers(h, &f);
         assert!(out.get("x-secret").is_none() && out.get("keep-alive").is_none());
         assert!(
             out.get(header::CONNECTION).is_none() && out.get(header::TRANSFER_ENCODING).is_none()
@@ -209,9 +257,11 @@ mod tests {
         );
     }
 
+    static PEER: HeaderValue = HeaderValue::from_static("10.0.0.9");
+
     fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
         Forward {
-            peer: "10.0.0.9:5000".parse().expect("addr"),
+            peer: &PEER,
             request_id: "id-1",
             upgrading: false,
             forwarding,
@@ -224,10 +274,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         let mut fwd = Forwarding::default();
-        let out = forwarded_headers(&h, &forward(&fwd, false));
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
         assert_eq!(out["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
         fwd.x_forwarded_for = XffMode::Overwrite;
-        let out = forwarded_headers(&h, &forward(&fwd, false));
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
         assert_eq!(out["x-forwarded-for"], "10.0.0.9");
     }
 
@@ -255,12 +305,12 @@ mod tests {
         h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
         let fwd = Forwarding::default();
         assert!(
-            forwarded_headers(&h, &forward(&fwd, false))
+            forwarded_headers(h.clone(), &forward(&fwd, false))
                 .get(header::TE)
                 .is_none()
         );
         assert_eq!(
-            forwarded_headers(&h, &forward(&fwd, true))[header::TE],
+            forwarded_headers(h.clone(), &forward(&fwd, true))[header::TE],
             "trailers"
         );
     }
@@ -275,6 +325,13 @@ mod tests {
             HeaderValue::from_static("keep-alive, Upgrade"),
         );
         assert!(is_upgrade(&h));
+    }
+
+    #[test]
+    fn hex_ids_match_the_formatter() {
+        for n in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
+            assert_eq!(hex128(n), format!("{n:032x}"));
+        }
     }
 
     #[test]

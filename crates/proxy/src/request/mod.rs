@@ -81,12 +81,31 @@ impl Downstream {
     }
 }
 
+/// The client end of a downstream connection, made once per connection.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// The address as an `X-Forwarded-For` entry (formatted once, shared).
+    pub xff: http::HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip().to_string();
+        let xff = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
+            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
+        Self { addr, xff }
+    }
+}
+
 /// Handles one downstream request received by `downstream`.
 pub async fn handle(
     downstream: Arc<Downstream>,
-    client: SocketAddr,
+    peer: Peer,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let client = peer.addr;
     let state = &downstream.state;
     let snapshot = state.snapshot.load_full();
     let (mut parts, body) = req.into_parts();
@@ -116,15 +135,25 @@ pub async fn handle(
         Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
         _ => None,
     };
+    let forward = headers::Forward {
+        peer: &peer.xff,
+        request_id: &record.request_id,
+        upgrading: upgrade.is_some(),
+        forwarding: &settings.forwarding,
+        http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
+    };
+    // Made once, moved into the last attempt (cloned only for retries).
+    let upstream_headers = headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
     let exchange = Exchange {
         state,
         snapshot: &snapshot,
-        client,
         parts: &parts,
         upgrading: upgrade.is_some(),
-        forwarding: &settings.forwarding,
     };
-    Ok(match exchange.forward(&routed, body, &mut record).await {
+    // Boxed: hyper keeps room for this future in every connection, idle
+    // or not; the exchange's state exists only while there is one.
+    let sent = Box::pin(exchange.forward(&routed, body, upstream_headers, &mut record)).await;
+    Ok(match sent {
         Ok((resp, guard)) => {
             record.guard = Some(guard);
             respond::proxied(resp, upgrade, record, &downstream)
@@ -137,10 +166,9 @@ pub async fn handle(
 struct Exchange<'a> {
     state: &'a ProxyState,
     snapshot: &'a Snapshot,
-    client: SocketAddr,
+    /// The request head, its headers taken out (see `forward`).
     parts: &'a http::request::Parts,
     upgrading: bool,
-    forwarding: &'a crate::limits::Forwarding,
 }
 
 impl Exchange<'_> {
@@ -150,8 +178,10 @@ impl Exchange<'_> {
         &self,
         routed: &route::Routed,
         body: Incoming,
+        headers: http::HeaderMap,
         record: &mut Completion,
     ) -> Result<(Response<Incoming>, InFlight), LocalReply> {
+        let mut headers = Some(headers);
         let base = &routed.cluster;
         let node = &self.snapshot.config.node;
         let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
@@ -188,8 +218,13 @@ impl Exchange<'_> {
             policy.record(guard.index());
             record.attempts = policy.attempts();
             record.endpoint = Arc::clone(&cluster.endpoint_labels[guard.index()]);
+            let these = if policy.last() {
+                headers.take()
+            } else {
+                headers.clone()
+            };
             let sent = self
-                .attempt(&cluster, guard.index(), body.take(), record)
+                .attempt(&cluster, guard.index(), body.take(), these, record)
                 .await;
             drop(retry.take());
             match sent {
@@ -230,19 +265,15 @@ impl Exchange<'_> {
         cluster: &UpstreamCluster,
         index: usize,
         body: Option<UpstreamBody>,
+        headers: Option<http::HeaderMap>,
         record: &Completion,
     ) -> Result<Response<Incoming>, attempt::Failure> {
         let _pending =
             admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
         let body = body.unwrap_or_else(|| Empty::new().map_err(|never| match never {}).boxed());
-        let forward = headers::Forward {
-            peer: self.client,
-            request_id: &record.request_id,
-            upgrading: self.upgrading,
-            forwarding: self.forwarding,
-            http2: cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
-        };
-        let headers = headers::forwarded_headers(&self.parts.headers, &forward);
+        // Taken by the last attempt only: none follows it.
+        debug_assert!(headers.is_some(), "an attempt after the last one");
+        let headers = headers.unwrap_or_default();
         let req = headers::build_request(self.parts, headers, cluster, index, body)
             .map_err(|_| attempt::Failure::BadRequest)?;
         let timeout = record

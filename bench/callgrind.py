@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Instructions per request of the proxy, counted by callgrind: stable on a
+noisy machine where CPU time is not. Loopback only.
+
+Starts an nginx backend and `meshless proxy --threads 1` under
+`valgrind --tool=callgrind`, warms up, zeroes the counters, serves N
+requests per scenario, dumps, and prints instructions (Ir) per request.
+The counts cover every thread of the process (runtime, access log).
+
+  python3 bench/callgrind.py                       # all scenarios
+  SCENARIOS=ka32 N=20000 python3 bench/callgrind.py
+  MESHLESS=/tmp/meshless-old TOP=25 python3 bench/callgrind.py
+  KEEP=/tmp/cg python3 bench/callgrind.py          # keep the dumps there
+
+Scenarios: ka32 (HTTP/1.1 keep-alive, 32 connections, `h2load --h1`),
+close (a new connection per request, 32 at once), h2 (4 connections x 32
+streams). With TOP=n, the n costliest functions (self cost) of each
+scenario are printed from `callgrind_annotate`.
+"""
+
+import asyncio
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+N = int(os.environ.get("N", "20000"))
+TOP = int(os.environ.get("TOP", "0"))
+SCENARIOS = os.environ.get("SCENARIOS", "ka32,close,h2").split(",")
+MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
+BACKEND, PROXY, ADMIN, BACKEND_H2 = 18100, 18103, 18104, 18110
+
+BACKEND_CONF = """
+worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
+events {{ worker_connections 65000; }}
+http {{
+  access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
+  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "hello from the backend\\n"; }} }}
+}}
+"""
+
+MESHLESS_CONF = """
+admin: {{ address: "127.0.0.1:{admin}" }}
+access_log: "off"
+listeners:
+  - name: bench
+    address: 127.0.0.1:{proxy}
+    max_connections: 20000
+    routes: [{{ cluster: backend }}]
+clusters:
+  - name: backend
+    endpoints: [{{ address: "127.0.0.1:{backend}" }}]
+    circuit_breakers: {{ max_connections: 100000, max_pending: 100000, max_requests: 100000 }}
+"""
+
+
+def wait_port(port, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
+        if r.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def h2load(args, n):
+    cmd = ["h2load", "-t1", f"-n{n}", *args, f"http://127.0.0.1:{PROXY}/"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200).stdout
+    m = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded", out)
+    if not m:
+        sys.exit(f"h2load failed:\n{out}")
+    return int(m.group(1))
+
+
+async def close_each(n, concurrency=32):
+    """`n` requests, each on a new connection closed by `Connection: close`."""
+    ok = 0
+    left = n
+
+    async def worker():
+        nonlocal ok, left
+        while left > 0:
+            left -= 1
+            r, w = await asyncio.open_connection("127.0.0.1", PROXY)
+            w.write(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            data = await r.read()
+            w.close()
+            ok += data.startswith(b"HTTP/1.1 200")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ok
+
+
+def load(scenario, n):
+    if scenario == "ka32":
+        return h2load(["--h1", "-c32"], n)
+    if scenario == "h2":
+        return h2load(["-c4", "-m32"], n)
+    if scenario == "close":
+        return asyncio.run(close_each(n))
+    sys.exit(f"unknown scenario {scenario}")
+
+
+def total_ir(path):
+    for line in open(path):
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+def measure(pid, workdir, scenario):
+    # `close` is slow under valgrind (a connect per request): fewer requests.
+    n = N if scenario != "close" else max(N // 5, 1000)
+    load(scenario, max(n // 10, 500))
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    served = load(scenario, n)
+    before = set(glob.glob(f"{workdir}/cg.out.*"))
+    subprocess.run(["callgrind_control", "-d", scenario, str(pid)], check=True, capture_output=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        new = set(glob.glob(f"{workdir}/cg.out.*")) - before
+        if new:
+            break
+        time.sleep(0.2)
+    dump = max(new, key=os.path.getmtime)
+    time.sleep(1)  # let the dump finish writing
+    ir = total_ir(dump)
+    if os.environ.get("KEEP"):
+        shutil.copy(dump, os.path.join(os.environ["KEEP"], f"callgrind.{scenario}.out"))
+    print(f"{scenario:6} {served:7} requests  {ir / served:10,.0f} Ir/request", flush=True)
+    if TOP:
+        out = subprocess.run(["callgrind_annotate", "--threshold=100", dump],
+                             capture_output=True, text=True).stdout
+        rows = [l for l in out.splitlines() if re.match(r"^\s*[\d,]+ \(", l)]
+        for l in rows[1:TOP + 1]:
+            print("   ", l.strip()[:160])
+    return ir / served
+
+
+def main():
+    workdir = tempfile.mkdtemp(prefix="meshless-cg-")
+    open(f"{workdir}/backend.conf", "w").write(BACKEND_CONF.format(dir=workdir, port=BACKEND))
+    open(f"{workdir}/meshless.yaml", "w").write(
+        MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND))
+    backend = subprocess.Popen(["nginx", "-c", f"{workdir}/backend.conf", "-p", workdir],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proxy = None
+    try:
+        wait_port(BACKEND)
+        proxy = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/cg.out.%p",
+             MESHLESS, "proxy", "--threads", "1", "--config", f"{workdir}/meshless.yaml"],
+            stdout=subprocess.DEVNULL, stderr=open(f"{workdir}/valgrind.log", "w"))
+        wait_port(PROXY)
+        print(f"{MESHLESS}")
+        for scenario in SCENARIOS:
+            measure(proxy.pid, workdir, scenario)
+    finally:
+        if proxy:
+            proxy.send_signal(signal.SIGKILL)
+            proxy.wait()
+        backend.send_signal(signal.SIGTERM)
+        backend.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

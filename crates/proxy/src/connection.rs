@@ -1,0 +1,218 @@
+//! One accepted downstream connection: its protocol told by peeking at the
+//! first bytes (the HTTP/2 preface, or else HTTP/1.1), then served by
+//! hyper's HTTP/1 or HTTP/2 connection directly on the socket, and shut
+//! down gracefully when its listener drains.
+//!
+//! Why not hyper-util's `auto` connection: it reads the first bytes into a
+//! buffer of its own and hands them to HTTP/1 as a separate short read, and
+//! hyper then grows its 8 KiB read buffer to 16 KiB for the rest of the
+//! head, which every idle keep-alive connection keeps. Peeking leaves the
+//! bytes in the socket; no hyper state (buffers included) exists until the
+//! first bytes arrive.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::limits::ListenerSettings;
+use crate::request::{Downstream, Peer};
+
+/// What an HTTP/2 client with prior knowledge sends first (RFC 9113 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long to wait before peeking again at a head that is a part of the
+/// preface (an HTTP/2 client whose preface arrived in pieces).
+const PEEK_AGAIN: Duration = Duration::from_millis(5);
+
+/// The protocol a connection speaks, told from its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The protocol of a connection whose first bytes are `head` (at most 24):
+/// `None` while `head` is empty or could still become the preface.
+pub fn classify(head: &[u8]) -> Option<Protocol> {
+    if head.is_empty() {
+        None
+    } else if head == PREFACE {
+        Some(Protocol::Http2)
+    } else if PREFACE.starts_with(head) {
+        None
+    } else {
+        Some(Protocol::Http1)
+    }
+}
+
+/// Waits for the first bytes and tells the protocol; `None` if the client
+/// closed before sending any.
+async fn sniff(stream: &TcpStream) -> io::Result<Option<Protocol>> {
+    let mut head = [0u8; PREFACE.len()];
+    loop {
+        let n = stream.peek(&mut head).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if let Some(p) = classify(&head[..n]) {
+            return Ok(Some(p));
+        }
+        // Peeked bytes stay readable: wait a little instead of spinning.
+        tokio::time::sleep(PEEK_AGAIN).await;
+    }
+}
+
+/// Serves `stream` from `client` until it closes, or until `draining`
+/// turns true and its requests in flight are done. The protocol must show
+/// within `timeouts.request_headers` of the accept, or the connection is
+/// closed (as hyper closes one whose request head does not arrive).
+pub async fn serve(
+    downstream: Arc<Downstream>,
+    stream: TcpStream,
+    client: SocketAddr,
+    mut draining: watch::Receiver<bool>,
+) {
+    let settings = downstream.settings();
+    let sniffed = tokio::select! {
+        s = tokio::time::timeout(settings.timeouts.request_headers, sniff(&stream)) => s,
+        _ = draining.wait_for(|d| *d) => return,
+    };
+    let Ok(Ok(Some(protocol))) = sniffed else {
+        return;
+    };
+    let peer = Peer::new(client);
+    let service =
+        service_fn(move |req| crate::request::handle(Arc::clone(&downstream), peer.clone(), req));
+    let io = TokioIo::new(stream);
+    match protocol {
+        Protocol::Http1 => {
+            let conn = http1_builder(&settings)
+                .serve_connection(io, service)
+                .with_upgrades();
+            drive(conn, draining, |c| c.graceful_shutdown()).await;
+        }
+        Protocol::Http2 => {
+            // Boxed: the common HTTP/1 connection's task stays small.
+            let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
+            drive(conn, draining, |c| c.get_mut().as_mut().graceful_shutdown()).await;
+        }
+    }
+}
+
+/// Polls `conn` to its end; once `draining` turns true (or its listener
+/// is gone), asks it to `shutdown` gracefully and polls on.
+async fn drive<C: Future>(
+    conn: C,
+    mut draining: watch::Receiver<bool>,
+    shutdown: impl FnOnce(Pin<&mut C>),
+) {
+    let mut conn = pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = draining.wait_for(|d| *d) => shutdown(conn.as_mut()),
+    }
+    conn.await;
+}
+
+fn http1_builder(settings: &ListenerSettings) -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(settings.timeouts.request_headers)
+        .max_buf_size(head_buffer(settings));
+    if let Some(n) = hyper_max_headers(settings.limits.max_headers) {
+        b.max_headers(n);
+    }
+    b
+}
+
+fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
+    let t = &settings.timeouts;
+    let l = &settings.limits;
+    let mut b = http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
+        .keep_alive_interval(t.idle)
+        .keep_alive_timeout(t.request_headers)
+        .max_header_list_size(l.max_header_bytes + l.max_uri_bytes);
+    b
+}
+
+/// hyper's own header-count limit, when its default (100, parsed on the
+/// stack) does not do: the screen stage answers `431` with its reason for
+/// more than `max_headers`, so hyper must parse one more. Up to 100, hyper's
+/// default lets the screen see every count it refuses, and more than 100
+/// hyper refuses itself (also `431`). Set, hyper allocates two arrays of
+/// that many entries on the heap for every request head it parses.
+fn hyper_max_headers(max_headers: u32) -> Option<usize> {
+    const HYPER_DEFAULT: usize = 100;
+    let n = max_headers as usize + 1;
+    (n > HYPER_DEFAULT + 1).then_some(n)
+}
+
+/// hyper's read buffer for a request head: the header and target limits
+/// plus room for the request line; hyper answers `431` past it.
+fn head_buffer(s: &ListenerSettings) -> usize {
+    let want = s.limits.max_header_bytes as usize + s.limits.max_uri_bytes as usize + 1024;
+    want.max(8192)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hyper_parses_on_the_stack_up_to_its_default() {
+        assert_eq!(hyper_max_headers(10), None);
+        assert_eq!(hyper_max_headers(100), None);
+        assert_eq!(hyper_max_headers(101), Some(102));
+    }
+
+    #[test]
+    fn the_preface_is_told_from_http1_by_its_first_bytes() {
+        assert_eq!(classify(b""), None);
+        assert_eq!(classify(b"P"), None);
+        assert_eq!(classify(b"PRI * HTTP/2.0\r\n"), None);
+        assert_eq!(classify(PREFACE), Some(Protocol::Http2));
+        assert_eq!(classify(b"GET / HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(classify(b"POST"), Some(Protocol::Http1));
+        // `PRI` as an HTTP/1 method is HTTP/1 (and refused by hyper).
+        assert_eq!(classify(b"PRI / HTTP/1.1\r\n\r\n"), Some(Protocol::Http1));
+        assert_eq!(classify(b"PUT / HTTP/1.1\r\n"), Some(Protocol::Http1));
+    }
+
+    /// Brute force over the preface with any one byte changed (and the
+    /// preface itself): a decision taken on the first `k` bytes is the one
+    /// the whole 24 would give, and 24 bytes always decide.
+    #[test]
+    fn an_early_decision_is_never_contradicted_by_later_bytes() {
+        let mut heads = vec![*PREFACE];
+        for at in 0..PREFACE.len() {
+            for byte in 0..=255u8 {
+                let mut h = *PREFACE;
+                h[at] = byte;
+                heads.push(h);
+            }
+        }
+        for h in heads {
+            let whole = if &h == PREFACE {
+                Protocol::Http2
+            } else {
+                Protocol::Http1
+            };
+            assert_eq!(classify(&h), Some(whole));
+            for k in 1..h.len() {
+                if let Some(early) = classify(&h[..k]) {
+                    assert_eq!(early, whole, "{:?} after {k} bytes", &h[..k]);
+                }
+            }
+        }
+    }
+}
