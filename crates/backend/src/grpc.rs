@@ -92,7 +92,14 @@ impl EchoService {
             return Some(Status::unavailable(format!("{} failing", self.0.name)));
         }
         let code = Code::from(i32::try_from(fail_code).unwrap_or(i32::MAX));
-        (code != Code::Ok).then(|| Status::new(code, format!("{} fails as asked", self.0.name)))
+        // The details (`grpc-status-details-bin`) carry the name too.
+        (code != Code::Ok).then(|| {
+            Status::with_details(
+                code,
+                format!("{} fails as asked", self.0.name),
+                bytes::Bytes::from(self.0.name.clone()),
+            )
+        })
     }
 
     fn reply(&self, message: String, received: u32) -> EchoReply {

@@ -263,7 +263,10 @@ async fn handle(
             StatusCode::INTERNAL_SERVER_ERROR,
             full(format!("{} failed at random\n", state.name)),
         ),
-        "/echo" => (StatusCode::OK, req.into_body().map_err(BoxError::from).boxed_unsync()),
+        "/echo" => (
+            StatusCode::OK,
+            req.into_body().map_err(BoxError::from).boxed_unsync(),
+        ),
         p if p.starts_with("/status/") => {
             let code = p["/status/".len()..]
                 .parse::<u16>()

@@ -152,14 +152,19 @@ impl Failure {
     }
 }
 
-/// Sends one attempt and waits (up to `timeout`) for its response headers.
+/// Sends one attempt and waits (up to `timeout`, if any) for its response
+/// headers.
 pub async fn send(
     cluster: &UpstreamCluster,
     req: http::Request<UpstreamBody>,
-    timeout: Duration,
+    timeout: Option<Duration>,
     fault: &ClientFault,
 ) -> Result<Response<Incoming>, Failure> {
-    let sent = tokio::time::timeout(timeout, cluster.client.request(req)).await;
+    let request = cluster.client.request(req);
+    let sent = match timeout {
+        Some(t) => tokio::time::timeout(t, request).await,
+        None => Ok(request.await),
+    };
     match sent {
         Ok(Ok(resp)) => Ok(resp),
         // Whatever the error, a body the client broke is the client's.
