@@ -8,7 +8,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use common::*;
 use meshless_backend::grpc::echo::echo_client::EchoClient;
@@ -165,6 +164,240 @@ async fn a_stream_counts_until_its_trailers_and_outlives_the_request_timeout() {
     assert_eq!(n, 3);
     eventually("the stream's slot is given back", || async {
         active(&p).await == 0
+    })
+    .await;
+}
+
+/// A free port nothing listens on.
+async fn dead_address() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    l.local_addr().expect("addr")
+}
+
+#[tokio::test]
+async fn local_replies_carry_the_grpc_status() {
+    let b = backends(1).await;
+    let dead = dead_address().await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - {{ match: {{ path_prefix: /meshless.echo.v1.Echo/Unary }}, cluster: empty }}\n      - {{ match: {{ path_prefix: /meshless.echo.v1.Echo/ClientStream }}, cluster: dead }}\n      - {{ match: {{ path_prefix: /meshless.echo.v1.Echo/ServerStream }}, cluster: one }}\nclusters:\n  - name: empty\n    endpoints: []\n  - name: dead\n    upstream_protocol: http2\n    endpoints: [{{ address: \"{dead}\" }}]\n    retries: {{ count: 0 }}\n  - name: one\n    upstream_protocol: http2\n    endpoints: [{{ address: \"{}\" }}]\n    circuit_breakers: {{ max_requests: 1 }}\n",
+        b[0].local_addr()
+    );
+    let (_p, addr) = proxy(&yaml).await;
+    let mut c = channel(addr).await;
+
+    let err = c.unary(req("x")).await.expect_err("no endpoint");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(err.message(), "no healthy upstream");
+
+    let err = c
+        .client_stream(tokio_stream::iter([req("x")]))
+        .await
+        .expect_err("connect fails");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    let err = c
+        .bidi(tokio_stream::iter([req("x")]))
+        .await
+        .expect_err("no route");
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+
+    // One stream holds the cluster's only request slot: the next call is shed.
+    let long = EchoRequest {
+        count: 10_000,
+        delay_ms: 50,
+        ..req("hold")
+    };
+    let mut held = c.server_stream(long).await.expect("stream").into_inner();
+    held.message().await.expect("first").expect("some");
+    let err = c.server_stream(req("x")).await.expect_err("overflow");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+}
+
+/// One raw gRPC call over HTTP/2 (tonic's client would enforce
+/// `grpc-timeout` itself): the `grpc-status` from the response's trailers,
+/// or its headers for a trailers-only answer.
+async fn raw_call(
+    addr: SocketAddr,
+    method: &str,
+    msg: &EchoRequest,
+    timeout: Option<&str>,
+) -> String {
+    use http_body_util::BodyExt;
+    use prost::Message;
+    let encoded = msg.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(encoded.len()).expect("len").to_be_bytes());
+    framed.extend_from_slice(&encoded);
+    let mut b = http::Request::post(format!("http://{addr}/meshless.echo.v1.Echo/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(t) = timeout {
+        b = b.header("grpc-timeout", t);
+    }
+    let req = b
+        .body(http_body_util::Full::new(bytes::Bytes::from(framed)))
+        .expect("request");
+    let resp = h2_client().request(req).await.expect("response");
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.expect("body");
+    let status = body
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .or(headers.get("grpc-status"));
+    status
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn grpc_timeout_is_the_deadline_and_grpc_max_caps_it() {
+    let b = backends(1).await;
+    let (_p, addr) = proxy(&config(&b, &h2(""))).await;
+    let slow = EchoRequest {
+        delay_ms: 60_000,
+        ..req("slow")
+    };
+    // No response headers before the deadline: a local DEADLINE_EXCEEDED.
+    assert_eq!(raw_call(addr, "Unary", &slow, Some("300m")).await, "4");
+    // Cut mid-stream: DEADLINE_EXCEEDED in trailers, not a reset.
+    let long = EchoRequest {
+        count: 10_000,
+        delay_ms: 20,
+        ..req("s")
+    };
+    assert_eq!(
+        raw_call(addr, "ServerStream", &long, Some("500m")).await,
+        "4"
+    );
+    // A malformed `grpc-timeout` is ignored; a quick call is not cut.
+    assert_eq!(raw_call(addr, "Unary", &req("q"), Some("soon")).await, "0");
+
+    // `timeouts.grpc_max` caps `grpc-timeout`, and is the deadline without one.
+    let (_p2, addr2) = proxy(&config(&b, &h2("    timeouts: { grpc_max: 300ms }\n"))).await;
+    assert_eq!(raw_call(addr2, "Unary", &slow, Some("1H")).await, "4");
+    assert_eq!(raw_call(addr2, "Unary", &slow, None).await, "4");
+}
+
+/// Whether `/clusters` shows the endpoint at `addr` with `field` = `value`.
+async fn endpoint_flag(p: &meshless_proxy::Proxy, addr: SocketAddr, field: &str) -> bool {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    v[0]["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .find(|e| e["address"] == addr.to_string())
+        .and_then(|e| e[field].as_bool())
+        .expect("endpoint")
+}
+
+#[tokio::test]
+async fn an_endpoint_answering_unavailable_is_ejected() {
+    let b = backends(3).await;
+    b[0].set_failing(true);
+    let extra = h2(
+        "    outlier_detection: { consecutive_gateway_errors: 3, consecutive_5xx: 0, max_ejection_percent: 50 }\n",
+    );
+    let (p, addr) = proxy(&config(&b, &extra)).await;
+    let mut c = channel(addr).await;
+    let failing = b[0].local_addr();
+    eventually("the endpoint answering UNAVAILABLE is ejected", || {
+        let mut c = c.clone();
+        let p = &p;
+        async move {
+            let _ = c.unary(req("x")).await;
+            endpoint_flag(p, failing, "ejected").await
+        }
+    })
+    .await;
+    for i in 0..30 {
+        let r = c.unary(req(&i.to_string())).await.expect("others answer");
+        assert_ne!(r.get_ref().backend, "b0");
+    }
+}
+
+/// A cluster of `b` with outlier detection off and `retries`.
+fn with_retries(b: &[meshless_backend::Backend], retries: &str) -> String {
+    let extra = format!(
+        "    retries: {retries}\n    outlier_detection: {{ consecutive_5xx: 0, consecutive_gateway_errors: 0 }}\n"
+    );
+    config(b, &h2(&extra))
+}
+
+#[tokio::test]
+async fn retries_on_unavailable_hide_a_failing_endpoint_when_allowed() {
+    let b = backends(3).await;
+    b[1].set_failing(true);
+    let retried = "{ count: 2, on: [unavailable], all_methods: true }";
+    let (_p, addr) = proxy(&with_retries(&b, retried)).await;
+    let mut c = channel(addr).await;
+    for i in 0..30 {
+        let r = c.unary(req(&i.to_string())).await.expect("retried");
+        assert_eq!(r.get_ref().message, i.to_string(), "the body is replayed");
+    }
+    assert!(b[1].requests() > 0, "the failing endpoint was tried");
+
+    // gRPC calls are POSTs: without `all_methods` they are not retried.
+    let (_p2, addr2) = proxy(&with_retries(&b, "{ count: 2, on: [unavailable] }")).await;
+    let mut c2 = channel(addr2).await;
+    let mut failed = 0;
+    for i in 0..30 {
+        if let Err(e) = c2.unary(req(&i.to_string())).await {
+            assert_eq!(e.code(), Code::Unavailable);
+            failed += 1;
+        }
+    }
+    assert!(
+        failed > 0,
+        "round robin sends some calls to the failing endpoint"
+    );
+}
+
+#[tokio::test]
+async fn retries_hide_a_killed_endpoint() {
+    let mut b = backends(3).await;
+    let retried = "{ count: 2, on: [connect_failure, reset, unavailable], all_methods: true }";
+    let (_p, addr) = proxy(&with_retries(&b, retried)).await;
+    let mut c = channel(addr).await;
+    // Every endpoint has a pooled connection, then one dies.
+    for i in 0..6 {
+        c.unary(req(&i.to_string())).await.expect("warm");
+    }
+    b.remove(2).stop().await;
+    for i in 0..30 {
+        let r = c.unary(req(&i.to_string())).await.expect("retried");
+        assert_ne!(r.get_ref().backend, "b2");
+    }
+}
+
+#[tokio::test]
+async fn grpc_health_checks_mark_endpoints_down_and_up() {
+    let b = backends(2).await;
+    let extra = h2(
+        "    health_check: { grpc: { service: meshless.echo.v1.Echo }, interval: 100ms, healthy_threshold: 1, unhealthy_threshold: 1 }\n",
+    );
+    let (p, _addr) = proxy(&config(&b, &extra)).await;
+    let a = b[0].local_addr();
+    b[0].set_failing(true);
+    eventually("NOT_SERVING marks it down", || async {
+        !endpoint_flag(&p, a, "healthy").await
+    })
+    .await;
+    assert!(endpoint_flag(&p, b[1].local_addr(), "healthy").await);
+    b[0].set_failing(false);
+    eventually("SERVING marks it up", || endpoint_flag(&p, a, "healthy")).await;
+
+    // A service the server does not know (NOT_FOUND) fails the check.
+    let extra = h2(
+        "    health_check: { grpc: { service: no.such.Service }, interval: 100ms, healthy_threshold: 1, unhealthy_threshold: 1 }\n",
+    );
+    let (p2, _) = proxy(&config(&b, &extra)).await;
+    eventually("an unknown service is down", || async {
+        !endpoint_flag(&p2, b[1].local_addr(), "healthy").await
     })
     .await;
 }
