@@ -401,3 +401,45 @@ async fn grpc_health_checks_mark_endpoints_down_and_up() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_grpc_call_is_released_to_the_new_instance() {
+    use meshless_control::config::ControlConfig;
+    use meshless_control::plane::ControlPlane;
+    // The "instance" the scaler starts is a TCP relay (on its $PORT) to a
+    // gRPC backend of the test: it listens only once started.
+    let b = backends(1).await;
+    let target = b[0].local_addr();
+    let relay = format!(
+        "import os, socket, threading\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('127.0.0.1', int(os.environ['PORT'])))\ns.listen(128)\ndef pipe(a, b):\n    try:\n        while True:\n            d = a.recv(65536)\n            if not d: break\n            b.sendall(d)\n    except OSError: pass\n    for x in (a, b):\n        try: x.shutdown(socket.SHUT_RDWR)\n        except OSError: pass\nwhile True:\n    c, _ = s.accept()\n    u = socket.create_connection(('{}', {}))\n    for a, b in ((c, u), (u, c)): threading.Thread(target=pipe, args=(a, b), daemon=True).start()\n",
+        target.ip(),
+        target.port()
+    );
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 1\n      target_concurrency: 10\n      tick: 100ms\n      scaler:\n        process:\n          command: [python3, -c, {relay:?}]\n          start_timeout: 20s\n          stop_grace: 1s\n"
+    );
+    let plane = ControlPlane::start(ControlConfig::parse(&yaml, "control.yaml").expect("config"))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let proxy_yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\nclusters:\n  - name: lazy\n    service: demo/lazy\n    upstream_protocol: http2\n    activation: {{ queue_timeout: 20s }}\n"
+    );
+    let (p, addr) = proxy(&proxy_yaml).await;
+    eventually("the proxy subscribed", || async {
+        metric(
+            &get(&client(), api, "/metrics", &[]).await.2,
+            "meshless_control_subscribers",
+        ) == Some(1.0)
+    })
+    .await;
+    // At zero: the call is held while the instance starts, then answered.
+    let mut c = channel(addr).await;
+    let r = c.unary(req("cold")).await.expect("answered after the start");
+    assert_eq!((r.get_ref().message.as_str(), named(&r).as_str()), ("cold", "b0"));
+    assert!(
+        proxy_metric(&p, "meshless_proxy_activations_total{result=\"sent\"}").await >= 1.0
+    );
+    p.shutdown().await;
+    plane.shutdown().await;
+}
