@@ -99,6 +99,22 @@ async fn unary_and_streaming_calls_pass_through() {
 }
 
 #[tokio::test]
+async fn a_large_client_stream_passes_under_flow_control() {
+    let b = backends(1).await;
+    let (_p, addr) = proxy(&config(&b, &h2(""))).await;
+    let mut c = channel(addr).await;
+    // 2 MiB, far past HTTP/2's initial 64 KiB windows on both hops.
+    let chunk = "x".repeat(32 * 1024);
+    let msgs = (0..64).map(move |_| req(&chunk));
+    let r = c
+        .client_stream(tokio_stream::iter(msgs))
+        .await
+        .expect("client stream");
+    assert_eq!(r.get_ref().received, 64);
+    assert_eq!(r.get_ref().message.len(), 32 * 1024);
+}
+
+#[tokio::test]
 async fn error_status_message_and_binary_details_reach_the_client() {
     let b = backends(1).await;
     let (_p, addr) = proxy(&config(&b, &h2(""))).await;
@@ -133,11 +149,16 @@ async fn one_channels_calls_spread_over_every_endpoint() {
     }
 }
 
-/// The cluster's `active_requests` as `/clusters` shows it.
-async fn active(p: &meshless_proxy::Proxy) -> u64 {
+/// The cluster's `active_requests` and its first endpoint's `in_flight`
+/// (the load balancers read), as `/clusters` shows them.
+async fn active(p: &meshless_proxy::Proxy) -> (u64, u64) {
     let (_, body) = admin(p, "/clusters").await;
     let v: serde_json::Value = serde_json::from_str(&body).expect("json");
-    v[0]["active_requests"].as_u64().expect("active_requests")
+    let slot = v[0]["active_requests"].as_u64().expect("active_requests");
+    let load = v[0]["endpoints"][0]["in_flight"]
+        .as_u64()
+        .expect("in_flight");
+    (slot, load)
 }
 
 #[tokio::test]
@@ -156,14 +177,14 @@ async fn a_stream_counts_until_its_trailers_and_outlives_the_request_timeout() {
     let mut stream = c.server_stream(call).await.expect("stream").into_inner();
     let first = stream.message().await.expect("first").expect("some");
     assert_eq!(first.message, "long 0");
-    assert_eq!(active(&p).await, 1, "held while the stream is open");
+    assert_eq!(active(&p).await, (1, 1), "held while the stream is open");
     let mut n = 1;
     while stream.message().await.expect("message").is_some() {
         n += 1;
     }
     assert_eq!(n, 3);
     eventually("the stream's slot is given back", || async {
-        active(&p).await == 0
+        active(&p).await == (0, 0)
     })
     .await;
 }
@@ -435,11 +456,15 @@ async fn a_held_grpc_call_is_released_to_the_new_instance() {
     .await;
     // At zero: the call is held while the instance starts, then answered.
     let mut c = channel(addr).await;
-    let r = c.unary(req("cold")).await.expect("answered after the start");
-    assert_eq!((r.get_ref().message.as_str(), named(&r).as_str()), ("cold", "b0"));
-    assert!(
-        proxy_metric(&p, "meshless_proxy_activations_total{result=\"sent\"}").await >= 1.0
+    let r = c
+        .unary(req("cold"))
+        .await
+        .expect("answered after the start");
+    assert_eq!(
+        (r.get_ref().message.as_str(), named(&r).as_str()),
+        ("cold", "b0")
     );
+    assert!(proxy_metric(&p, "meshless_proxy_activations_total{result=\"sent\"}").await >= 1.0);
     p.shutdown().await;
     plane.shutdown().await;
 }
