@@ -128,7 +128,7 @@ async fn error_status_message_and_binary_details_reach_the_client() {
         .expect_err("fails");
     assert_eq!(err.code(), Code::NotFound);
     assert_eq!(err.message(), "b0 fails as asked");
-    assert_eq!(&err.details()[..], b"b0");
+    assert_eq!(err.details(), b"b0");
 }
 
 #[tokio::test]
