@@ -37,9 +37,8 @@ use std::time::Instant;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use meshless_balance::{InFlight, Outcome, PickContext};
+use meshless_balance::{InFlight, PickContext};
 
-use crate::config::RetryOn;
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
 use crate::snapshot::{Snapshot, UpstreamCluster};
@@ -199,20 +198,9 @@ impl Exchange<'_> {
             drop(retry.take());
             match sent {
                 Ok(resp) => {
-                    let code = record.grpc.then(|| grpc::status(resp.headers())).flatten();
-                    let status =
-                        Outcome::Status(code.map_or(resp.status().as_u16(), grpc::http_status));
-                    let on = if resp.status().is_server_error() {
-                        Some(RetryOn::FiveXx)
-                    } else {
-                        code.and_then(grpc::retry_on)
-                    };
+                    let (status, on) = attempt::judge(&resp, record.grpc);
                     if on.is_some_and(|on| policy.may_retry(on)) {
-                        next = body.attempt();
-                        retry = next
-                            .is_some()
-                            .then(|| admit::retry(self.state, &cluster))
-                            .flatten();
+                        (next, retry) = self.retry(&mut body, &cluster);
                     }
                     if retry.is_none() {
                         guard.set_outcome(status);
@@ -229,11 +217,7 @@ impl Exchange<'_> {
                     }
                     guard.finish(failure.outcome());
                     if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
-                        next = body.attempt();
-                        retry = next
-                            .is_some()
-                            .then(|| admit::retry(self.state, &cluster))
-                            .flatten();
+                        (next, retry) = self.retry(&mut body, &cluster);
                     }
                     if retry.is_none() {
                         return Err(failure.reply());
@@ -241,6 +225,20 @@ impl Exchange<'_> {
                 }
             }
         }
+    }
+
+    /// A retry's body and retry-budget slot: no slot when the body can no
+    /// longer be replayed or the budget is spent.
+    fn retry(
+        &self,
+        body: &mut RequestBody,
+        cluster: &UpstreamCluster,
+    ) -> (Option<UpstreamBody>, Option<Slot>) {
+        let next = body.attempt();
+        let slot = next
+            .as_ref()
+            .and_then(|_| admit::retry(self.state, cluster));
+        (next, slot)
     }
 
     /// How long the exchange may take: `timeouts.request`, or for a gRPC
