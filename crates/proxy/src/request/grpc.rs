@@ -166,6 +166,24 @@ mod tests {
         assert_eq!(timeout(&HeaderMap::new()), None);
     }
 
+    proptest::proptest! {
+        /// Every value the spec allows (1-8 digits, any unit) parses to
+        /// its duration; 9 digits or more never do.
+        #[test]
+        fn grpc_timeout_parses_every_valid_value(n in 0u64..100_000_000, unit in 0usize..6, lead in 1u64..10) {
+            let units = [("H", 3_600_000_000_000u128), ("M", 60_000_000_000), ("S", 1_000_000_000), ("m", 1_000_000), ("u", 1_000), ("n", 1)];
+            let (u, nanos_per_unit) = units[unit];
+            let total = u128::from(n) * nanos_per_unit;
+            let expected = Duration::new(
+                u64::try_from(total / 1_000_000_000).expect("fits"),
+                u32::try_from(total % 1_000_000_000).expect("fits"),
+            );
+            proptest::prop_assert_eq!(timeout(&with_timeout(&format!("{n}{u}"))), Some(expected));
+            let nine_digits = format!("{lead}{n:08}{u}");
+            proptest::prop_assert_eq!(timeout(&with_timeout(&nine_digits)), None);
+        }
+    }
+
     #[test]
     fn gateway_failures_are_the_ones_envoy_counts() {
         let gateway = |c| matches!(http_status(c), 502..=504);

@@ -257,4 +257,49 @@ mod tests {
     fn futures_noop() -> std::task::Waker {
         std::task::Waker::noop().clone()
     }
+
+    fn owned_source(chunks: &[Vec<u8>]) -> UpstreamBody {
+        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from(c.clone()))))
+            .collect();
+        StreamBody::new(tokio_stream::iter(frames)).boxed()
+    }
+
+    proptest::proptest! {
+        /// Attempts that each read a prefix and fail, then one that reads
+        /// to the end: the last sends exactly the downstream bytes when
+        /// they fit the limit; past it no further attempt is offered.
+        #[test]
+        fn a_retry_sends_exactly_the_downstream_body(
+            sizes in proptest::collection::vec(0usize..40_000, 0..8),
+            failed_after in proptest::collection::vec(0usize..10, 0..4),
+        ) {
+            // Bytes that differ by position, so a skipped or repeated frame shows.
+            let chunks: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|j| ((i * 31 + j) % 251) as u8).collect())
+                .collect();
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            rt.block_on(async {
+                let whole: Vec<u8> = chunks.concat();
+                let r = Replay::new(owned_source(&chunks));
+                for k in failed_after {
+                    let Some(mut a) = r.attempt() else { break };
+                    for _ in 0..k {
+                        if a.frame().await.is_none() {
+                            break;
+                        }
+                    }
+                }
+                match r.attempt() {
+                    Some(last) => proptest::prop_assert_eq!(read(last).await, whole),
+                    // Offered no more only once more than the limit was read.
+                    None => proptest::prop_assert!(whole.len() > REPLAY_LIMIT),
+                }
+                Ok(())
+            })?;
+        }
+    }
 }
