@@ -14,6 +14,11 @@
 //!
 //! Every response carries `x-backend: NAME`. A `delay_ms=N` query parameter
 //! delays the answer by N milliseconds, on top of `latency`.
+//!
+//! gRPC requests (`content-type: application/grpc*`) on the same port go to
+//! the standard health service and an echo service ([`grpc`]).
+
+pub mod grpc;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -23,7 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -77,6 +82,13 @@ struct State {
     requests: AtomicU64,
 }
 
+/// What a connection's requests are served with.
+#[derive(Debug, Clone)]
+struct Services {
+    state: Arc<State>,
+    grpc: tonic::service::Routes,
+}
+
 impl Backend {
     /// Binds (after `startup_delay`) and serves until [`Backend::stop`] or drop.
     pub async fn start(config: BackendConfig) -> Result<Self, BackendError> {
@@ -106,7 +118,11 @@ impl Backend {
             requests: AtomicU64::new(0),
         });
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, Arc::clone(&state), stopped));
+        let services = Services {
+            grpc: grpc::routes(&state),
+            state: Arc::clone(&state),
+        };
+        let task = tokio::spawn(accept_loop(listener, services, stopped));
         Ok(Self {
             local_addr,
             state,
@@ -143,16 +159,20 @@ impl Backend {
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stopped: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    services: Services,
+    mut stopped: watch::Receiver<bool>,
+) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
-                let state = Arc::clone(&state);
+                let services = services.clone();
                 connections.spawn(async move {
-                    let service = service_fn(move |req| handle(Arc::clone(&state), req));
+                    let service = service_fn(move |req| handle(services.clone(), req));
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
@@ -165,18 +185,27 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stopped: watc
     connections.shutdown().await;
 }
 
-type Body = BoxBody<Bytes, hyper::Error>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 fn full(text: impl Into<Bytes>) -> Body {
     Full::new(text.into())
         .map_err(|never| match never {})
-        .boxed()
+        .boxed_unsync()
+}
+
+/// Whether the request is a gRPC call.
+fn is_grpc(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 async fn handle(
-    state: Arc<State>,
+    services: Services,
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    let Services { state, mut grpc } = services;
     state.requests.fetch_add(1, Ordering::Relaxed);
     if req.uri().path() == "/upgrade"
         && let Some(protocol) = req.headers().get(http::header::UPGRADE).cloned()
@@ -209,6 +238,10 @@ async fn handle(
     if !wait.is_zero() {
         tokio::time::sleep(wait).await;
     }
+    if is_grpc(&req) {
+        let Ok(resp) = tower_service::Service::call(&mut grpc, req).await;
+        return Ok(resp.map(|b| b.map_err(BoxError::from).boxed_unsync()));
+    }
     let path = req.uri().path().to_owned();
     let failing = state.failing.load(Ordering::Relaxed);
     let (status, body) = match path.as_str() {
@@ -230,7 +263,10 @@ async fn handle(
             StatusCode::INTERNAL_SERVER_ERROR,
             full(format!("{} failed at random\n", state.name)),
         ),
-        "/echo" => (StatusCode::OK, req.into_body().boxed()),
+        "/echo" => (
+            StatusCode::OK,
+            req.into_body().map_err(BoxError::from).boxed_unsync(),
+        ),
         p if p.starts_with("/status/") => {
             let code = p["/status/".len()..]
                 .parse::<u16>()

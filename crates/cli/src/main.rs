@@ -24,7 +24,7 @@ enum Command {
     Control(serve::ControlArgs),
     /// Control plane, proxy and demo backends in one process, from one file.
     Up(serve::UpArgs),
-    /// Run a small HTTP backend that names itself (for demos and tests).
+    /// Run a small HTTP (and gRPC: health, echo) backend that names itself (for demos and tests).
     Backend(serve::BackendArgs),
     /// Start three backends and a proxy on 127.0.0.1:8080, and show what to try.
     Demo(serve::DemoArgs),

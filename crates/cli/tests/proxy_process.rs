@@ -363,6 +363,7 @@ fn examples_are_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     for (cmd, file) in [
         ("proxy", "examples/demo.yaml"),
+        ("proxy", "examples/grpc.yaml"),
         ("up", "examples/stack.yaml"),
         ("up", "examples/scale-to-zero.yaml"),
     ] {

@@ -28,7 +28,8 @@ pub use control::ControlLink;
 pub use listener::{ListenerConfig, ListenerProtocol};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{
-    CircuitBreakers, HealthCheck, OutlierDetection, Retries, RetryOn, Timeouts, UpstreamProtocol,
+    CircuitBreakers, GrpcHealthCheck, HealthCheck, OutlierDetection, Retries, RetryOn, Timeouts,
+    UpstreamProtocol,
 };
 
 /// The whole proxy configuration file.

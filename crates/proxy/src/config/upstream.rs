@@ -32,6 +32,12 @@ pub struct Timeouts {
     /// Idle pooled connections are closed after this.
     #[serde(default = "default_idle", with = "duration")]
     pub idle: Duration,
+    /// gRPC requests: `request` does not apply (a stream may last hours);
+    /// their deadline is the client's `grpc-timeout`, capped by this; `0s`
+    /// = no cap, and no deadline without `grpc-timeout` (Envoy's
+    /// `max_stream_duration.grpc_timeout_header_max`).
+    #[serde(default = "default_grpc_max", with = "duration")]
+    pub grpc_max: Duration,
 }
 
 impl Default for Timeouts {
@@ -40,6 +46,7 @@ impl Default for Timeouts {
             connect: default_connect(),
             request: default_request(),
             idle: default_idle(),
+            grpc_max: default_grpc_max(),
         }
     }
 }
@@ -52,6 +59,9 @@ fn default_request() -> Duration {
 }
 fn default_idle() -> Duration {
     Duration::from_secs(60)
+}
+fn default_grpc_max() -> Duration {
+    Duration::ZERO
 }
 
 /// `retries:` block.
@@ -111,6 +121,16 @@ pub enum RetryOn {
     /// A 5xx response.
     #[serde(rename = "5xx")]
     FiveXx,
+    /// gRPC: a response whose headers carry `grpc-status` CANCELLED (1).
+    Cancelled,
+    /// gRPC: DEADLINE_EXCEEDED (4) in the response headers.
+    DeadlineExceeded,
+    /// gRPC: INTERNAL (13) in the response headers.
+    Internal,
+    /// gRPC: RESOURCE_EXHAUSTED (8) in the response headers.
+    ResourceExhausted,
+    /// gRPC: UNAVAILABLE (14) in the response headers.
+    Unavailable,
 }
 
 /// `circuit_breakers:` block (Envoy's defaults).
@@ -149,6 +169,10 @@ pub struct HealthCheck {
     /// HTTP path probed with GET; 2xx and 3xx pass.
     #[serde(default = "default_health_path")]
     pub path: String,
+    /// Check with `grpc.health.v1.Health/Check` over HTTP/2 instead of
+    /// `path` (Envoy's `grpc_health_check`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<GrpcHealthCheck>,
     /// Time between checks of one endpoint.
     #[serde(default = "default_health_interval", with = "duration")]
     pub interval: Duration,
@@ -161,6 +185,15 @@ pub struct HealthCheck {
     /// Failures that make a healthy endpoint unhealthy (HAProxy fall).
     #[serde(default = "default_fall")]
     pub unhealthy_threshold: u32,
+}
+
+/// `health_check.grpc:` block: passes when the answer is `SERVING`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcHealthCheck {
+    /// The `service` asked about; `""` (default) is the server as a whole.
+    #[serde(default)]
+    pub service: String,
 }
 
 fn default_health_path() -> String {

@@ -157,14 +157,38 @@ impl Failure {
     }
 }
 
-/// Sends one attempt and waits (up to `timeout`) for its response headers.
+/// What a response says of its endpoint (the outcome recorded) and the
+/// retry condition it matches: a 5xx, or for a gRPC request a
+/// `grpc-status` in the headers (a trailers-only answer), taken as the HTTP
+/// status Envoy maps it to (UNAVAILABLE is a 503).
+pub fn judge(resp: &Response<Incoming>, grpc: bool) -> (Outcome, Option<RetryOn>) {
+    let code = if grpc {
+        crate::request::grpc::status(resp.headers())
+    } else {
+        None
+    };
+    let http = code.map_or(resp.status().as_u16(), crate::request::grpc::http_status);
+    let on = if resp.status().is_server_error() {
+        Some(RetryOn::FiveXx)
+    } else {
+        code.and_then(crate::request::grpc::retry_on)
+    };
+    (Outcome::Status(http), on)
+}
+
+/// Sends one attempt and waits (up to `timeout`, if any) for its response
+/// headers.
 pub async fn send(
     cluster: &UpstreamCluster,
     req: http::Request<UpstreamBody>,
-    timeout: Duration,
+    timeout: Option<Duration>,
     fault: &ClientFault,
 ) -> Result<Response<Incoming>, Failure> {
-    let sent = tokio::time::timeout(timeout, cluster.client.request(req)).await;
+    let request = cluster.client.request(req);
+    let sent = match timeout {
+        Some(t) => tokio::time::timeout(t, request).await,
+        None => Ok(request.await),
+    };
     match sent {
         Ok(Ok(resp)) => Ok(resp),
         // Whatever the error, a body the client broke is the client's.

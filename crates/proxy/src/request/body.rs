@@ -70,8 +70,12 @@ pub struct Completion {
     pub end: End,
     /// Response body bytes sent.
     pub bytes: u64,
-    /// When the whole exchange must be over (the cluster's `timeouts.request`).
+    /// When the whole exchange must be over (the cluster's
+    /// `timeouts.request`, or a gRPC call's `grpc-timeout`); `None` = never.
     pub deadline: Option<Instant>,
+    /// The request is gRPC: local replies and a deadline cut answer with a
+    /// `grpc-status`, and the one in the response's trailers is the outcome.
+    pub grpc: bool,
 }
 
 impl Completion {
@@ -95,6 +99,21 @@ impl Completion {
             end: End::Aborted,
             bytes: 0,
             deadline: None,
+            grpc: crate::request::grpc::is_grpc(&parts.headers),
+        }
+    }
+
+    /// Takes a gRPC response's `grpc-status` (from its trailers, or headers
+    /// of a trailers-only answer) as the outcome: the endpoint's (so
+    /// outlier detection sees UNAVAILABLE as a 503) and the status recorded.
+    pub fn grpc_outcome(&mut self, headers: &http::HeaderMap) {
+        use crate::request::grpc;
+        let Some(code) = grpc::status(headers).filter(|_| self.grpc) else {
+            return;
+        };
+        self.status = grpc::http_status(code);
+        if let Some(g) = self.guard.as_mut() {
+            g.set_outcome(Outcome::Status(self.status));
         }
     }
 
@@ -203,6 +222,8 @@ pin_project! {
         // to wait: a body that is ready at once costs no timer.
         deadline: Option<Instant>,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        // Ended by the proxy (a gRPC deadline's trailers were sent).
+        cut: bool,
     }
 
     impl PinnedDrop for ProxyBody {
@@ -239,6 +260,7 @@ impl ProxyBody {
             bytes: 0,
             deadline,
             timer: None,
+            cut: false,
         }
     }
 
@@ -262,6 +284,9 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.project();
+        if *this.cut {
+            return Poll::Ready(None);
+        }
         let polled = this.inner.poll_frame(cx).map_err(BodyError::from);
         if polled.is_pending()
             && let Some(at) = *this.deadline
@@ -274,6 +299,14 @@ impl Body for ProxyBody {
                 if let Some(mut c) = this.completion.take() {
                     c.end = End::TimedOut;
                     c.bytes = *this.bytes;
+                    if c.grpc {
+                        // A gRPC client is told DEADLINE_EXCEEDED in trailers.
+                        *this.cut = true;
+                        let code = crate::request::grpc::code::DEADLINE_EXCEEDED;
+                        c.status = crate::request::grpc::http_status(code);
+                        let t = crate::request::grpc::status_headers(code, "request timeout");
+                        return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                    }
                     return Poll::Ready(Some(Err(Box::new(RequestTimeout))));
                 }
             }
@@ -282,6 +315,9 @@ impl Body for ProxyBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
                     *this.bytes += d.len() as u64;
+                } else if let (Some(t), Some(c)) = (frame.trailers_ref(), this.completion.as_mut())
+                {
+                    c.grpc_outcome(t);
                 }
             }
             Poll::Ready(Some(Err(_))) => {
@@ -302,7 +338,7 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.cut || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

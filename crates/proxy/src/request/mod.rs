@@ -21,8 +21,10 @@ pub mod admit;
 pub mod attempt;
 pub mod body;
 pub mod downstream;
+pub mod grpc;
 pub mod headers;
 pub mod path;
+pub mod replay;
 pub mod respond;
 pub mod route;
 pub mod screen;
@@ -33,12 +35,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Request, Response};
-use http_body::Body as _;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use meshless_balance::{InFlight, Outcome, PickContext};
+use meshless_balance::{InFlight, PickContext};
 
-use crate::config::RetryOn;
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
 use crate::snapshot::{Snapshot, UpstreamCluster};
@@ -47,6 +47,7 @@ use crate::upstream::UpstreamBody;
 use admit::Slot;
 use attempt::RetryPolicy;
 use downstream::DownstreamBody;
+use replay::RequestBody;
 use respond::LocalReply;
 use tunnel::Tunnels;
 
@@ -162,6 +163,25 @@ pub async fn handle(
     })
 }
 
+/// How long the exchange may take: `timeouts.request`, or for a gRPC call
+/// the `grpc-timeout` it `asked` for, capped by `timeouts.grpc_max` (`None`:
+/// no limit, a stream may last as long as it lives).
+fn budget(
+    cluster: &UpstreamCluster,
+    grpc: bool,
+    asked: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    let t = &cluster.config.timeouts;
+    if !grpc {
+        return Some(t.request);
+    }
+    let cap = (!t.grpc_max.is_zero()).then_some(t.grpc_max);
+    match (asked, cap) {
+        (Some(asked), Some(cap)) => Some(asked.min(cap)),
+        (asked, cap) => asked.or(cap),
+    }
+}
+
 /// What every attempt of one request shares.
 struct Exchange<'a> {
     state: &'a ProxyState,
@@ -186,11 +206,13 @@ impl Exchange<'_> {
         let node = &self.snapshot.config.node;
         let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
         ctx.key = routed.key;
-        let replayable = body.is_end_stream()
-            && !self.upgrading
+        // A body is kept for retries (up to `replay::REPLAY_LIMIT`).
+        let replayable = !self.upgrading
             && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
         let mut policy = RetryPolicy::new(&base.config.retries, replayable);
-        let mut body = Some(DownstreamBody::new(body, record.fault.clone()).boxed());
+        let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
+        let mut body = RequestBody::new(downstream, replayable && base.config.retries.count > 0);
+        let mut next = body.attempt();
         let mut cluster = Arc::clone(base);
         let mut held: Option<Instant> = None;
         let mut retry: Option<Slot> = None;
@@ -209,12 +231,13 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
-            // The request timeout covers the exchange from the first send
-            // (not the activation hold) to the last response byte.
-            let request_timeout = base.config.timeouts.request;
-            record
-                .deadline
-                .get_or_insert_with(|| Instant::now() + request_timeout);
+            if !policy.retrying() {
+                // The deadline covers the exchange from the first send (not
+                // the activation hold) to the last response byte.
+                let asked = headers.as_ref().and_then(grpc::timeout);
+                record.deadline =
+                    budget(base, record.grpc, asked).and_then(|d| Instant::now().checked_add(d));
+            }
             policy.record(guard.index());
             record.attempts = policy.attempts();
             record.endpoint = Arc::clone(&cluster.endpoint_labels[guard.index()]);
@@ -224,14 +247,14 @@ impl Exchange<'_> {
                 headers.clone()
             };
             let sent = self
-                .attempt(&cluster, guard.index(), body.take(), these, record)
+                .attempt(&cluster, guard.index(), next.take(), these, record)
                 .await;
             drop(retry.take());
             match sent {
                 Ok(resp) => {
-                    let status = Outcome::Status(resp.status().as_u16());
-                    if resp.status().is_server_error() && policy.may_retry(RetryOn::FiveXx) {
-                        retry = admit::retry(self.state, &cluster);
+                    let (status, on) = attempt::judge(&resp, record.grpc);
+                    if on.is_some_and(|on| policy.may_retry(on)) {
+                        (next, retry) = self.retry(&mut body, &cluster);
                     }
                     if retry.is_none() {
                         guard.set_outcome(status);
@@ -248,7 +271,7 @@ impl Exchange<'_> {
                     }
                     guard.finish(failure.outcome());
                     if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
-                        retry = admit::retry(self.state, &cluster);
+                        (next, retry) = self.retry(&mut body, &cluster);
                     }
                     if retry.is_none() {
                         return Err(failure.reply());
@@ -256,6 +279,20 @@ impl Exchange<'_> {
                 }
             }
         }
+    }
+
+    /// A retry's body and retry-budget slot: no slot when the body can no
+    /// longer be replayed or the budget is spent.
+    fn retry(
+        &self,
+        body: &mut RequestBody,
+        cluster: &UpstreamCluster,
+    ) -> (Option<UpstreamBody>, Option<Slot>) {
+        let next = body.attempt();
+        let slot = next
+            .as_ref()
+            .and_then(|_| admit::retry(self.state, cluster));
+        (next, slot)
     }
 
     /// One attempt to endpoint `index`, holding a `max_pending` slot until
@@ -270,7 +307,8 @@ impl Exchange<'_> {
     ) -> Result<Response<Incoming>, attempt::Failure> {
         let _pending =
             admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
-        let body = body.unwrap_or_else(|| Empty::new().map_err(|never| match never {}).boxed());
+        // `None` only if the body could not be kept for this retry.
+        let body = body.ok_or(attempt::Failure::BadRequest)?;
         // Taken by the last attempt only: none follows it.
         debug_assert!(headers.is_some(), "an attempt after the last one");
         let headers = headers.unwrap_or_default();
@@ -278,9 +316,7 @@ impl Exchange<'_> {
             .map_err(|_| attempt::Failure::BadRequest)?;
         let timeout = record
             .deadline
-            .map_or(cluster.config.timeouts.request, |d| {
-                d.saturating_duration_since(Instant::now())
-            });
+            .map(|d| d.saturating_duration_since(Instant::now()));
         attempt::send(cluster, req, timeout, &record.fault).await
     }
 }

@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use crate::config::Fallback;
 use crate::request::Downstream;
 use crate::request::body::{Completion, ProxyBody};
+use crate::request::grpc;
 use crate::request::headers::strip_hop_by_hop;
 
 /// A response the proxy makes itself, and the reason it is counted under.
@@ -84,6 +85,9 @@ impl LocalReply {
         record.status = self.status.as_u16();
         // A local body is complete at once: no deadline cuts it.
         record.deadline = None;
+        if record.grpc {
+            return self.respond_grpc(record);
+        }
         let mut resp = Response::new(ProxyBody::full(self.body, Some(record)));
         *resp.status_mut() = self.status;
         resp.headers_mut()
@@ -106,6 +110,28 @@ impl LocalReply {
     }
 }
 
+impl LocalReply {
+    /// The reply to a gRPC request, as Envoy makes it: HTTP 200, trailers
+    /// only (`grpc-status`, `grpc-message` in the headers, no body), so the
+    /// client reports the status rather than a protocol error. The record
+    /// keeps the HTTP status the reply stands for (metrics, access log).
+    fn respond_grpc(self, record: Completion) -> Response<ProxyBody> {
+        let code = grpc::local_code(self.status, self.reason);
+        let message = String::from_utf8_lossy(&self.body);
+        let mut resp = Response::new(ProxyBody::full(Bytes::new(), Some(record)));
+        *resp.headers_mut() = grpc::status_headers(code, &message);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        if self.close {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+}
+
 /// The upstream response, sent downstream: hop-by-hop headers removed. On
 /// `101 Switching Protocols` the two upgraded connections are spliced in a
 /// tunnel that keeps `record` (and so its slot and guard) until it closes.
@@ -117,6 +143,7 @@ pub fn proxied(
 ) -> Response<ProxyBody> {
     let status = resp.status();
     record.status = status.as_u16();
+    record.grpc_outcome(resp.headers());
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     strip_hop_by_hop(resp.headers_mut(), switching);
     if switching && let Some(down) = upgrade {
