@@ -8,7 +8,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +22,8 @@ use meshless_sim::progress::Progress;
 use serde::Serialize;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::process::{ChildGuard, free_ports, proc_cpu_seconds, proc_kb};
+use crate::writes::WriteBenchReport;
 use crate::{BenchError, percentile};
 
 type Result<T> = std::result::Result<T, BenchError>;
@@ -39,6 +41,9 @@ pub struct DistributionBenchSettings {
     pub slice_size: usize,
     /// Single-endpoint changes before the rolling update.
     pub changes: usize,
+    /// Concurrent registration clients of the write benchmark
+    /// ([`crate::writes`], its own durable control plane) run first; 0 skips it.
+    pub writers: usize,
 }
 
 /// What the benchmark measured.
@@ -63,49 +68,9 @@ pub struct DistributionBenchReport {
     pub control_cpu_seconds: f64,
     pub control_peak_rss_mib: f64,
     pub memory_per_subscriber_bytes: f64,
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Two distinct free ports (both held until both are chosen).
-fn free_ports() -> Result<(SocketAddr, SocketAddr)> {
-    let bind = || std::net::TcpListener::bind("127.0.0.1:0");
-    let (a, b) = (bind(), bind());
-    let addr = |l: std::io::Result<std::net::TcpListener>| l.and_then(|l| l.local_addr());
-    Ok((
-        addr(a).map_err(BenchError::io("choosing a free port"))?,
-        addr(b).map_err(BenchError::io("choosing a free port"))?,
-    ))
-}
-
-fn proc_cpu_seconds(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-            let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
-fn proc_kb(pid: u32, key: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0.0)
+    /// The write benchmark, with `--writers N`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes: Option<WriteBenchReport>,
 }
 
 fn endpoint(id: &str, i: usize) -> EndpointInput {
@@ -214,7 +179,11 @@ impl fmt::Display for DistributionBenchReport {
             f,
             "memory per subscriber     {:.0} bytes",
             self.memory_per_subscriber_bytes
-        )
+        )?;
+        if let Some(w) = &self.writes {
+            write!(f, "\n{w}")?;
+        }
+        Ok(())
     }
 }
 
@@ -388,6 +357,10 @@ async fn bytes_sent(api: &ApiClient) -> Result<u64> {
 /// Runs the benchmark.
 pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchReport> {
     check(args)?;
+    let writes = match args.writers {
+        0 => None,
+        n => Some(crate::writes::run(&args.exe, n).await?),
+    };
     let plane = start_plane(args).await?;
     let pid = plane.child.0.id();
     let rss_before = proc_kb(pid, "VmRSS:");
@@ -439,5 +412,6 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         control_peak_rss_mib: peak / 1024.0,
         memory_per_subscriber_bytes: (rss_connected - rss_before) * 1024.0
             / args.subscribers as f64,
+        writes,
     })
 }

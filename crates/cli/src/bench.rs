@@ -29,6 +29,10 @@ pub struct DistributionBenchArgs {
     /// Single-endpoint changes before the rolling update.
     #[arg(long, default_value_t = 100)]
     pub changes: usize,
+    /// Concurrent registration clients of a durable-write benchmark run
+    /// first (writes/s, renewals/s); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub writers: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -62,6 +66,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 endpoints: a.endpoints,
                 slice_size: a.slice_size,
                 changes: a.changes,
+                writers: a.writers,
             };
             let report = rt.block_on(meshless_bench::distribution::run(&settings))?;
             crate::simulate::print(a.json, &report)
