@@ -49,4 +49,3 @@ pub(crate) fn proc_kb(pid: u32, key: &str) -> f64 {
         })
         .unwrap_or(0.0)
 }
-

@@ -7,6 +7,7 @@ pub mod config;
 pub mod health;
 pub mod limits;
 pub mod listener;
+pub mod merge_window;
 pub mod metrics;
 pub mod proxy;
 pub mod request;
