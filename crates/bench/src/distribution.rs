@@ -22,6 +22,7 @@ use meshless_sim::progress::Progress;
 use serde::Serialize;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::follower::Follower;
 use crate::process::{ChildGuard, free_ports, proc_cpu_seconds, proc_kb};
 use crate::writes::WriteBenchReport;
 use crate::{BenchError, percentile};
@@ -44,6 +45,11 @@ pub struct DistributionBenchSettings {
     /// Concurrent registration clients of the write benchmark
     /// ([`crate::writes`], its own durable control plane) run first; 0 skips it.
     pub writers: usize,
+    /// One real proxy process per policy follows the service; their CPU
+    /// per change is reported.
+    pub proxy_policies: Vec<String>,
+    /// The proxies' `update_merge_window` in milliseconds (None: default).
+    pub proxy_merge_window_ms: Option<u64>,
 }
 
 /// What the benchmark measured.
@@ -68,6 +74,9 @@ pub struct DistributionBenchReport {
     pub control_cpu_seconds: f64,
     pub control_peak_rss_mib: f64,
     pub memory_per_subscriber_bytes: f64,
+    /// CPU per change of a real proxy following the service, per policy.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub proxies: Vec<crate::follower::FollowerReport>,
     /// The write benchmark, with `--writers N`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub writes: Option<WriteBenchReport>,
@@ -180,6 +189,13 @@ impl fmt::Display for DistributionBenchReport {
             "memory per subscriber     {:.0} bytes",
             self.memory_per_subscriber_bytes
         )?;
+        for p in &self.proxies {
+            write!(
+                f,
+                "\nproxy CPU per change      {:.3} ms ({})",
+                p.cpu_ms_per_change, p.policy
+            )?;
+        }
         if let Some(w) = &self.writes {
             write!(f, "\n{w}")?;
         }
@@ -364,9 +380,17 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let plane = start_plane(args).await?;
     let pid = plane.child.0.id();
     let rss_before = proc_kb(pid, "VmRSS:");
+    let mut proxies = Vec::new();
+    for policy in &args.proxy_policies {
+        let window = args.proxy_merge_window_ms;
+        let f = Follower::start(&args.exe, &plane.dir, plane.grpc, SERVICE, policy, window).await?;
+        f.wait_for(&format!("e-{}", args.endpoints - 1)).await?;
+        proxies.push(f);
+    }
     let subs = connect(plane.grpc, args.subscribers).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_connected = proc_kb(pid, "VmRSS:");
+    proxies.iter_mut().for_each(Follower::mark);
     let cpu0 = proc_cpu_seconds(pid);
     let bytes0 = bytes_sent(&plane.api).await?;
     let mut sent_at = single_changes(&plane.api, args.changes).await?;
@@ -377,6 +401,18 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let bytes2 = bytes_sent(&plane.api).await?;
     let cpu = proc_cpu_seconds(pid) - cpu0;
     let peak = proc_kb(pid, "VmHWM:");
+    let i = args.endpoints - 1;
+    let last = if i % 100 == 0 {
+        format!("t-roll-{i}")
+    } else {
+        format!("n-{i}")
+    };
+    let mut followed = Vec::new();
+    for p in &proxies {
+        p.wait_for(&last).await?;
+        followed.push(p.report(args.changes + args.endpoints));
+    }
+    drop(proxies);
     drop(plane.child);
     let sent: std::collections::HashMap<String, Instant> = sent_at.into_iter().collect();
     let mut latencies = Vec::new();
@@ -412,6 +448,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         control_peak_rss_mib: peak / 1024.0,
         memory_per_subscriber_bytes: (rss_connected - rss_before) * 1024.0
             / args.subscribers as f64,
+        proxies: followed,
         writes,
     })
 }

@@ -7,6 +7,7 @@
 
 pub mod coldstart;
 pub mod distribution;
+pub mod follower;
 mod process;
 pub mod writes;
 
