@@ -195,18 +195,27 @@ impl SliceSet {
         }
     }
 
-    /// Applies a plan made by [`SliceSet::plan`] on this set, unchanged since.
+    /// Applies a plan made by [`SliceSet::plan`] on this set, unchanged
+    /// since. The index changes only for endpoints that join or leave a
+    /// slice, not for every member of a rewritten one.
     pub fn apply(&mut self, plan: SlicePlan) {
         for (name, members) in plan.writes {
-            if let Some(old) = self.slices.remove(&name) {
-                for id in old.endpoints.keys() {
+            let old = self.slices.remove(&name).map(|s| s.endpoints);
+            if let Some(old) = &old {
+                let gone = old
+                    .keys()
+                    .filter(|id| members.as_ref().is_none_or(|m| !m.contains_key(*id)));
+                for id in gone {
                     if self.index.get(id) == Some(&name) {
                         self.index.remove(id);
                     }
                 }
             }
             if let Some(endpoints) = members {
-                for id in endpoints.keys() {
+                let joined = endpoints
+                    .keys()
+                    .filter(|id| old.as_ref().is_none_or(|o| !o.contains_key(*id)));
+                for id in joined {
                     self.index.insert(id.clone(), name.clone());
                 }
                 self.slices.insert(name.clone(), Slice { name, endpoints });
