@@ -402,7 +402,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let cpu = proc_cpu_seconds(pid) - cpu0;
     let peak = proc_kb(pid, "VmHWM:");
     let i = args.endpoints - 1;
-    let last = if i % 100 == 0 {
+    let last = if i.is_multiple_of(100) {
         format!("t-roll-{i}")
     } else {
         format!("n-{i}")
