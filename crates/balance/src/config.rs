@@ -300,12 +300,24 @@ impl ClusterConfig {
         Ok(())
     }
 
-    fn uses_maglev(&self) -> bool {
+    /// Whether the table is under Envoy's guidance of 100 entries per
+    /// endpoint for `endpoints` (then ownership spreads beyond ~1%).
+    pub fn maglev_table_small_for(&self, endpoints: usize) -> bool {
+        self.uses_maglev()
+            && self.balancer.table_size < endpoints.saturating_mul(MAGLEV_ENTRIES_PER_ENDPOINT)
+    }
+
+    /// Whether the cluster builds a Maglev table (`maglev`, or
+    /// `bounded_load` over Maglev).
+    pub fn uses_maglev(&self) -> bool {
         let b = &self.balancer;
         b.policy == PolicyKind::Maglev
             || (b.policy == PolicyKind::BoundedLoad && b.over == HashKind::Maglev)
     }
 }
+
+/// Envoy's guidance for a Maglev table: at least 100 entries per endpoint.
+pub const MAGLEV_ENTRIES_PER_ENDPOINT: usize = 100;
 
 fn field(field: &'static str, reason: String) -> ConfigError {
     ConfigError::Field { field, reason }
@@ -334,4 +346,26 @@ pub enum ConfigError {
     /// Two endpoints share an identity.
     #[error("endpoints: duplicate endpoint id {0:?}")]
     DuplicateEndpoint(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_maglev_table_is_small_under_100_entries_per_endpoint() {
+        let maglev = ClusterConfig::new(PolicyKind::Maglev);
+        // The default 65,537 entries cover 655 endpoints at 100 each.
+        assert!(!maglev.maglev_table_small_for(655));
+        assert!(maglev.maglev_table_small_for(656));
+        assert!(maglev.maglev_table_small_for(20_000));
+        let mut bounded = ClusterConfig::new(PolicyKind::BoundedLoad);
+        assert!(
+            bounded.maglev_table_small_for(20_000),
+            "bounded load over Maglev"
+        );
+        bounded.balancer.over = HashKind::RingHash;
+        assert!(!bounded.maglev_table_small_for(20_000), "no Maglev table");
+        assert!(!ClusterConfig::new(PolicyKind::RoundRobin).maglev_table_small_for(20_000));
+    }
 }

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +22,9 @@ use meshless_sim::progress::Progress;
 use serde::Serialize;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::follower::Follower;
+use crate::process::{ChildGuard, free_ports, proc_cpu_seconds, proc_kb};
+use crate::writes::WriteBenchReport;
 use crate::{BenchError, percentile};
 
 type Result<T> = std::result::Result<T, BenchError>;
@@ -39,6 +42,14 @@ pub struct DistributionBenchSettings {
     pub slice_size: usize,
     /// Single-endpoint changes before the rolling update.
     pub changes: usize,
+    /// Concurrent registration clients of the write benchmark
+    /// ([`crate::writes`], its own durable control plane) run first; 0 skips it.
+    pub writers: usize,
+    /// One real proxy process per policy follows the service; their CPU
+    /// per change is reported.
+    pub proxy_policies: Vec<String>,
+    /// The proxies' `update_merge_window` in milliseconds (None: default).
+    pub proxy_merge_window_ms: Option<u64>,
 }
 
 /// What the benchmark measured.
@@ -63,49 +74,12 @@ pub struct DistributionBenchReport {
     pub control_cpu_seconds: f64,
     pub control_peak_rss_mib: f64,
     pub memory_per_subscriber_bytes: f64,
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Two distinct free ports (both held until both are chosen).
-fn free_ports() -> Result<(SocketAddr, SocketAddr)> {
-    let bind = || std::net::TcpListener::bind("127.0.0.1:0");
-    let (a, b) = (bind(), bind());
-    let addr = |l: std::io::Result<std::net::TcpListener>| l.and_then(|l| l.local_addr());
-    Ok((
-        addr(a).map_err(BenchError::io("choosing a free port"))?,
-        addr(b).map_err(BenchError::io("choosing a free port"))?,
-    ))
-}
-
-fn proc_cpu_seconds(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-            let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
-fn proc_kb(pid: u32, key: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0.0)
+    /// CPU per change of a real proxy following the service, per policy.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub proxies: Vec<crate::follower::FollowerReport>,
+    /// The write benchmark, with `--writers N`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes: Option<WriteBenchReport>,
 }
 
 fn endpoint(id: &str, i: usize) -> EndpointInput {
@@ -215,7 +189,18 @@ impl fmt::Display for DistributionBenchReport {
             f,
             "memory per subscriber     {:.0} bytes",
             self.memory_per_subscriber_bytes
-        )
+        )?;
+        for p in &self.proxies {
+            write!(
+                f,
+                "\nproxy CPU per change      {:.3} ms ({})",
+                p.cpu_ms_per_change, p.policy
+            )?;
+        }
+        if let Some(w) = &self.writes {
+            write!(f, "\n{w}")?;
+        }
+        Ok(())
     }
 }
 
@@ -389,12 +374,24 @@ async fn bytes_sent(api: &ApiClient) -> Result<u64> {
 /// Runs the benchmark.
 pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchReport> {
     check(args)?;
+    let writes = match args.writers {
+        0 => None,
+        n => Some(crate::writes::run(&args.exe, n).await?),
+    };
     let plane = start_plane(args).await?;
     let pid = plane.child.0.id();
     let rss_before = proc_kb(pid, "VmRSS:");
+    let mut proxies = Vec::new();
+    for policy in &args.proxy_policies {
+        let window = args.proxy_merge_window_ms;
+        let f = Follower::start(&args.exe, &plane.dir, plane.grpc, SERVICE, policy, window).await?;
+        f.wait_for(&format!("e-{}", args.endpoints - 1)).await?;
+        proxies.push(f);
+    }
     let subs = connect(plane.grpc, args.subscribers).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_connected = proc_kb(pid, "VmRSS:");
+    proxies.iter_mut().for_each(Follower::mark);
     let cpu0 = proc_cpu_seconds(pid);
     let bytes0 = bytes_sent(&plane.api).await?;
     let mut sent_at = single_changes(&plane.api, args.changes).await?;
@@ -405,6 +402,18 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let bytes2 = bytes_sent(&plane.api).await?;
     let cpu = proc_cpu_seconds(pid) - cpu0;
     let peak = proc_kb(pid, "VmHWM:");
+    let i = args.endpoints - 1;
+    let last = if i.is_multiple_of(100) {
+        format!("t-roll-{i}")
+    } else {
+        format!("n-{i}")
+    };
+    let mut followed = Vec::new();
+    for p in &proxies {
+        p.wait_for(&last).await?;
+        followed.push(p.report(args.changes + args.endpoints));
+    }
+    drop(proxies);
     drop(plane.child);
     let sent: std::collections::HashMap<String, Instant> = sent_at.into_iter().collect();
     let mut latencies = Vec::new();
@@ -440,5 +449,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         control_peak_rss_mib: peak / 1024.0,
         memory_per_subscriber_bytes: (rss_connected - rss_before) * 1024.0
             / args.subscribers as f64,
+        proxies: followed,
+        writes,
     })
 }

@@ -7,9 +7,13 @@
 
 pub mod coldstart;
 pub mod distribution;
+pub mod follower;
+mod process;
+pub mod writes;
 
 pub use coldstart::{ColdstartReport, ColdstartSettings};
 pub use distribution::{DistributionBenchReport, DistributionBenchSettings};
+pub use writes::WriteBenchReport;
 
 /// Why a benchmark could not run to the end.
 #[derive(Debug, thiserror::Error)]

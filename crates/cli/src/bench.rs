@@ -29,6 +29,18 @@ pub struct DistributionBenchArgs {
     /// Single-endpoint changes before the rolling update.
     #[arg(long, default_value_t = 100)]
     pub changes: usize,
+    /// Concurrent registration clients of a durable-write benchmark run
+    /// first (writes/s, renewals/s); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub writers: usize,
+    /// Balancing policies (comma-separated): one real proxy process per
+    /// policy follows the service, and its CPU per change is reported.
+    #[arg(long, value_delimiter = ',')]
+    pub proxy_policies: Vec<String>,
+    /// The following proxies' `control.update_merge_window`, in
+    /// milliseconds (default: the proxy's default; 0 rebuilds on every delta).
+    #[arg(long)]
+    pub proxy_merge_window_ms: Option<u64>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -62,6 +74,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 endpoints: a.endpoints,
                 slice_size: a.slice_size,
                 changes: a.changes,
+                writers: a.writers,
+                proxy_policies: a.proxy_policies,
+                proxy_merge_window_ms: a.proxy_merge_window_ms,
             };
             let report = rt.block_on(meshless_bench::distribution::run(&settings))?;
             crate::simulate::print(a.json, &report)

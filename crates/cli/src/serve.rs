@@ -276,10 +276,7 @@ impl Stack {
             .validate()
             .map_err(|e| anyhow::anyhow!("{file}: {}", e.at("control")))?;
         if stack.proxy.control.is_none() {
-            stack.proxy.control = Some(ControlLink {
-                address: stack.control.grpc_address.to_string(),
-                token_file: None,
-            });
+            stack.proxy.control = Some(ControlLink::new(stack.control.grpc_address.to_string()));
         }
         stack
             .proxy

@@ -234,8 +234,9 @@ async fn write(
                 name: name.to_owned(),
                 ports: body.ports,
             };
-            let v = state
-                .write(|r| r.put_service(spec))
+            let (v, _) = state
+                .write_grouped(move |r| r.put_service(spec))
+                .await
                 .map_err(registry_error)?;
             Ok(version(v))
         }
@@ -255,43 +256,48 @@ async fn write(
                 ));
             }
             let (_, v) = state
-                .write_versioned(|r| r.put_endpoints(&key, vec![body]))
+                .write_grouped(move |r| r.put_endpoints(&key, vec![body]))
+                .await
                 .map_err(registry_error)?;
             Ok(version(v))
         }
         (Method::DELETE, ["endpoints", id]) => {
             let ids = [EndpointId::new(*id)];
             let (_, v) = state
-                .write_versioned(|r| r.delete_endpoints(&key, &ids, true))
+                .write_grouped(move |r| r.delete_endpoints(&key, &ids, true))
+                .await
                 .map_err(registry_error)?;
             Ok(version(v))
         }
         (Method::POST, ["endpoints", id, "renew"]) => {
             let id = EndpointId::new(*id);
             state.lock().renew(&key, &id).map_err(registry_error)?;
+            state.metrics.renewals.inc();
             let renewed = id.to_string();
             Ok(json(StatusCode::OK, &RenewReply { renewed }))
         }
         (Method::POST, ["endpoints"]) => {
             let body: BulkInput = read_json(req.into_body(), max).await?;
-            Ok(bulk(state, &key, body))
+            Ok(bulk(state, key, body).await)
         }
         _ => Err(error(StatusCode::NOT_FOUND, ROUTES)),
     }
 }
 
-fn bulk(state: &PlaneState, key: &str, body: BulkInput) -> Reply {
+async fn bulk(state: &PlaneState, key: String, body: BulkInput) -> Reply {
     let ids: Vec<EndpointId> = body.delete.into_iter().map(EndpointId::new).collect();
-    let written = state.write_versioned(|r| {
-        let mut v = r.version();
-        if !body.put.is_empty() {
-            v = r.put_endpoints(key, body.put)?;
-        }
-        if !ids.is_empty() {
-            v = r.delete_endpoints(key, &ids, false)?;
-        }
-        Ok(v)
-    });
+    let written = state
+        .write_grouped(move |r| {
+            let mut v = r.version();
+            if !body.put.is_empty() {
+                v = r.put_endpoints(&key, body.put)?;
+            }
+            if !ids.is_empty() {
+                v = r.delete_endpoints(&key, &ids, false)?;
+            }
+            Ok(v)
+        })
+        .await;
     match written {
         Ok((_, v)) => version(v),
         Err(e) => registry_error(e),

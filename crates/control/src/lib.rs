@@ -5,6 +5,7 @@
 pub mod api;
 pub mod autoscaler;
 pub mod client;
+pub mod commit;
 pub mod config;
 pub mod distributor;
 pub mod grpc;

@@ -19,6 +19,8 @@ pub struct ControlMetrics {
     pub writes: Counter,
     pub rejected_writes: Counter,
     pub slice_writes: Counter,
+    pub commit_groups: Counter,
+    pub renewals: Counter,
     pub expired: Counter,
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
@@ -90,6 +92,18 @@ impl ControlMetrics {
             "Slices created, updated or deleted",
             slice_writes.clone(),
         );
+        let commit_groups = Counter::default();
+        registry.register(
+            "commit_groups",
+            "Groups of registration writes committed together (one store transaction and fsync each)",
+            commit_groups.clone(),
+        );
+        let renewals = Counter::default();
+        registry.register(
+            "renewals",
+            "TTL renewals (in-memory lease extensions, never a store write)",
+            renewals.clone(),
+        );
         let expired = Counter::default();
         registry.register(
             "expired_endpoints",
@@ -129,6 +143,8 @@ impl ControlMetrics {
             writes,
             rejected_writes,
             slice_writes,
+            commit_groups,
+            renewals,
             expired,
         }
     }

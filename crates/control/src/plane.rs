@@ -13,7 +13,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::ControlConfig;
-use crate::distributor::Distributor;
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, RegistryError};
 use crate::state::Auth;
@@ -77,18 +76,12 @@ impl ControlPlane {
             config.max_endpoints_per_slice,
         )?));
         let metrics = Arc::new(ControlMetrics::new());
-        let distributor = Arc::new(Distributor::new(
-            Arc::clone(&registry),
-            Arc::clone(&metrics),
-            config.history,
-        ));
-        let state = Arc::new(PlaneState {
+        let state = Arc::new(PlaneState::new(
             registry,
-            distributor: Arc::clone(&distributor),
             metrics,
-            config: config.clone(),
-            auth: Auth::new(token.as_deref()),
-        });
+            config.clone(),
+            Auth::new(token.as_deref()),
+        ));
         for (index, s) in config.services.iter().enumerate() {
             let key = s.spec().key();
             state

@@ -9,10 +9,13 @@
 //! equals the desired set; a change touches only the slices that hold
 //! changed endpoints, plus at most the slices needed to place new ones.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use meshless_model::{Endpoint, EndpointId};
 use serde::{Deserialize, Serialize};
+
+mod plan;
+pub use plan::SlicePlan;
 
 /// Default and bounds of `max_endpoints_per_slice` (Kubernetes: 100, 1..=1000).
 pub const DEFAULT_MAX_PER_SLICE: usize = 100;
@@ -48,7 +51,10 @@ impl SliceChanges {
 }
 
 /// The slices of one service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Invariant: `index` maps every endpoint held by a slice to that slice's
+/// name, and nothing else, so finding an endpoint's slice is O(1).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceSet {
     /// Name prefix of the slices (the service name).
     prefix: String,
@@ -56,6 +62,8 @@ pub struct SliceSet {
     slices: BTreeMap<String, Slice>,
     /// Suffix of the next new slice name; only grows, so names never repeat.
     next_suffix: u64,
+    /// The slice holding each endpoint.
+    index: HashMap<EndpointId, String>,
 }
 
 impl SliceSet {
@@ -67,6 +75,7 @@ impl SliceSet {
             max_per_slice: max_per_slice.clamp(1, MAX_MAX_PER_SLICE),
             slices: BTreeMap::new(),
             next_suffix: 0,
+            index: HashMap::new(),
         }
     }
 
@@ -87,7 +96,17 @@ impl SliceSet {
                 set.slices.insert(name.clone(), Slice { name, endpoints });
             }
         }
+        set.reindex();
         set
+    }
+
+    /// Rebuilds `index` from the slices (after a whole-set change).
+    fn reindex(&mut self) {
+        self.index = self
+            .slices
+            .values()
+            .flat_map(|s| s.endpoints.keys().map(|id| (id.clone(), s.name.clone())))
+            .collect();
     }
 
     /// The suffix the next new slice name will get.
@@ -122,10 +141,7 @@ impl SliceSet {
 
     /// The slice holding endpoint `id`.
     pub fn slice_of(&self, id: &EndpointId) -> Option<&str> {
-        self.slices
-            .values()
-            .find(|s| s.endpoints.contains_key(id))
-            .map(|s| s.name.as_str())
+        self.index.get(id).map(String::as_str)
     }
 
     fn new_name(&mut self) -> String {
@@ -135,7 +151,15 @@ impl SliceSet {
     }
 
     /// Brings the slices to `desired`, rewriting as few slices as possible.
+    /// Reads every slice: O(endpoints). [`SliceSet::plan`] does the same
+    /// for a known set of changed endpoints at a cost that follows them.
     pub fn reconcile(&mut self, desired: &BTreeMap<EndpointId, Endpoint>) -> SliceChanges {
+        let changes = self.reconcile_all(desired);
+        self.reindex();
+        changes
+    }
+
+    fn reconcile_all(&mut self, desired: &BTreeMap<EndpointId, Endpoint>) -> SliceChanges {
         let max = self.max_per_slice;
         let mut updated: BTreeSet<String> = BTreeSet::new();
         let mut emptied: Vec<String> = Vec::new();
@@ -246,6 +270,14 @@ impl SliceSet {
     /// Merges slices under a quarter full into others with room, when that
     /// saves slices; run when the service has been quiet for a while.
     pub fn compact(&mut self) -> SliceChanges {
+        let changes = self.compact_all();
+        if !changes.is_empty() {
+            self.reindex();
+        }
+        changes
+    }
+
+    fn compact_all(&mut self) -> SliceChanges {
         let max = self.max_per_slice;
         let sparse_limit = max.div_ceil(4);
         let mut sparse: Vec<String> = self

@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use crate::commit::{Committer, reconcile_dirty};
 use crate::config::ControlConfig;
 use crate::distributor::Distributor;
 use crate::metrics::ControlMetrics;
@@ -50,16 +51,58 @@ pub struct PlaneState {
     pub metrics: Arc<ControlMetrics>,
     pub config: ControlConfig,
     pub auth: Auth,
+    /// Group commit of the registration API's writes.
+    pub committer: Committer,
 }
 
 impl PlaneState {
+    /// The shared state over `registry`, starting the commit thread.
+    pub fn new(
+        registry: Arc<Mutex<Registry>>,
+        metrics: Arc<ControlMetrics>,
+        config: ControlConfig,
+        auth: Auth,
+    ) -> Self {
+        let distributor = Arc::new(Distributor::new(
+            Arc::clone(&registry),
+            Arc::clone(&metrics),
+            config.history,
+        ));
+        let committer = Committer::start(
+            Arc::clone(&registry),
+            Arc::clone(&distributor),
+            Arc::clone(&metrics),
+            config.batch_period,
+        );
+        Self {
+            registry,
+            distributor,
+            metrics,
+            config,
+            auth,
+            committer,
+        }
+    }
+
+    /// A write through group commit ([`Committer::write`]): answered once
+    /// durable, with the registry version its deltas are published at.
+    pub async fn write_grouped<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Registry) -> Result<T, RegistryError> + Send + 'static,
+    ) -> Result<(T, u64), RegistryError> {
+        self.committer.write(f).await
+    }
+
     /// The registry, even if a panicking writer poisoned the lock (every
     /// write leaves it consistent: the store first, then memory).
     pub fn lock(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs one write; without a batch period, reconciles and publishes at once.
+    /// Runs one write at once under the registry lock (its own store
+    /// transaction); without a batch period, reconciles and publishes at
+    /// once. For rare writes (startup, scaling, compaction); the API's
+    /// writes use [`PlaneState::write_grouped`].
     pub fn write<T>(
         &self,
         f: impl FnOnce(&mut Registry) -> Result<T, RegistryError>,
@@ -77,24 +120,11 @@ impl PlaneState {
         out
     }
 
-    /// [`PlaneState::write`], also returning the registry version once the
-    /// write's deltas are published: the version proxies will see.
-    pub fn write_versioned<T>(
-        &self,
-        f: impl FnOnce(&mut Registry) -> Result<T, RegistryError>,
-    ) -> Result<(T, u64), RegistryError> {
-        let out = self.write(f)?;
-        Ok((out, self.lock().version()))
-    }
-
     /// Reconciles every changed service and publishes its delta. Call with
     /// the registry lock held (`reg`), so deltas publish in version order.
     pub fn flush(&self, reg: &mut Registry, committed: Instant) -> Result<(), RegistryError> {
-        for key in reg.dirty_services() {
-            if let Some((delta, changes)) = reg.reconcile(&key)? {
-                self.metrics.slice_writes.inc_by(changes.writes() as u64);
-                self.distributor.publish(&delta, committed);
-            }
+        for delta in reconcile_dirty(reg, &self.metrics)? {
+            self.distributor.publish(&delta, committed);
         }
         Ok(())
     }

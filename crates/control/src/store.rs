@@ -34,7 +34,7 @@ const SLICES: TableDefinition<&str, &[u8]> = TableDefinition::new("slices");
 const VERSION_KEY: &str = "version";
 
 /// Why the store failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("data store {path}: {message}")]
     Open { path: String, message: String },
@@ -73,8 +73,13 @@ pub struct Loaded {
 pub trait Storage: Send + std::fmt::Debug {
     /// Everything stored.
     fn load(&self) -> Result<Loaded, StoreError>;
-    /// Applies `batch` atomically: all of it or, on error, none of it.
-    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError>;
+    /// Applies `batches` in order, atomically and durably: all of them
+    /// or, on error, none of them (one transaction, one fsync).
+    fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError>;
+    /// Applies one batch: [`Storage::apply_group`] of one.
+    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        self.apply_group(std::slice::from_ref(batch))
+    }
 }
 
 impl Storage for Store {
@@ -82,8 +87,8 @@ impl Storage for Store {
         Store::load(self)
     }
 
-    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
-        Store::apply(self, batch)
+    fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError> {
+        Store::apply_group(self, batches)
     }
 }
 
@@ -159,7 +164,21 @@ impl Store {
 
     /// Applies `batch` in one transaction.
     pub fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        self.apply_group(std::slice::from_ref(batch))
+    }
+
+    /// Applies `batches` in order in one transaction: one commit, one
+    /// fsync for all of them (group commit).
+    pub fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(io)?;
+        for batch in batches {
+            Self::write_batch(&txn, batch)?;
+        }
+        txn.commit().map_err(io)?;
+        Ok(())
+    }
+
+    fn write_batch(txn: &redb::WriteTransaction, batch: &WriteBatch) -> Result<(), StoreError> {
         {
             let mut meta = txn.open_table(META).map_err(io)?;
             meta.insert(VERSION_KEY, batch.version).map_err(io)?;
@@ -216,7 +235,6 @@ impl Store {
                 }
             }
         }
-        txn.commit().map_err(io)?;
         Ok(())
     }
 }

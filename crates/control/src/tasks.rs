@@ -13,12 +13,12 @@ use crate::state::PlaneState;
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
 
 /// One housekeeping round at `now`: removes endpoints whose TTL ran out
-/// (publishing their deltas as any write does) and compacts services quiet
-/// for `compact_after`.
-pub fn housekeep(state: &PlaneState, now: Instant) {
-    match state.write(|r| r.expire(now)) {
-        Ok(0) => {}
-        Ok(n) => {
+/// (a grouped write, published as any write is) and compacts services
+/// quiet for `compact_after`.
+pub async fn housekeep(state: &PlaneState, now: Instant) {
+    match state.write_grouped(move |r| r.expire(now)).await {
+        Ok((0, _)) => {}
+        Ok((n, _)) => {
             state.metrics.expired.inc_by(n as u64);
             tracing::info!(expired = n, "endpoints removed: TTL ran out");
         }
@@ -43,7 +43,7 @@ pub async fn housekeeping(state: Arc<PlaneState>, mut stop: watch::Receiver<bool
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        housekeep(&state, Instant::now());
+        housekeep(&state, Instant::now()).await;
     }
 }
 

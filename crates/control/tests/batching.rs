@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use meshless_control::config::ControlConfig;
-use meshless_control::distributor::Distributor;
 use meshless_control::metrics::ControlMetrics;
 use meshless_control::registry::{EndpointInput, Registry, ServiceSpec};
 use meshless_control::state::{Auth, PlaneState};
@@ -15,21 +14,12 @@ use meshless_control::state::{Auth, PlaneState};
 fn state(batch_period: Duration) -> PlaneState {
     let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
     let metrics = Arc::new(ControlMetrics::new());
-    let distributor = Arc::new(Distributor::new(
-        Arc::clone(&registry),
-        Arc::clone(&metrics),
-        100,
-    ));
-    PlaneState {
-        registry,
-        distributor,
-        metrics,
-        config: ControlConfig {
-            batch_period,
-            ..ControlConfig::default()
-        },
-        auth: Auth::new(None),
-    }
+    let config = ControlConfig {
+        batch_period,
+        history: 100,
+        ..ControlConfig::default()
+    };
+    PlaneState::new(registry, metrics, config, Auth::new(None))
 }
 
 fn write_five(s: &PlaneState) {

@@ -24,11 +24,11 @@ impl Storage for Flaky {
         self.inner.load()
     }
 
-    fn apply(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+    fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError> {
         if self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::Io("injected: no space left on device".into()));
         }
-        self.inner.apply(batch)
+        self.inner.apply_group(batches)
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use meshless_api::v1::{self, ClientMessage, client_message, server_message};
 use meshless_api::{DistributionClient, decode_delta, endpoint_from_wire};
@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint as GrpcEndpoint;
 
 use crate::config::NodeConfig;
+use crate::merge_window::MergeWindow;
 use crate::state::ProxyState;
 
 /// No message (heartbeats included) for this long: the stream is dead.
@@ -88,11 +89,16 @@ fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
         .collect()
 }
 
-/// Runs until `stop` changes.
+/// The proxy's own view of the streamed services: endpoints per service.
+type Table = BTreeMap<String, BTreeMap<EndpointId, Endpoint>>;
+
+/// Runs until `stop` changes; rebuilds merged within `merge_window`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     state: Arc<ProxyState>,
     address: String,
     token: Option<String>,
+    merge_window: Duration,
     node: NodeConfig,
     mut watched: watch::Receiver<BTreeSet<String>>,
     mut activate: mpsc::UnboundedReceiver<String>,
@@ -103,10 +109,16 @@ pub async fn run(
     } else {
         format!("http://{address}")
     };
-    let mut table: BTreeMap<String, BTreeMap<EndpointId, Endpoint>> = BTreeMap::new();
+    let mut table = Table::new();
+    let mut merge = MergeWindow::new(merge_window);
     let mut resume = Resume::default();
     let mut backoff = BACKOFF_MIN;
     loop {
+        let link = Link {
+            table: &mut table,
+            merge: &mut merge,
+            resume: &mut resume,
+        };
         let session = session(
             &state,
             &uri,
@@ -114,8 +126,7 @@ pub async fn run(
             &node,
             &mut watched,
             &mut activate,
-            &mut table,
-            &mut resume,
+            link,
         );
         tokio::select! {
             result = session => {
@@ -125,6 +136,11 @@ pub async fn run(
                 }
             }
             _ = stop.changed() => return,
+        }
+        // Changes merged when the stream ended apply now.
+        for service in merge.take_all() {
+            rebuild(&state, &table, &service);
+            merge.rebuilt(&service, Instant::now());
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
@@ -142,8 +158,14 @@ struct Resume {
     incarnation: u64,
 }
 
+/// What a stream's session updates and the next one continues from.
+struct Link<'a> {
+    table: &'a mut Table,
+    merge: &'a mut MergeWindow,
+    resume: &'a mut Resume,
+}
+
 /// One stream, from connect to disconnect.
-#[allow(clippy::too_many_arguments)]
 async fn session(
     state: &ProxyState,
     uri: &str,
@@ -151,9 +173,13 @@ async fn session(
     node: &NodeConfig,
     watched: &mut watch::Receiver<BTreeSet<String>>,
     activate: &mut mpsc::UnboundedReceiver<String>,
-    table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
-    resume: &mut Resume,
+    link: Link<'_>,
 ) -> Result<(), LinkError> {
+    let Link {
+        table,
+        merge,
+        resume,
+    } = link;
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
         .connect_timeout(Duration::from_secs(2))
@@ -189,9 +215,23 @@ async fn session(
     let silence = tokio::time::sleep(SILENCE);
     tokio::pin!(silence);
     loop {
+        let due = merge.next_due();
+        let merged = async move {
+            match due {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = &mut silence => {
                 return Err(LinkError::Silent);
+            }
+            () = merged => {
+                let now = Instant::now();
+                for service in merge.take_due(now) {
+                    rebuild(state, table, &service);
+                    merge.rebuilt(&service, now);
+                }
             }
             msg = inbound.message() => {
                 let msg = match msg {
@@ -204,7 +244,7 @@ async fn session(
                     Some(server_message::Msg::Delta(bytes)) => {
                         let delta = decode_delta(&bytes)?;
                         let (v, reset) = (delta.version, delta.reset);
-                        apply(state, table, delta);
+                        apply(state, table, merge, delta);
                         // A reset is one service of a snapshot (or of a
                         // catch-up after lag): the version moves only once
                         // all of it arrived, so a stream cut half-way
@@ -242,6 +282,7 @@ async fn session(
                 }
                 let services: Vec<String> = watched.borrow_and_update().iter().cloned().collect();
                 table.retain(|s, _| services.contains(s));
+                merge.retain(|s| services.iter().any(|w| w == s));
                 let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services })) };
                 tx.send(sub).await?;
             }
@@ -249,12 +290,9 @@ async fn session(
     }
 }
 
-/// Applies one delta to the table and rebuilds the clusters of its service.
-fn apply(
-    state: &ProxyState,
-    table: &mut BTreeMap<String, BTreeMap<EndpointId, Endpoint>>,
-    delta: v1::Delta,
-) {
+/// Applies one delta to the table; rebuilds the clusters of its service
+/// now or at the end of the merge window.
+fn apply(state: &ProxyState, table: &mut Table, merge: &mut MergeWindow, delta: v1::Delta) {
     if !delta.activation_error.is_empty() {
         state
             .activation_errors
@@ -282,21 +320,40 @@ fn apply(
     for id in &delta.removed {
         entry.remove(&EndpointId::new(id.clone()));
     }
-    let endpoints: Vec<Endpoint> = entry.values().cloned().collect();
+    // Requests may be held for a service with no endpoints: never wait.
+    let empty = state
+        .services
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&delta.service)
+        .is_none_or(Vec::is_empty);
+    let now = Instant::now();
+    if merge.admit(&delta.service, now, delta.reset || empty) {
+        rebuild(state, table, &delta.service);
+        merge.rebuilt(&delta.service, now);
+    }
+}
+
+/// Rebuilds the clusters of `service` from the table.
+fn rebuild(state: &ProxyState, table: &Table, service: &str) {
+    let endpoints: Vec<Endpoint> = table
+        .get(service)
+        .map(|e| e.values().cloned().collect())
+        .unwrap_or_default();
     // The lock orders this against reloads, which rebuild from the same table.
     let mut services = state
         .services
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    services.insert(delta.service.clone(), endpoints);
+    services.insert(service.to_owned(), endpoints);
     let current = state.snapshot.load_full();
-    match current.with_service(&delta.service, &services) {
+    match current.with_service(service, &services) {
         Ok(next) => {
             state.snapshot.store(Arc::new(next));
             state.endpoints_changed.notify_waiters();
         }
         Err(e) => {
-            tracing::error!(service = %delta.service, error = %e, "cannot apply endpoints; keeping the previous ones");
+            tracing::error!(service = %service, error = %e, "cannot apply endpoints; keeping the previous ones");
         }
     }
 }

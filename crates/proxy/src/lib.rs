@@ -8,6 +8,7 @@ pub mod connection;
 pub mod health;
 pub mod limits;
 pub mod listener;
+pub mod merge_window;
 pub mod metrics;
 pub mod proxy;
 pub mod request;

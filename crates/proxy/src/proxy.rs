@@ -132,6 +132,7 @@ impl Proxy {
                 Arc::clone(&state),
                 link.address,
                 token,
+                link.update_merge_window,
                 node,
                 watch_rx,
                 activate_rx,

@@ -69,6 +69,17 @@ impl UpstreamCluster {
             None => config.endpoints_model(),
         };
         let balance = config.balance_config()?;
+        // Warn once as a cluster crosses the rule, not on every rebuild.
+        let was_small =
+            previous.is_some_and(|p| balance.maglev_table_small_for(p.lb.endpoints().len()));
+        if balance.maglev_table_small_for(endpoints.len()) && !was_small {
+            tracing::warn!(
+                cluster = %config.name,
+                endpoints = endpoints.len(),
+                table_size = balance.balancer.table_size,
+                "Maglev table under 100 entries per endpoint: keys spread unevenly; set balancer.table_size to a prime of at least 100x the endpoints (at most 5,000,011)"
+            );
+        }
         let lb = match previous {
             Some(p) => p.lb.rebuild(&endpoints, balance),
             None => Cluster::new(&endpoints, balance),

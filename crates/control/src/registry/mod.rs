@@ -13,9 +13,11 @@ pub use crate::api::{
 use crate::reconciler::SliceSet;
 pub use crate::store::{ServiceRecord, StoredEndpoint};
 
+mod group;
 mod restore;
 mod slices;
 use crate::store::{Storage, Store, StoreError, WriteBatch};
+pub use group::GroupFailed;
 
 fn into_stored(input: EndpointInput) -> StoredEndpoint {
     StoredEndpoint {
@@ -84,6 +86,12 @@ pub struct Registry {
     services: BTreeMap<String, Service>,
     store: Option<Box<dyn Storage>>,
     max_per_slice: usize,
+    /// Inside a group ([`Registry::begin_group`]): the batches staged for
+    /// one commit; memory already holds them.
+    staged: Option<Vec<WriteBatch>>,
+    /// Set when memory could not be reloaded after a failed group commit:
+    /// every later write fails with it.
+    broken: Option<StoreError>,
 }
 
 fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryError> {
@@ -125,6 +133,8 @@ impl Registry {
             services: BTreeMap::new(),
             store: None,
             max_per_slice,
+            staged: None,
+            broken: None,
         };
         if let Some(store) = &store {
             let loaded = store.load()?;
@@ -160,9 +170,20 @@ impl Registry {
         self.services.keys().cloned().collect()
     }
 
-    fn commit(&self, batch: &WriteBatch) -> Result<(), RegistryError> {
+    /// Writes `batch` to the store (or stages it, inside a group); memory
+    /// changes only after this returns Ok.
+    fn commit(&mut self, batch: WriteBatch) -> Result<(), RegistryError> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone().into());
+        }
+        if let Some(staged) = &mut self.staged {
+            if self.store.is_some() {
+                staged.push(batch);
+            }
+            return Ok(());
+        }
         if let Some(store) = &self.store {
-            store.apply(batch)?;
+            store.apply(&batch)?;
         }
         Ok(())
     }
@@ -224,7 +245,7 @@ impl Registry {
             services: vec![(key.clone(), Some(Self::record(&svc)))],
             ..WriteBatch::default()
         };
-        self.commit(&batch)?;
+        self.commit(batch)?;
         self.version = version;
         self.services.insert(key, svc);
         Ok(version)
@@ -242,7 +263,7 @@ impl Registry {
             purge: vec![key.to_owned()],
             ..WriteBatch::default()
         };
-        self.commit(&batch)?;
+        self.commit(batch)?;
         self.version = version;
         self.services.remove(key);
         Ok(ServiceDelta {
@@ -308,7 +329,7 @@ impl Registry {
         let mut record = Self::record(svc);
         record.version = version;
         batch.services.push((key.to_owned(), Some(record)));
-        self.commit(&batch)?;
+        self.commit(batch)?;
         self.version = version;
         let now = Instant::now();
         let svc = self.services.get_mut(key).expect("checked above");
@@ -355,7 +376,7 @@ impl Registry {
         let mut record = Self::record(svc);
         record.version = version;
         batch.services.push((key.to_owned(), Some(record)));
-        self.commit(&batch)?;
+        self.commit(batch)?;
         self.version = version;
         let svc = self.services.get_mut(key).expect("checked above");
         svc.version = version;

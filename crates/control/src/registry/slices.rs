@@ -26,20 +26,24 @@ impl Registry {
         if svc.dirty.is_empty() {
             return Ok(None);
         }
-        let desired: BTreeMap<EndpointId, Endpoint> = svc
-            .endpoints
+        // Only the changed endpoints and the slices holding them are read.
+        let changed: Vec<(&EndpointId, Option<&Endpoint>)> = svc
+            .dirty
             .iter()
-            .map(|(id, e)| (id.clone(), e.endpoint.clone()))
+            .map(|id| (id, svc.endpoints.get(id).map(|e| &e.endpoint)))
             .collect();
-        let mut slices = svc.slices.clone();
-        let changes = slices.reconcile(&desired);
+        let plan = svc.slices.plan(&changed);
         // Each delta gets its own version, so deltas are ordered as published.
         let version = self.version + 1;
-        let batch = Self::slice_batch(version, key, &svc.spec, &slices, &changes);
-        self.commit(&batch)?;
+        let writes = plan
+            .writes()
+            .map(|(name, m)| (name, m.map(|m| m.keys().cloned().collect())));
+        let batch = Self::slice_batch(version, key, &svc.spec, plan.next_suffix(), writes);
+        self.commit(batch)?;
         self.version = version;
+        let changes = plan.changes.clone();
         let svc = self.services.get_mut(key).expect("checked above");
-        svc.slices = slices;
+        svc.slices.apply(plan);
         svc.version = version;
         let dirty = std::mem::take(&mut svc.dirty);
         let mut delta = ServiceDelta {
@@ -80,7 +84,7 @@ impl Registry {
             return Ok(());
         }
         let version = self.version + 1;
-        self.commit(&Self::slice_batch(
+        self.commit(Self::whole_slice_batch(
             version, key, &svc.spec, &slices, &changes,
         ))?;
         self.version = version;
@@ -91,33 +95,50 @@ impl Registry {
     }
 
     /// The store write for `slices` after `changes`, at `version`.
-    fn slice_batch(
+    fn whole_slice_batch(
         version: u64,
         key: &str,
         spec: &ServiceSpec,
         slices: &SliceSet,
         changes: &SliceChanges,
     ) -> WriteBatch {
-        let record = ServiceRecord {
-            spec: spec.clone(),
-            version,
-            next_slice: slices.next_suffix(),
-        };
-        let mut batch = WriteBatch {
-            version,
-            services: vec![(key.to_owned(), Some(record))],
-            ..WriteBatch::default()
-        };
-        for name in changes.created.iter().chain(&changes.updated) {
+        let written = changes.created.iter().chain(&changes.updated).map(|name| {
             let ids = slices
                 .slice(name)
                 .map(|s| s.endpoints.keys().cloned().collect());
-            batch.slices.push((key.to_owned(), name.clone(), ids));
+            (name.as_str(), ids)
+        });
+        let deleted = changes.deleted.iter().map(|name| (name.as_str(), None));
+        Self::slice_batch(
+            version,
+            key,
+            spec,
+            slices.next_suffix(),
+            written.chain(deleted),
+        )
+    }
+
+    /// The store write of slice rows (`None`: deleted) at `version`.
+    fn slice_batch<'a>(
+        version: u64,
+        key: &str,
+        spec: &ServiceSpec,
+        next_slice: u64,
+        rows: impl Iterator<Item = (&'a str, Option<Vec<EndpointId>>)>,
+    ) -> WriteBatch {
+        let record = ServiceRecord {
+            spec: spec.clone(),
+            version,
+            next_slice,
+        };
+        WriteBatch {
+            version,
+            services: vec![(key.to_owned(), Some(record))],
+            slices: rows
+                .map(|(name, ids)| (key.to_owned(), name.to_owned(), ids))
+                .collect(),
+            ..WriteBatch::default()
         }
-        for name in &changes.deleted {
-            batch.slices.push((key.to_owned(), name.clone(), None));
-        }
-        batch
     }
 
     /// Merges sparse slices of services quiet for `quiet`; returns the
@@ -160,9 +181,7 @@ impl Registry {
             return Ok(None);
         }
         let version = self.version + 1;
-        self.commit(&Self::slice_batch(
-            version, key, &svc.spec, &slices, &changes,
-        ))?;
+        let batch = Self::whole_slice_batch(version, key, &svc.spec, &slices, &changes);
         let upserted = svc
             .endpoints
             .iter()
@@ -172,6 +191,7 @@ impl Registry {
                     .then(|| (e.endpoint.clone(), now_in.to_owned()))
             })
             .collect();
+        self.commit(batch)?;
         self.version = version;
         let svc = self.services.get_mut(key).expect("checked above");
         svc.slices = slices;

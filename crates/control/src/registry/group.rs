@@ -1,0 +1,69 @@
+//! Group commit: several writes staged in memory and written to the store
+//! in one transaction with one fsync. Memory runs ahead of the store only
+//! between [`Registry::begin_group`] and [`Registry::end_group`], both
+//! called under the registry lock, so no reader sees a staged write and
+//! no delta is published before its commit. When the commit fails, memory
+//! is reloaded from the store: memory and store never diverge.
+
+use std::time::Instant;
+
+use super::{Registry, restore};
+use crate::store::StoreError;
+
+/// A group commit that failed: the store refused it and memory was
+/// reloaded from the store.
+#[derive(Debug)]
+pub struct GroupFailed {
+    pub error: StoreError,
+    /// Every service known before or after the reload: each needs a reset
+    /// delta, since subscribers may hold none of the group's changes but
+    /// memory lost the dirty marks of earlier unreconciled writes.
+    pub services: Vec<String>,
+}
+
+impl Registry {
+    /// Starts staging writes: each write changes memory at once and its
+    /// store batch waits for [`Registry::end_group`].
+    pub fn begin_group(&mut self) {
+        self.staged.get_or_insert_with(Vec::new);
+    }
+
+    /// Commits the staged writes in one transaction. On failure memory is
+    /// reloaded from the store, which holds exactly the state before the
+    /// group; when that reload fails too, memory cannot be trusted and
+    /// every later write fails with the reload's error.
+    pub fn end_group(&mut self) -> Result<(), GroupFailed> {
+        let Some(staged) = self.staged.take() else {
+            return Ok(());
+        };
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let Err(error) = store.apply_group(&staged) else {
+            return Ok(());
+        };
+        let mut services = self.service_keys();
+        match store.load() {
+            Ok(loaded) => {
+                self.version = loaded.version;
+                self.services = restore::services(loaded, self.max_per_slice, Instant::now());
+                for key in self.service_keys() {
+                    if self.settle(&key).is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reloading the store after a failed commit");
+                self.broken = Some(e);
+            }
+        }
+        services.extend(self.service_keys());
+        services.sort();
+        services.dedup();
+        Err(GroupFailed { error, services })
+    }
+}
