@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{EndpointInput, ServicePort, ServiceSpec};
 use crate::autoscaler::AutoscaleConfig;
+use crate::kubernetes::KubernetesSource;
 use crate::process_scaler::ProcessSpec;
 use crate::reconciler::{DEFAULT_MAX_PER_SLICE, MAX_MAX_PER_SLICE};
 
@@ -48,6 +49,10 @@ pub struct ControlConfig {
     /// Services (and endpoints) registered at start.
     #[serde(default)]
     pub services: Vec<StaticService>,
+    /// Watch a Kubernetes cluster's Services and EndpointSlices (run by
+    /// the `meshless-kubernetes` crate; see docs/kubernetes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSource>,
 }
 
 /// A service declared in the file.
@@ -165,6 +170,7 @@ impl Default for ControlConfig {
             history: default_history(),
             max_body_bytes: default_max_body_bytes(),
             services: Vec::new(),
+            kubernetes: None,
         }
     }
 }
@@ -228,6 +234,9 @@ impl ControlConfig {
             if let Some(a) = &s.autoscaling {
                 a.validate().at(format!("services[{i}].autoscaling"))?;
             }
+        }
+        if let Some(k) = &self.kubernetes {
+            k.validate().at("kubernetes")?;
         }
         Ok(())
     }
