@@ -70,7 +70,7 @@ pub fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-async fn terminated() -> Result<()> {
+pub async fn terminated() -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     tokio::select! {
@@ -220,7 +220,11 @@ pub fn control(args: ControlArgs) -> Result<()> {
     }
     runtime(None)?.block_on(async {
         let plane = ControlPlane::start(config).await?;
+        let kube = crate::kubernetes::KubeSide::start(&plane).await?;
         terminated().await?;
+        if let Some(k) = kube {
+            k.stop().await;
+        }
         plane.shutdown().await;
         Ok(())
     })
@@ -314,6 +318,7 @@ pub fn up(args: UpArgs) -> Result<()> {
     runtime(None)?.block_on(async {
         let backends = start_backends(&wanted).await?;
         let plane = ControlPlane::start(control).await?;
+        let kube = crate::kubernetes::KubeSide::start(&plane).await?;
         let proxy = Proxy::start(proxy).await?;
         println!(
             "meshless up: control plane API http://{} (gRPC {}), proxy admin http://{}",
@@ -323,6 +328,9 @@ pub fn up(args: UpArgs) -> Result<()> {
         );
         terminated().await?;
         proxy.shutdown().await;
+        if let Some(k) = kube {
+            k.stop().await;
+        }
         plane.shutdown().await;
         for b in backends {
             b.stop().await;

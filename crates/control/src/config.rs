@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{EndpointInput, ServicePort, ServiceSpec};
 use crate::autoscaler::AutoscaleConfig;
-use crate::kubernetes::KubernetesSource;
+use crate::kubernetes::{KubernetesSource, ScaleTarget};
 use crate::process_scaler::ProcessSpec;
 use crate::reconciler::{DEFAULT_MAX_PER_SLICE, MAX_MAX_PER_SLICE};
 
@@ -109,6 +109,9 @@ pub enum ScalerConfig {
     /// POST `{"service": ..., "desired": N}` to `url` on every change;
     /// instances register themselves through the API.
     Webhook { url: String },
+    /// Set a Deployment's (or StatefulSet's) replicas through its `scale`
+    /// subresource; its pods arrive through the Kubernetes source.
+    Kubernetes(ScaleTarget),
 }
 
 impl ServiceScaling {
@@ -127,6 +130,7 @@ impl ServiceScaling {
                 "scaler.webhook.url",
                 "must be an http:// URL",
             )),
+            ScalerConfig::Kubernetes(t) => t.validate().at("scaler.kubernetes"),
             _ => Ok(()),
         }
     }
@@ -233,6 +237,12 @@ impl ControlConfig {
         for (i, s) in self.services.iter().enumerate() {
             if let Some(a) = &s.autoscaling {
                 a.validate().at(format!("services[{i}].autoscaling"))?;
+                if matches!(a.scaler, ScalerConfig::Kubernetes(_)) && self.kubernetes.is_none() {
+                    return Err(FieldError::new(
+                        format!("services[{i}].autoscaling.scaler.kubernetes"),
+                        "needs the top-level `kubernetes:` section (the cluster to talk to)",
+                    ));
+                }
             }
         }
         if let Some(k) = &self.kubernetes {

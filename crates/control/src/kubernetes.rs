@@ -4,7 +4,12 @@
 //! kube's dependency tree stays out of this crate; these types are plain
 //! data so both crates and the binary can share them.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use meshless_model::serde_duration as duration;
 
 use meshless_model::FieldError;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -33,6 +38,53 @@ pub struct KubernetesSource {
     /// matching this selector, e.g. `meshless.io/enabled=true`.
     #[serde(default)]
     pub label_selector: Option<String>,
+    /// The Lease that elects the one replica allowed to scale (used when a
+    /// service has `scaler: kubernetes`); every replica serves the stream.
+    #[serde(default)]
+    pub leader_election: LeaderElection,
+}
+
+/// `kubernetes.leader_election`: a `coordination.k8s.io/v1` Lease, with
+/// client-go's default timings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaderElection {
+    #[serde(default = "default_lease_name")]
+    pub lease_name: String,
+    /// Absent = `$POD_NAMESPACE`, else `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// This replica's name in the Lease; absent = `$POD_NAME`, else `$HOSTNAME`.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// A holder that has not renewed for this long may be replaced.
+    #[serde(default = "default_lease_duration", with = "duration")]
+    pub lease_duration: Duration,
+    /// How often the holder renews and the others try (below `lease_duration`).
+    #[serde(default = "default_retry_period", with = "duration")]
+    pub retry_period: Duration,
+}
+
+fn default_lease_name() -> String {
+    "meshless-control".into()
+}
+fn default_lease_duration() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_retry_period() -> Duration {
+    Duration::from_secs(2)
+}
+
+impl Default for LeaderElection {
+    fn default() -> Self {
+        Self {
+            lease_name: default_lease_name(),
+            namespace: None,
+            identity: None,
+            lease_duration: default_lease_duration(),
+            retry_period: default_retry_period(),
+        }
+    }
 }
 
 impl KubernetesSource {
@@ -53,6 +105,13 @@ impl KubernetesSource {
                 ));
             }
         }
+        let le = &self.leader_election;
+        if le.retry_period.is_zero() || le.retry_period >= le.lease_duration {
+            return Err(FieldError::new(
+                "leader_election.retry_period",
+                "must be above zero and below lease_duration",
+            ));
+        }
         if self.label_selector.as_deref().is_some_and(str::is_empty) {
             return Err(FieldError::new(
                 "label_selector",
@@ -61,6 +120,56 @@ impl KubernetesSource {
         }
         Ok(())
     }
+}
+
+/// `scaler: { kubernetes: ... }` of an autoscaled service: the object whose
+/// `scale` subresource (`autoscaling/v1` Scale) sets its replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleTarget {
+    /// `deployments` (default) or `statefulsets` (group `apps/v1`).
+    #[serde(default = "default_resource")]
+    pub resource: String,
+    pub name: String,
+    /// Absent = the service's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+fn default_resource() -> String {
+    "deployments".into()
+}
+
+impl ScaleTarget {
+    /// Checks the resource kind and the name.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if !matches!(self.resource.as_str(), "deployments" | "statefulsets") {
+            return Err(FieldError::new("resource", "must be deployments or statefulsets"));
+        }
+        if self.name.is_empty() {
+            return Err(FieldError::new("name", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// What a [`ReplicaScaler`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleOutcome {
+    /// The replicas were set.
+    Scaled,
+    /// Another control-plane replica leads: nothing was done.
+    NotLeader,
+}
+
+/// A boxed scale call.
+pub type ScaleFuture<'a> = Pin<Box<dyn Future<Output = Result<ScaleOutcome, String>> + Send + 'a>>;
+
+/// Sets replicas through the Kubernetes API (implemented by the
+/// `meshless-kubernetes` crate, which also elects the one replica that may).
+pub trait ReplicaScaler: Send + Sync + std::fmt::Debug {
+    /// Sets `target`'s replicas in `namespace` to `replicas`.
+    fn scale<'a>(&'a self, namespace: &'a str, target: &'a ScaleTarget, replicas: u32) -> ScaleFuture<'a>;
 }
 
 /// Labels of `meshless_control_kubernetes_events`.
@@ -88,6 +197,10 @@ pub struct KubernetesMetrics {
     pub services: Gauge,
     /// Endpoints skipped: FQDN address type, no address, no matching port.
     pub skipped_endpoints: Counter,
+    /// Scale-subresource writes that succeeded.
+    pub scale_writes: Counter,
+    /// 1 while this replica holds the leader Lease.
+    pub leader: Gauge,
 }
 
 impl KubernetesMetrics {
@@ -123,6 +236,16 @@ impl KubernetesMetrics {
             "skipped_endpoints",
             "Slice endpoints skipped (FQDN, no address, or no port matching the Service)",
             self.skipped_endpoints.clone(),
+        );
+        r.register(
+            "scale_writes",
+            "Replicas set through the scale subresource",
+            self.scale_writes.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this control-plane replica holds the leader Lease",
+            self.leader.clone(),
         );
     }
 }

@@ -88,6 +88,7 @@ impl ControlPlane {
             metrics,
             config: config.clone(),
             auth: Auth::new(token.as_deref()),
+            replica_scaler: std::sync::OnceLock::new(),
         });
         for (index, s) in config.services.iter().enumerate() {
             let key = s.spec().key();

@@ -2,11 +2,12 @@
 //! share: the registry, the distributor, metrics, settings, and the one
 //! bearer-token check both servers apply.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
 
 use crate::config::ControlConfig;
 use crate::distributor::Distributor;
+use crate::kubernetes::ReplicaScaler;
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, RegistryError};
 
@@ -50,6 +51,8 @@ pub struct PlaneState {
     pub metrics: Arc<ControlMetrics>,
     pub config: ControlConfig,
     pub auth: Auth,
+    /// Set once by the Kubernetes side when it starts (`scaler: kubernetes`).
+    pub replica_scaler: OnceLock<Arc<dyn ReplicaScaler>>,
 }
 
 impl PlaneState {

@@ -29,6 +29,7 @@ fn state(batch_period: Duration) -> PlaneState {
             ..ControlConfig::default()
         },
         auth: Auth::new(None),
+        replica_scaler: std::sync::OnceLock::new(),
     }
 }
 

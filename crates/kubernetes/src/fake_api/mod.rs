@@ -13,6 +13,7 @@
 
 mod routes;
 pub mod store;
+pub mod workloads;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
