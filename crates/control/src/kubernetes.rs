@@ -144,7 +144,10 @@ impl ScaleTarget {
     /// Checks the resource kind and the name.
     pub fn validate(&self) -> Result<(), FieldError> {
         if !matches!(self.resource.as_str(), "deployments" | "statefulsets") {
-            return Err(FieldError::new("resource", "must be deployments or statefulsets"));
+            return Err(FieldError::new(
+                "resource",
+                "must be deployments or statefulsets",
+            ));
         }
         if self.name.is_empty() {
             return Err(FieldError::new("name", "must not be empty"));
@@ -169,7 +172,12 @@ pub type ScaleFuture<'a> = Pin<Box<dyn Future<Output = Result<ScaleOutcome, Stri
 /// `meshless-kubernetes` crate, which also elects the one replica that may).
 pub trait ReplicaScaler: Send + Sync + std::fmt::Debug {
     /// Sets `target`'s replicas in `namespace` to `replicas`.
-    fn scale<'a>(&'a self, namespace: &'a str, target: &'a ScaleTarget, replicas: u32) -> ScaleFuture<'a>;
+    fn scale<'a>(
+        &'a self,
+        namespace: &'a str,
+        target: &'a ScaleTarget,
+        replicas: u32,
+    ) -> ScaleFuture<'a>;
 }
 
 /// Labels of `meshless_control_kubernetes_events`.

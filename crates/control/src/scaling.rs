@@ -146,7 +146,10 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
 /// Kubernetes scaler has running (they arrive through the source).
 fn registered(state: &PlaneState, service: &str) -> u32 {
     state.lock().view(service).map_or(0, |v| {
-        v.endpoints.iter().filter(|e| !e.conditions.terminating).count() as u32
+        v.endpoints
+            .iter()
+            .filter(|e| !e.conditions.terminating)
+            .count() as u32
     })
 }
 
@@ -160,7 +163,10 @@ async fn scale_kubernetes(
     desired: u32,
 ) -> Option<u32> {
     let Some(scaler) = state.replica_scaler.get() else {
-        tracing::warn!(service, "scaler kubernetes needs the kubernetes source (`kubernetes:` in the file)");
+        tracing::warn!(
+            service,
+            "scaler kubernetes needs the kubernetes source (`kubernetes:` in the file)"
+        );
         return None;
     };
     let namespace = target

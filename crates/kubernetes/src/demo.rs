@@ -48,8 +48,16 @@ pub async fn run(settings: DemoSettings, stop: watch::Receiver<bool>) -> std::io
     fake.apply(&deployment("demo", "lazy", 0));
     tracing::info!(url = %fake.url(), kubeconfig = %settings.kubeconfig.display(), "fake API server: namespace demo, Services web (3 pods) and lazy (0 pods)");
     let mut tasks = vec![
-        tokio::spawn(workloads::follow(Arc::clone(&fake), workload("web"), stop.clone())),
-        tokio::spawn(workloads::follow(Arc::clone(&fake), workload("lazy"), stop.clone())),
+        tokio::spawn(workloads::follow(
+            Arc::clone(&fake),
+            workload("web"),
+            stop.clone(),
+        )),
+        tokio::spawn(workloads::follow(
+            Arc::clone(&fake),
+            workload("lazy"),
+            stop.clone(),
+        )),
     ];
     if let Some(every) = settings.roll_every {
         tasks.push(tokio::spawn(roll(Arc::clone(&fake), every, stop.clone())));
@@ -75,7 +83,7 @@ async fn roll(fake: Arc<FakeApiServer>, every: Duration, mut stop: watch::Receiv
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return,
+            _ = crate::stopped(&mut stop) => return,
         }
         tracing::info!("fake API server: rolling demo/web");
         // Scale up by one then down by one, three times: the follower

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -107,7 +107,10 @@ impl Elector {
         } else {
             self.spec(transitions + 1, None)
         });
-        let written = self.api.replace(&name, &PostParams::default(), &lease).await;
+        let written = self
+            .api
+            .replace(&name, &PostParams::default(), &lease)
+            .await;
         self.write(written)
     }
 
@@ -162,7 +165,7 @@ impl Elector {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.wait_for(|s| *s) => break,
+                _ = crate::stopped(&mut stop) => break,
             }
             let holds = match self.try_acquire_or_renew().await {
                 Ok(h) => h,

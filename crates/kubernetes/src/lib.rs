@@ -58,8 +58,16 @@ pub async fn start(
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "default".into());
         let identity = le.identity.clone().unwrap_or_else(default_identity);
-        let elector = lease::Elector::new(kube::Api::namespaced(client.clone(), &namespace), le, identity);
-        tasks.push(tokio::spawn(elector.run(leader, metrics.leader, stop.clone())));
+        let elector = lease::Elector::new(
+            kube::Api::namespaced(client.clone(), &namespace),
+            le,
+            identity,
+        );
+        tasks.push(tokio::spawn(elector.run(
+            leader,
+            metrics.leader,
+            stop.clone(),
+        )));
     }
     let source = source::Source::new(state);
     tasks.push(tokio::spawn(source.run(client, cfg, stop)));
@@ -71,4 +79,9 @@ fn default_identity() -> String {
     std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| format!("meshless-control-{}", std::process::id()))
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }

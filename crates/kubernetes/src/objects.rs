@@ -5,9 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
-};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::slices_cache::SERVICE_NAME_LABEL;

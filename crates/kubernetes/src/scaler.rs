@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use meshless_control::kubernetes::{KubernetesMetrics, ReplicaScaler, ScaleFuture, ScaleOutcome, ScaleTarget};
+use meshless_control::kubernetes::{
+    KubernetesMetrics, ReplicaScaler, ScaleFuture, ScaleOutcome, ScaleTarget,
+};
 
 /// The Kubernetes [`ReplicaScaler`].
 #[derive(Clone)]
@@ -38,7 +40,12 @@ impl KubeScaler {
         }
     }
 
-    async fn patch(&self, namespace: &str, target: &ScaleTarget, replicas: u32) -> Result<(), kube::Error> {
+    async fn patch(
+        &self,
+        namespace: &str,
+        target: &ScaleTarget,
+        replicas: u32,
+    ) -> Result<(), kube::Error> {
         let patch = Patch::Merge(serde_json::json!({ "spec": { "replicas": replicas } }));
         let params = PatchParams::default();
         match target.resource.as_str() {
@@ -56,7 +63,12 @@ impl KubeScaler {
 }
 
 impl ReplicaScaler for KubeScaler {
-    fn scale<'a>(&'a self, namespace: &'a str, target: &'a ScaleTarget, replicas: u32) -> ScaleFuture<'a> {
+    fn scale<'a>(
+        &'a self,
+        namespace: &'a str,
+        target: &'a ScaleTarget,
+        replicas: u32,
+    ) -> ScaleFuture<'a> {
         Box::pin(async move {
             if !self.leader.load(Ordering::SeqCst) {
                 return Ok(ScaleOutcome::NotLeader);

@@ -96,12 +96,14 @@ impl SliceCache {
     pub fn apply_slice(&mut self, slice: EndpointSlice) -> Vec<ServiceKey> {
         let id = slice_id(&slice);
         let mut changed = self.remove_slice_id(&id);
-        let (Some(k), Some(name)) = (slice_service_key(&slice), slice.metadata.name.clone())
-        else {
+        let (Some(k), Some(name)) = (slice_service_key(&slice), slice.metadata.name.clone()) else {
             return changed;
         };
         self.slice_service.insert(id, k.clone());
-        self.slices.entry(k.clone()).or_default().insert(name, slice);
+        self.slices
+            .entry(k.clone())
+            .or_default()
+            .insert(name, slice);
         if !changed.contains(&k) {
             changed.push(k);
         }
@@ -129,9 +131,17 @@ impl SliceCache {
 
     /// Replaces every Service in `scope` (a namespace, or `None` for all)
     /// after a full list; returns every key that was or is now present.
-    pub fn replace_services(&mut self, scope: Option<&str>, services: Vec<Service>) -> Vec<ServiceKey> {
-        let mut touched: Vec<ServiceKey> =
-            self.services.keys().filter(|k| in_scope(k, scope)).cloned().collect();
+    pub fn replace_services(
+        &mut self,
+        scope: Option<&str>,
+        services: Vec<Service>,
+    ) -> Vec<ServiceKey> {
+        let mut touched: Vec<ServiceKey> = self
+            .services
+            .keys()
+            .filter(|k| in_scope(k, scope))
+            .cloned()
+            .collect();
         self.services.retain(|k, _| !in_scope(k, scope));
         for s in services {
             if let Some(k) = self.apply_service(s) {
@@ -145,9 +155,17 @@ impl SliceCache {
 
     /// Replaces every slice in `scope` after a full list; returns every
     /// service key that had or now has slices.
-    pub fn replace_slices(&mut self, scope: Option<&str>, slices: Vec<EndpointSlice>) -> Vec<ServiceKey> {
-        let gone: Vec<String> =
-            self.slice_service.keys().filter(|id| in_scope(id, scope)).cloned().collect();
+    pub fn replace_slices(
+        &mut self,
+        scope: Option<&str>,
+        slices: Vec<EndpointSlice>,
+    ) -> Vec<ServiceKey> {
+        let gone: Vec<String> = self
+            .slice_service
+            .keys()
+            .filter(|id| in_scope(id, scope))
+            .cloned()
+            .collect();
         let mut touched = Vec::new();
         for id in gone {
             touched.extend(self.remove_slice_id(&id));

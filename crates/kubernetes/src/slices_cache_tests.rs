@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::discovery::v1::EndpointConditions;
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointPort};
 use proptest::prelude::*;
 
 use super::*;
@@ -19,7 +19,14 @@ fn ep(pod: &str, ip: &str) -> SliceEndpoint {
 #[test]
 fn a_service_without_slices_has_no_endpoints_and_slices_without_a_service_are_not_served() {
     let mut c = SliceCache::default();
-    c.apply_slice(slice("ns", "web-a", "web", "IPv4", ("http", 8080), vec![ep("p1", "10.0.0.1")]));
+    c.apply_slice(slice(
+        "ns",
+        "web-a",
+        "web",
+        "IPv4",
+        ("http", 8080),
+        vec![ep("p1", "10.0.0.1")],
+    ));
     assert_eq!(c.desired("ns/web"), None, "no Service yet");
     c.apply_service(service("ns", "web", &[("http", 80)]));
     let d = c.desired("ns/web").unwrap();
@@ -62,7 +69,14 @@ fn ports_are_matched_by_name_and_the_annotation_chooses_one() {
     let mut c = SliceCache::default();
     let mut svc = service("ns", "web", &[("http", 80), ("admin", 9000)]);
     c.apply_service(svc.clone());
-    let mut s = slice("ns", "web-a", "web", "IPv4", ("admin", 9901), vec![ep("p1", "10.0.0.1")]);
+    let mut s = slice(
+        "ns",
+        "web-a",
+        "web",
+        "IPv4",
+        ("admin", 9901),
+        vec![ep("p1", "10.0.0.1")],
+    );
     s.ports.as_mut().unwrap().push(EndpointPort {
         name: Some("http".into()),
         port: Some(8080),
@@ -76,15 +90,33 @@ fn ports_are_matched_by_name_and_the_annotation_chooses_one() {
     assert_eq!(c.desired("ns/web").unwrap().endpoints[0].port, 9901);
     svc.metadata.annotations = Some(BTreeMap::from([(PORT_ANNOTATION.into(), "9000".into())]));
     c.apply_service(svc);
-    assert_eq!(c.desired("ns/web").unwrap().endpoints[0].port, 9901, "by number");
+    assert_eq!(
+        c.desired("ns/web").unwrap().endpoints[0].port,
+        9901,
+        "by number"
+    );
 }
 
 #[test]
 fn fqdn_slices_and_unparsable_addresses_are_skipped_and_counted() {
     let mut c = SliceCache::default();
     c.apply_service(service("ns", "web", &[("http", 80)]));
-    c.apply_slice(slice("ns", "web-f", "web", "FQDN", ("http", 80), vec![ep("p1", "db.example")]));
-    c.apply_slice(slice("ns", "web-a", "web", "IPv4", ("http", 80), vec![ep("p2", "not-an-ip"), ep("p3", "10.0.0.3")]));
+    c.apply_slice(slice(
+        "ns",
+        "web-f",
+        "web",
+        "FQDN",
+        ("http", 80),
+        vec![ep("p1", "db.example")],
+    ));
+    c.apply_slice(slice(
+        "ns",
+        "web-a",
+        "web",
+        "IPv4",
+        ("http", 80),
+        vec![ep("p2", "not-an-ip"), ep("p3", "10.0.0.3")],
+    ));
     let d = c.desired("ns/web").unwrap();
     assert_eq!(ids(&d), ["p3"]);
     assert_eq!(d.skipped, 2);
@@ -94,8 +126,22 @@ fn fqdn_slices_and_unparsable_addresses_are_skipped_and_counted() {
 fn dual_stack_slices_name_one_endpoint_with_both_addresses() {
     let mut c = SliceCache::default();
     c.apply_service(service("ns", "web", &[("http", 80)]));
-    c.apply_slice(slice("ns", "web-4", "web", "IPv4", ("http", 80), vec![ep("p1", "10.0.0.1")]));
-    c.apply_slice(slice("ns", "web-6", "web", "IPv6", ("http", 80), vec![ep("p1", "fd00::1")]));
+    c.apply_slice(slice(
+        "ns",
+        "web-4",
+        "web",
+        "IPv4",
+        ("http", 80),
+        vec![ep("p1", "10.0.0.1")],
+    ));
+    c.apply_slice(slice(
+        "ns",
+        "web-6",
+        "web",
+        "IPv6",
+        ("http", 80),
+        vec![ep("p1", "fd00::1")],
+    ));
     let d = c.desired("ns/web").unwrap();
     assert_eq!(ids(&d), ["p1"]);
     assert_eq!(d.endpoints[0].addresses.len(), 2);
@@ -106,8 +152,22 @@ fn a_relabelled_slice_leaves_its_old_service() {
     let mut c = SliceCache::default();
     c.apply_service(service("ns", "a", &[("http", 80)]));
     c.apply_service(service("ns", "b", &[("http", 80)]));
-    c.apply_slice(slice("ns", "s1", "a", "IPv4", ("http", 80), vec![ep("p1", "10.0.0.1")]));
-    let changed = c.apply_slice(slice("ns", "s1", "b", "IPv4", ("http", 80), vec![ep("p1", "10.0.0.1")]));
+    c.apply_slice(slice(
+        "ns",
+        "s1",
+        "a",
+        "IPv4",
+        ("http", 80),
+        vec![ep("p1", "10.0.0.1")],
+    ));
+    let changed = c.apply_slice(slice(
+        "ns",
+        "s1",
+        "b",
+        "IPv4",
+        ("http", 80),
+        vec![ep("p1", "10.0.0.1")],
+    ));
     assert_eq!(changed, ["ns/a", "ns/b"]);
     assert!(c.desired("ns/a").unwrap().endpoints.is_empty());
     assert_eq!(ids(&c.desired("ns/b").unwrap()), ["p1"]);
@@ -121,15 +181,38 @@ fn build(case: &SliceCase) -> EndpointSlice {
         .1
         .iter()
         .map(|(pod, ready)| {
-            let state = if *ready { PodState::Ready } else { PodState::Starting };
-            pod_endpoint(&format!("p{pod}"), &format!("10.0.0.{pod}"), state, "n", "z")
+            let state = if *ready {
+                PodState::Ready
+            } else {
+                PodState::Starting
+            };
+            pod_endpoint(
+                &format!("p{pod}"),
+                &format!("10.0.0.{pod}"),
+                state,
+                "n",
+                "z",
+            )
         })
         .collect();
-    slice("ns", &format!("web-{}", case.0), "web", "IPv4", ("", 8080), eps)
+    slice(
+        "ns",
+        &format!("web-{}", case.0),
+        "web",
+        "IPv4",
+        ("", 8080),
+        eps,
+    )
 }
 
 fn cases() -> impl Strategy<Value = Vec<SliceCase>> {
-    prop::collection::vec((0u8..6, prop::collection::vec((0u8..12, any::<bool>()), 0..6)), 0..6)
+    prop::collection::vec(
+        (
+            0u8..6,
+            prop::collection::vec((0u8..12, any::<bool>()), 0..6),
+        ),
+        0..6,
+    )
 }
 
 proptest! {

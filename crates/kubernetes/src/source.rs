@@ -34,8 +34,11 @@ use crate::slices_cache::{Desired, ServiceKey, SliceCache};
 
 /// One watch event, tagged with what was watched.
 enum Update {
-    Service(Option<String>, Result<Event<Service>, watcher::Error>),
-    Slice(Option<String>, Result<Event<EndpointSlice>, watcher::Error>),
+    Service(Option<String>, Box<Result<Event<Service>, watcher::Error>>),
+    Slice(
+        Option<String>,
+        Box<Result<Event<EndpointSlice>, watcher::Error>>,
+    ),
 }
 
 /// The watch streams of every resource and namespace, as one stream.
@@ -63,14 +66,14 @@ fn streams(client: &kube::Client, cfg: &KubernetesSource) -> SelectAll<BoxStream
             watch_stream(services, config.clone())
                 .default_backoff()
                 .into_stream()
-                .map(move |e| Update::Service(s.clone(), e))
+                .map(move |e| Update::Service(s.clone(), Box::new(e)))
                 .boxed(),
         );
         all.push(
             watch_stream(slices, config.clone())
                 .default_backoff()
                 .into_stream()
-                .map(move |e| Update::Slice(scope.clone(), e))
+                .map(move |e| Update::Slice(scope.clone(), Box::new(e)))
                 .boxed(),
         );
     }
@@ -119,11 +122,16 @@ impl Source {
     }
 
     /// Watches until `stop` turns true.
-    pub async fn run(mut self, client: kube::Client, cfg: KubernetesSource, mut stop: watch::Receiver<bool>) {
+    pub async fn run(
+        mut self,
+        client: kube::Client,
+        cfg: KubernetesSource,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut updates = streams(&client, &cfg);
         loop {
             tokio::select! {
-                _ = stop.wait_for(|s| *s) => return,
+                _ = crate::stopped(&mut stop) => return,
                 next = updates.next() => match next {
                     Some(u) => self.handle(u),
                     None => return,
@@ -148,18 +156,25 @@ impl Source {
 
     fn handle(&mut self, update: Update) {
         let touched = match update {
-            Update::Service(scope, Ok(e)) => self.service_event(scope, e),
-            Update::Slice(scope, Ok(e)) => self.slice_event(scope, e),
-            Update::Service(_, Err(e)) | Update::Slice(_, Err(e)) => {
-                self.metrics().errors.inc();
-                tracing::warn!(error = %e, "kubernetes watch error; serving the last state, retrying with backoff");
-                Vec::new()
-            }
+            Update::Service(scope, e) => match *e {
+                Ok(e) => self.service_event(scope, e),
+                Err(e) => self.error(&e),
+            },
+            Update::Slice(scope, e) => match *e {
+                Ok(e) => self.slice_event(scope, e),
+                Err(e) => self.error(&e),
+            },
         };
         for key in touched {
             self.sync(&key);
         }
         self.metrics().services.set(self.written.len() as i64);
+    }
+
+    fn error(&self, e: &watcher::Error) -> Vec<ServiceKey> {
+        self.metrics().errors.inc();
+        tracing::warn!(error = %e, "kubernetes watch error; serving the last state, retrying with backoff");
+        Vec::new()
     }
 
     fn service_event(&mut self, scope: Option<String>, e: Event<Service>) -> Vec<ServiceKey> {
@@ -233,7 +248,9 @@ impl Source {
         reg.release(key);
         match reg.delete_service(key) {
             Ok(delta) => self.state.distributor.publish(&delta, committed),
-            Err(e) => tracing::error!(service = key, error = %e, "cannot remove kubernetes service"),
+            Err(e) => {
+                tracing::error!(service = key, error = %e, "cannot remove kubernetes service")
+            }
         }
         tracing::info!(service = key, "kubernetes service removed");
     }

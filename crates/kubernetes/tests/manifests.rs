@@ -21,15 +21,25 @@ fn repo() -> PathBuf {
 
 /// The rendered documents, or `None` when kubectl is not installed.
 fn render(dir: &str) -> Option<Vec<Value>> {
-    let out = match Command::new("kubectl").arg("kustomize").arg(repo().join(dir)).output() {
+    let out = match Command::new("kubectl")
+        .arg("kustomize")
+        .arg(repo().join(dir))
+        .output()
+    {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("SKIPPED: kubectl is not installed (.ci/run installs it); {dir} not rendered");
+            eprintln!(
+                "SKIPPED: kubectl is not installed (.ci/run installs it); {dir} not rendered"
+            );
             return None;
         }
         Err(e) => panic!("kubectl: {e}"),
     };
-    assert!(out.status.success(), "kubectl kustomize {dir}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     Some(
         text.split("\n---\n")
@@ -64,8 +74,18 @@ fn check_typed<K: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -
     let typed: K = serde_json::from_value(doc.clone())
         .unwrap_or_else(|e| panic!("{} {}: {e}", doc["kind"], doc["metadata"]["name"]));
     let mut unknown = Vec::new();
-    unknown_fields(doc, &serde_json::to_value(&typed).unwrap(), "", &mut unknown);
-    assert!(unknown.is_empty(), "{} {}: unknown fields {unknown:?}", doc["kind"], doc["metadata"]["name"]);
+    unknown_fields(
+        doc,
+        &serde_json::to_value(&typed).unwrap(),
+        "",
+        &mut unknown,
+    );
+    assert!(
+        unknown.is_empty(),
+        "{} {}: unknown fields {unknown:?}",
+        doc["kind"],
+        doc["metadata"]["name"]
+    );
     typed
 }
 
@@ -97,7 +117,10 @@ fn check_config_map(cm: &ConfigMap) {
     let data = cm.data.clone().unwrap_or_default();
     if let Some(text) = data.get("control.yaml") {
         let c = ControlConfig::parse(text, "control.yaml").unwrap();
-        assert!(c.kubernetes.is_some(), "the in-cluster control plane watches the cluster");
+        assert!(
+            c.kubernetes.is_some(),
+            "the in-cluster control plane watches the cluster"
+        );
     }
     if let Some(text) = data.get("proxy.yaml") {
         ProxyConfig::parse(text, "proxy.yaml").unwrap();
@@ -106,38 +129,79 @@ fn check_config_map(cm: &ConfigMap) {
 
 fn check_control(d: &Deployment) {
     let spec = d.spec.as_ref().unwrap();
-    assert!(spec.replicas.unwrap_or(1) >= 2, "two replicas at least: one leads, both serve");
+    assert!(
+        spec.replicas.unwrap_or(1) >= 2,
+        "two replicas at least: one leads, both serve"
+    );
     let pod = spec.template.spec.as_ref().unwrap();
     let c = &pod.containers[0];
-    let probe = c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    let probe = c
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
     assert_eq!(probe.path.as_deref(), Some("/ready"));
-    assert!(c.resources.as_ref().unwrap().requests.is_some(), "resource requests");
+    assert!(
+        c.resources.as_ref().unwrap().requests.is_some(),
+        "resource requests"
+    );
     let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"), "{env:?}");
+    assert!(
+        env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"),
+        "{env:?}"
+    );
 }
 
 fn check_proxy(ds: &DaemonSet) {
     let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     let grace = pod.termination_grace_period_seconds.unwrap();
-    assert!(grace > 30, "grace {grace}s must exceed the proxy's 30s drain");
+    assert!(
+        grace > 30,
+        "grace {grace}s must exceed the proxy's 30s drain"
+    );
     let env = pod.containers[0].env.clone().unwrap_or_default();
     let node = env.iter().find(|e| e.name == "MESHLESS_NODE_NAME").unwrap();
-    let field = node.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+    let field = node
+        .value_from
+        .as_ref()
+        .unwrap()
+        .field_ref
+        .as_ref()
+        .unwrap();
     assert_eq!(field.field_path, "spec.nodeName");
 }
 
 #[test]
 fn the_base_and_the_overlay_render_to_valid_objects_and_configs() {
-    let Some(base) = render("deploy/base") else { return };
+    let Some(base) = render("deploy/base") else {
+        return;
+    };
     let kinds = check_all(&base);
-    for want in ["ClusterRole", "ConfigMap", "DaemonSet", "Deployment", "PodDisruptionBudget", "Role", "ServiceAccount"] {
-        assert!(kinds.iter().any(|k| k == want), "{want} missing from {kinds:?}");
+    for want in [
+        "ClusterRole",
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Role",
+        "ServiceAccount",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == want),
+            "{want} missing from {kinds:?}"
+        );
     }
-    let Some(overlay) = render("deploy/overlays/example") else { return };
+    let Some(overlay) = render("deploy/overlays/example") else {
+        return;
+    };
     check_all(&overlay);
     let ds = overlay.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
     assert_eq!(ds["spec"]["template"]["spec"]["hostNetwork"], true);
-    let image = ds["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap();
+    let image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap();
     assert!(image.ends_with("meshless:0.1.0"), "{image}");
 }
 
@@ -147,6 +211,11 @@ fn unknown_fields_are_found() {
         "metadata": {"name": "x", "lables": {"a": "b"}}});
     let typed: ServiceAccount = serde_json::from_value(doc.clone()).unwrap();
     let mut unknown = Vec::new();
-    unknown_fields(&doc, &serde_json::to_value(&typed).unwrap(), "", &mut unknown);
+    unknown_fields(
+        &doc,
+        &serde_json::to_value(&typed).unwrap(),
+        "",
+        &mut unknown,
+    );
     assert_eq!(unknown, [".metadata.lables"]);
 }

@@ -30,31 +30,49 @@ fn control_yaml(kubeconfig: &std::path::Path, identity: &str) -> String {
     )
 }
 
-async fn plane(yaml: &str) -> (ControlPlane, watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
+async fn plane(
+    yaml: &str,
+) -> (
+    ControlPlane,
+    watch::Sender<bool>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
     let config = ControlConfig::parse(yaml, "control.yaml").unwrap();
     let plane = ControlPlane::start(config.clone()).await.unwrap();
     let (stop, stopped) = watch::channel(false);
-    let tasks = meshless_kubernetes::start(plane.state.clone(), config.kubernetes.unwrap(), stopped)
-        .await
-        .unwrap();
+    let tasks =
+        meshless_kubernetes::start(plane.state.clone(), config.kubernetes.unwrap(), stopped)
+            .await
+            .unwrap();
     (plane, stop, tasks)
 }
 
 async fn fake_with_lazy() -> Arc<FakeApiServer> {
-    let fake = Arc::new(FakeApiServer::start("127.0.0.1:0".parse().unwrap()).await.unwrap());
+    let fake = Arc::new(
+        FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap(),
+    );
     fake.apply(&service("shop", "lazy", &[("http", 80)]));
     fake.apply(&deployment("shop", "lazy", 0));
     fake
 }
 
 fn is_leader(p: &ControlPlane) -> bool {
-    metric(&p.state.metrics.encode(), "meshless_control_kubernetes_leader") == 1.0
+    metric(
+        &p.state.metrics.encode(),
+        "meshless_control_kubernetes_leader",
+    ) == 1.0
 }
 
 #[test]
 fn the_kubernetes_scaler_needs_the_kubernetes_section() {
     let yaml = control_yaml(std::path::Path::new("/k"), "a");
-    let without: String = yaml.split("services:").nth(1).map(|s| format!("services:{s}")).unwrap();
+    let without: String = yaml
+        .split("services:")
+        .nth(1)
+        .map(|s| format!("services:{s}"))
+        .unwrap();
     match ControlConfig::parse(&without, "c.yaml") {
         Err(ControlConfigError::Invalid { error, .. }) => {
             assert_eq!(error.path, "services[0].autoscaling.scaler.kubernetes");
@@ -89,7 +107,9 @@ async fn the_first_request_scales_a_deployment_from_zero() {
          clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n",
         plane.grpc_addr()
     );
-    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap()).await.unwrap();
+    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
+        .await
+        .unwrap();
     let addr = proxy.listener_addr("web").await.unwrap();
     // The service is known (with no endpoint) before the request is sent.
     eventually("the service reaches the registry", || async {
@@ -97,7 +117,9 @@ async fn the_first_request_scales_a_deployment_from_zero() {
     })
     .await;
     assert_eq!(routed(&client(), addr).await.as_deref(), Some("lazy-1"));
-    let replicas = fake.get::<Deployment>("shop", "lazy").and_then(|d| d.spec?.replicas);
+    let replicas = fake
+        .get::<Deployment>("shop", "lazy")
+        .and_then(|d| d.spec?.replicas);
     assert_eq!(replicas, Some(1));
     assert!(
         fake.requests()
@@ -107,7 +129,10 @@ async fn the_first_request_scales_a_deployment_from_zero() {
         fake.requests()
     );
     let view = plane.state.lock().view("shop/lazy").unwrap();
-    assert!(!view.endpoints[0].conditions.ready, "answered before the pod was marked ready");
+    assert!(
+        !view.endpoints[0].conditions.ready,
+        "answered before the pod was marked ready"
+    );
     let _ = stop.send(true);
     let _ = stop_pods.send(true);
     follower.await.unwrap();
@@ -127,7 +152,9 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
     // b has tried at least once: the Lease has been read since b started.
     let reads = fake.requests().len();
     eventually("cp-b tries the Lease", || async {
-        fake.requests()[reads..].iter().any(|r| r.contains("/leases/meshless-control"))
+        fake.requests()[reads..]
+            .iter()
+            .any(|r| r.contains("/leases/meshless-control"))
     })
     .await;
     assert!(is_leader(&a) && !is_leader(&b), "one leader");
@@ -138,9 +165,19 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
         namespace: None,
     };
     let scale = |p: &ControlPlane| Arc::clone(p.state.replica_scaler.get().unwrap());
-    assert_eq!(scale(&b).scale("shop", &target, 2).await, Ok(ScaleOutcome::NotLeader));
-    assert_eq!(scale(&a).scale("shop", &target, 2).await, Ok(ScaleOutcome::Scaled));
-    assert_eq!(fake.get::<Deployment>("shop", "lazy").and_then(|d| d.spec?.replicas), Some(2));
+    assert_eq!(
+        scale(&b).scale("shop", &target, 2).await,
+        Ok(ScaleOutcome::NotLeader)
+    );
+    assert_eq!(
+        scale(&a).scale("shop", &target, 2).await,
+        Ok(ScaleOutcome::Scaled)
+    );
+    assert_eq!(
+        fake.get::<Deployment>("shop", "lazy")
+            .and_then(|d| d.spec?.replicas),
+        Some(2)
+    );
 
     // a dies without releasing the Lease: b takes over once the record has
     // not changed for the lease duration.
@@ -148,10 +185,17 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
         t.abort();
     }
     eventually("cp-b takes over", || async { is_leader(&b) }).await;
-    let lease = fake.get::<Lease>("shop", "meshless-control").unwrap().spec.unwrap();
+    let lease = fake
+        .get::<Lease>("shop", "meshless-control")
+        .unwrap()
+        .spec
+        .unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some("cp-b"));
     assert_eq!(lease.lease_transitions, Some(1));
-    assert_eq!(scale(&b).scale("shop", &target, 0).await, Ok(ScaleOutcome::Scaled));
+    assert_eq!(
+        scale(&b).scale("shop", &target, 0).await,
+        Ok(ScaleOutcome::Scaled)
+    );
 
     // A clean stop releases the Lease at once.
     let _ = stop_b.send(true);

@@ -18,7 +18,10 @@ use meshless_kubernetes::objects::{PodState, service};
 fn slice_lists(fake: &meshless_kubernetes::fake_api::FakeApiServer) -> usize {
     fake.requests()
         .iter()
-        .filter(|r| r.starts_with("GET /apis/discovery.k8s.io/v1/endpointslices") && !r.contains("watch=true"))
+        .filter(|r| {
+            r.starts_with("GET /apis/discovery.k8s.io/v1/endpointslices")
+                && !r.contains("watch=true")
+        })
         .count()
 }
 
@@ -46,7 +49,11 @@ async fn list_watch_bookmark_410_outage_and_deletion_reach_the_proxy() {
         view.is_some_and(|v| v.endpoints.len() == 3)
     })
     .await;
-    assert_eq!(cluster_addresses(&proxy).await.len(), 2, "not ready: not routed");
+    assert_eq!(
+        cluster_addresses(&proxy).await.len(),
+        2,
+        "not ready: not routed"
+    );
     fake.apply(&pod_slice("cart", &c, PodState::Ready));
     wait_holds(&proxy, &[&a, &b, &c], "the pod once ready").await;
 
@@ -54,7 +61,12 @@ async fn list_watch_bookmark_410_outage_and_deletion_reach_the_proxy() {
     let lists = slice_lists(fake);
     fake.bookmark();
     fake.apply(&pod_slice("cart", &c, PodState::Terminating));
-    wait_holds(&proxy, &[&a, &b], "a terminating pod is not routed while others are ready").await;
+    wait_holds(
+        &proxy,
+        &[&a, &b],
+        "a terminating pod is not routed while others are ready",
+    )
+    .await;
     assert_eq!(slice_lists(fake), lists, "no relist after a bookmark");
 
     // 4. The API server goes down: the proxy keeps routing (static
@@ -66,13 +78,22 @@ async fn list_watch_bookmark_410_outage_and_deletion_reach_the_proxy() {
         cluster.metric("meshless_control_kubernetes_errors_total") >= 1.0
     })
     .await;
-    assert_eq!(answering(&client, addr, 20).await.unwrap(), ["a", "b"], "static stability");
+    assert_eq!(
+        answering(&client, addr, 20).await.unwrap(),
+        ["a", "b"],
+        "static stability"
+    );
     fake.delete::<EndpointSlice>("shop", "cart-c");
     fake.delete::<EndpointSlice>("shop", "cart-b");
     fake.compact();
     let relists = cluster.metric("meshless_control_kubernetes_relists_total");
     fake.set_down(false);
-    wait_holds(&proxy, &[&a], "the relist after 410 drops the deleted slices").await;
+    wait_holds(
+        &proxy,
+        &[&a],
+        "the relist after 410 drops the deleted slices",
+    )
+    .await;
     assert!(cluster.metric("meshless_control_kubernetes_relists_total") > relists);
     assert!(
         fake.requests().iter().any(|r| r.contains("watch=true")),
@@ -103,7 +124,10 @@ async fn list_watch_bookmark_410_outage_and_deletion_reach_the_proxy() {
     })
     .await;
     let page = cluster.plane.state.metrics.encode();
-    assert!(page.contains("meshless_control_kubernetes_events_total"), "{page}");
+    assert!(
+        page.contains("meshless_control_kubernetes_events_total"),
+        "{page}"
+    );
     assert!(cluster.metric("meshless_control_kubernetes_last_sync_timestamp_seconds") > 0.0);
 }
 
@@ -162,6 +186,14 @@ async fn a_rolling_update_under_traffic_fails_no_request() {
     for c in clients {
         c.await.unwrap();
     }
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "{} ok", ok.load(Ordering::Relaxed));
-    assert_eq!(answering(&client(), addr, 20).await.unwrap(), ["v2-a", "v2-b"]);
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "{} ok",
+        ok.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        answering(&client(), addr, 20).await.unwrap(),
+        ["v2-a", "v2-b"]
+    );
 }

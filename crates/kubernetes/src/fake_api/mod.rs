@@ -32,6 +32,11 @@ use tokio::sync::watch;
 
 use store::Store;
 
+/// The error that drops a connection while the server is "down".
+#[derive(Debug, thiserror::Error)]
+#[error("fake API server is down")]
+struct Down;
+
 /// Every response body.
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -142,7 +147,11 @@ impl FakeApiServer {
         namespace: &str,
         name: &str,
     ) -> Option<K> {
-        let key = (plural::<K>().to_owned(), namespace.to_owned(), name.to_owned());
+        let key = (
+            plural::<K>().to_owned(),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
         let value = self.shared.store().objects.get(&key).cloned()?;
         serde_json::from_value(value).ok()
     }
@@ -166,7 +175,8 @@ impl FakeApiServer {
         self.shared.notify();
     }
 
-    /// While down, every request answers 503 and open watches end.
+    /// While down, connections are dropped without an answer and open
+    /// watches end.
     pub fn set_down(&self, down: bool) {
         self.shared.down.store(down, Ordering::SeqCst);
         self.end_watches();
@@ -185,7 +195,7 @@ impl FakeApiServer {
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
         let stream = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
+            _ = crate::stopped(&mut stop) => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(_) => {
@@ -199,12 +209,19 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(routes::handle(shared, req).await) }
+                async move {
+                    // Down: the connection is dropped without an answer, as
+                    // when the API server's process is gone.
+                    if shared.down.load(Ordering::SeqCst) {
+                        return Err(Down);
+                    }
+                    Ok::<_, Down>(routes::handle(shared, req).await)
+                }
             });
             let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
-                _ = stop.wait_for(|s| *s) => {}
+                _ = crate::stopped(&mut stop) => {}
             }
         });
     }

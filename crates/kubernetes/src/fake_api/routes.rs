@@ -122,16 +122,15 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push(line);
-    if shared.down.load(Ordering::SeqCst) {
-        return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "fake API server is down");
-    }
     let Some(target) = parse_path(req.uri().path()) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "no such path");
     };
     let q = query(&req);
     let method = req.method().clone();
     match (method, target.name.is_some(), target.subresource.as_deref()) {
-        (Method::GET, false, None) if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) => {
+        (Method::GET, false, None)
+            if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) =>
+        {
             watch(shared, &target, &q)
         }
         (Method::GET, false, None) => list(&shared, &target, &q),
@@ -146,7 +145,11 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
             Err(r) => r,
         },
         (Method::DELETE, true, None) => delete(&shared, &target),
-        _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not supported by the fake"),
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "not supported by the fake",
+        ),
     }
 }
 
@@ -154,21 +157,26 @@ async fn body(req: Request<Incoming>) -> Result<Value, Response<Body>> {
     let bytes = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
-        .map_err(|_| status(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", "body too large"))?
+        .map_err(|_| {
+            status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                "body too large",
+            )
+        })?
         .to_bytes();
     serde_json::from_slice(&bytes)
         .map_err(|e| status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()))
 }
 
-fn selector(q: &BTreeMap<String, String>) -> Result<Selector, Response<Body>> {
+fn selector(q: &BTreeMap<String, String>) -> Result<Selector, String> {
     Selector::parse(q.get("labelSelector").map_or("", String::as_str))
-        .map_err(|e| status(StatusCode::BAD_REQUEST, "BadRequest", &e))
 }
 
 fn list(shared: &Shared, t: &Target, q: &BTreeMap<String, String>) -> Response<Body> {
     let sel = match selector(q) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e),
     };
     let store = shared.store();
     let items = store.list(&t.resource, t.namespace.as_deref(), &sel);
@@ -190,7 +198,11 @@ fn key(t: &Target) -> (String, String, String) {
 
 fn not_found(t: &Target) -> Response<Body> {
     let name = t.name.as_deref().unwrap_or_default();
-    status(StatusCode::NOT_FOUND, "NotFound", &format!("{} {name:?} not found", t.resource))
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        &format!("{} {name:?} not found", t.resource),
+    )
 }
 
 fn get(shared: &Shared, t: &Target) -> Response<Body> {
@@ -207,20 +219,39 @@ fn write(shared: &Shared, t: &Target, mut object: Value) -> Response<Body> {
     if let Some(ns) = &t.namespace {
         object["metadata"]["namespace"] = json!(ns);
     }
-    let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-    let k = (t.resource.clone(), t.namespace.clone().unwrap_or_default(), name.clone());
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let k = (
+        t.resource.clone(),
+        t.namespace.clone().unwrap_or_default(),
+        name.clone(),
+    );
     let mut store = shared.store();
-    let stored = store.objects.get(&k).map(|o| o["metadata"]["resourceVersion"].clone());
+    let stored = store
+        .objects
+        .get(&k)
+        .map(|o| o["metadata"]["resourceVersion"].clone());
     let created = t.name.is_none();
     match (created, stored) {
         (true, Some(_)) => {
-            return status(StatusCode::CONFLICT, "AlreadyExists", &format!("{name:?} already exists"));
+            return status(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                &format!("{name:?} already exists"),
+            );
         }
         (false, None) => return not_found(t),
         (false, Some(rv)) => {
             let asked = object.pointer("/metadata/resourceVersion").cloned();
             if asked.is_some_and(|a| a != rv) {
-                return status(StatusCode::CONFLICT, "Conflict", "the object has been modified");
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    "the object has been modified",
+                );
             }
         }
         (true, None) => {}
@@ -228,7 +259,14 @@ fn write(shared: &Shared, t: &Target, mut object: Value) -> Response<Body> {
     let saved = store.apply(&t.resource, object);
     drop(store);
     shared.notify();
-    reply(if created { StatusCode::CREATED } else { StatusCode::OK }, &saved)
+    reply(
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &saved,
+    )
 }
 
 fn delete(shared: &Shared, t: &Target) -> Response<Body> {
@@ -251,14 +289,21 @@ fn scale(shared: &Shared, t: &Target, change: Option<Value>) -> Response<Body> {
     };
     if let Some(change) = change {
         let Some(replicas) = change.pointer("/spec/replicas").and_then(Value::as_i64) else {
-            return status(StatusCode::BAD_REQUEST, "BadRequest", "spec.replicas is required");
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "spec.replicas is required",
+            );
         };
         object["spec"]["replicas"] = json!(replicas);
         object = store.apply(&t.resource, object);
         drop(store);
         shared.notify();
     }
-    let replicas = object.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    let replicas = object
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
     reply(
         StatusCode::OK,
         &json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
@@ -272,7 +317,7 @@ fn scale(shared: &Shared, t: &Target, change: Option<Value>) -> Response<Body> {
 fn watch(shared: Arc<Shared>, t: &Target, q: &BTreeMap<String, String>) -> Response<Body> {
     let selector = match selector(q) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e),
     };
     let scope = WatchScope {
         resource: t.resource.clone(),
@@ -280,7 +325,10 @@ fn watch(shared: Arc<Shared>, t: &Target, q: &BTreeMap<String, String>) -> Respo
         selector,
         bookmarks: q.get("allowWatchBookmarks").is_some_and(|v| v == "true"),
     };
-    let from = q.get("resourceVersion").and_then(|v| v.parse::<u64>().ok()).filter(|v| *v > 0);
+    let from = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|v| *v > 0);
     let timeout = q
         .get("timeoutSeconds")
         .and_then(|v| v.parse().ok())
@@ -311,7 +359,9 @@ async fn stream_events(
     let mut changed = shared.changed.subscribe();
     let start = {
         let store = shared.store();
-        store.start_seq(from.unwrap_or(store.version)).ok_or(store.oldest)
+        store
+            .start_seq(from.unwrap_or(store.version))
+            .ok_or(store.oldest)
     };
     let mut seq = match start {
         Ok(seq) => seq,
@@ -350,13 +400,24 @@ mod tests {
     fn paths_name_resource_namespace_name_and_subresource() {
         let t = parse_path("/apis/apps/v1/namespaces/ns/deployments/web/scale").expect("path");
         assert_eq!(
-            (t.resource.as_str(), t.namespace.as_deref(), t.name.as_deref(), t.subresource.as_deref()),
+            (
+                t.resource.as_str(),
+                t.namespace.as_deref(),
+                t.name.as_deref(),
+                t.subresource.as_deref()
+            ),
             ("deployments", Some("ns"), Some("web"), Some("scale"))
         );
         let t = parse_path("/api/v1/services").expect("path");
-        assert_eq!((t.resource.as_str(), t.namespace, t.name), ("services", None, None));
+        assert_eq!(
+            (t.resource.as_str(), t.namespace, t.name),
+            ("services", None, None)
+        );
         let t = parse_path("/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices").expect("path");
-        assert_eq!((t.resource.as_str(), t.namespace.as_deref()), ("endpointslices", Some("ns")));
+        assert_eq!(
+            (t.resource.as_str(), t.namespace.as_deref()),
+            ("endpointslices", Some("ns"))
+        );
         assert!(parse_path("/healthz").is_none());
         assert_eq!(decode("a%3Db%2Cc+d"), "a=b,c d");
     }

@@ -196,9 +196,15 @@ impl Selector {
         let mut out = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let req = if let Some((k, v)) = part.split_once("!=") {
-                (k.trim().to_owned(), Requirement::NotEquals(v.trim().to_owned()))
+                (
+                    k.trim().to_owned(),
+                    Requirement::NotEquals(v.trim().to_owned()),
+                )
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                (k.trim().to_owned(), Requirement::Equals(v.trim().to_owned()))
+                (
+                    k.trim().to_owned(),
+                    Requirement::Equals(v.trim().to_owned()),
+                )
             } else if let Some(k) = part.strip_prefix('!') {
                 (k.trim().to_owned(), Requirement::Absent)
             } else if part.contains(' ') {
@@ -247,9 +253,15 @@ mod tests {
     #[test]
     fn versions_grow_and_compaction_forgets_the_log() {
         let mut s = Store::default();
-        let a = s.apply("services", json!({"metadata": {"namespace": "ns", "name": "a"}}));
+        let a = s.apply(
+            "services",
+            json!({"metadata": {"namespace": "ns", "name": "a"}}),
+        );
         assert_eq!(a["metadata"]["resourceVersion"], "1");
-        s.apply("services", json!({"metadata": {"namespace": "ns", "name": "a"}}));
+        s.apply(
+            "services",
+            json!({"metadata": {"namespace": "ns", "name": "a"}}),
+        );
         let w = WatchScope {
             resource: "services".into(),
             namespace: None,
@@ -261,7 +273,11 @@ mod tests {
         let kinds: Vec<Value> = events.iter().map(|e| e["type"].clone()).collect();
         assert_eq!(kinds, [json!("ADDED"), json!("MODIFIED")]);
         let from1 = s.start_seq(1).expect("in the log");
-        assert_eq!(s.events_after(from1, &w).0.len(), 1, "from version 1: the MODIFIED");
+        assert_eq!(
+            s.events_after(from1, &w).0.len(),
+            1,
+            "from version 1: the MODIFIED"
+        );
         s.compact();
         assert_eq!(s.start_seq(2), None, "410 Gone");
         let from = s.start_seq(s.oldest).expect("current");

@@ -61,7 +61,13 @@ pub fn pod_slice(w: &Workload, pod: &Backend, state: PodState) -> EndpointSlice 
         &w.service,
         "IPv4",
         ("http", i32::from(addr.port())),
-        vec![pod_endpoint(pod.name(), &addr.ip().to_string(), state, "node-a", "zone-a")],
+        vec![pod_endpoint(
+            pod.name(),
+            &addr.ip().to_string(),
+            state,
+            "node-a",
+            "zone-a",
+        )],
     )
 }
 
@@ -95,7 +101,11 @@ pub async fn follow(fake: Arc<FakeApiServer>, w: Workload, mut stop: watch::Rece
                 break;
             };
             fake.apply(&pod_slice(&w, &pod, PodState::Starting));
-            let (fake, w2, slice) = (Arc::clone(&fake), w.clone(), pod_slice(&w, &pod, PodState::Ready));
+            let (fake, w2, slice) = (
+                Arc::clone(&fake),
+                w.clone(),
+                pod_slice(&w, &pod, PodState::Ready),
+            );
             tokio::spawn(async move {
                 tokio::time::sleep(w2.ready_after).await;
                 fake.apply(&slice);
@@ -110,14 +120,17 @@ pub async fn follow(fake: Arc<FakeApiServer>, w: Workload, mut stop: watch::Rece
             let (fake, w2) = (Arc::clone(&fake), w.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(w2.drain).await;
-                fake.delete::<EndpointSlice>(&w2.namespace, &format!("{}-{}", w2.service, pod.name()));
+                fake.delete::<EndpointSlice>(
+                    &w2.namespace,
+                    &format!("{}-{}", w2.service, pod.name()),
+                );
                 tokio::time::sleep(w2.drain).await;
                 pod.stop().await;
             });
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            _ = stop.wait_for(|s| *s) => break,
+            _ = crate::stopped(&mut stop) => break,
         }
     }
     for pod in pods {

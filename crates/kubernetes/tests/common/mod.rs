@@ -62,7 +62,9 @@ impl Cluster {
     /// Starts the fake API server and a control plane that watches it
     /// through a kubeconfig file; `setup` fills the fake first.
     pub async fn start(name: &str, setup: impl FnOnce(&FakeApiServer)) -> Self {
-        let fake = FakeApiServer::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let fake = FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
         setup(&fake);
         let dir = temp_dir(name);
         let kubeconfig = dir.join("kubeconfig");
@@ -82,7 +84,12 @@ impl Cluster {
         meshless_kubernetes::start(plane.state.clone(), source, stopped)
             .await
             .unwrap();
-        Self { fake, plane, stop, dir }
+        Self {
+            fake,
+            plane,
+            stop,
+            dir,
+        }
     }
 
     /// The control plane's metric `series` (0 when absent).
@@ -94,7 +101,13 @@ impl Cluster {
 /// The value of `series` (name with labels, exactly) on a metrics page.
 pub fn metric(page: &str, series: &str) -> f64 {
     page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0.0)
 }
 
@@ -122,7 +135,13 @@ pub fn pod_slice(service: &str, pod: &Backend, state: PodState) -> EndpointSlice
         service,
         "IPv4",
         ("http", i32::from(addr.port())),
-        vec![pod_endpoint(pod.name(), &addr.ip().to_string(), state, "node-a", "zone-a")],
+        vec![pod_endpoint(
+            pod.name(),
+            &addr.ip().to_string(),
+            state,
+            "node-a",
+            "zone-a",
+        )],
     )
 }
 
@@ -133,7 +152,9 @@ pub async fn proxy(grpc: SocketAddr) -> (Proxy, SocketAddr) {
          listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: cart }}]\n\
          clusters:\n  - name: cart\n    service: shop/cart\n"
     );
-    let p = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap()).await.unwrap();
+    let p = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
+        .await
+        .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
     (p, addr)
 }
@@ -145,7 +166,12 @@ pub fn client() -> TestClient {
 }
 
 /// Status and body of one request.
-pub async fn send(client: &TestClient, method: http::Method, url: &str, body: &str) -> (StatusCode, String) {
+pub async fn send(
+    client: &TestClient,
+    method: http::Method,
+    url: &str,
+    body: &str,
+) -> (StatusCode, String) {
     let req = Request::builder()
         .method(method)
         .uri(url)
@@ -154,7 +180,12 @@ pub async fn send(client: &TestClient, method: http::Method, url: &str, body: &s
     match client.request(req).await {
         Ok(resp) => {
             let status = resp.status();
-            let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
             (status, String::from_utf8_lossy(&body).into_owned())
         }
         Err(e) => (StatusCode::BAD_GATEWAY, format!("client error: {e}")),
@@ -163,7 +194,9 @@ pub async fn send(client: &TestClient, method: http::Method, url: &str, body: &s
 
 /// Which backend answered one GET through the proxy (`None` on a failure).
 pub async fn routed(client: &TestClient, addr: SocketAddr) -> Option<String> {
-    let req = Request::get(format!("http://{addr}/")).body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get(format!("http://{addr}/"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let resp = client.request(req).await.ok()?;
     if resp.status() != StatusCode::OK {
         return None;
@@ -186,9 +219,19 @@ pub async fn answering(client: &TestClient, addr: SocketAddr, n: usize) -> Optio
 
 /// Endpoint addresses the proxy's cluster `cart` holds, from `/clusters`.
 pub async fn cluster_addresses(p: &Proxy) -> Vec<String> {
-    let (_, body) = send(&client(), http::Method::GET, &format!("http://{}/clusters", p.admin_addr()), "").await;
+    let (_, body) = send(
+        &client(),
+        http::Method::GET,
+        &format!("http://{}/clusters", p.admin_addr()),
+        "",
+    )
+    .await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let clusters = v.as_array().cloned().or_else(|| v["clusters"].as_array().cloned()).unwrap_or_default();
+    let clusters = v
+        .as_array()
+        .cloned()
+        .or_else(|| v["clusters"].as_array().cloned())
+        .unwrap_or_default();
     let mut out: Vec<String> = clusters
         .iter()
         .filter(|c| c["name"] == "cart")

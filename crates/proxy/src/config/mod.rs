@@ -308,14 +308,21 @@ mod tests {
         };
         let mut n = NodeConfig::default();
         n.resolve(env);
-        assert_eq!((n.name.as_deref(), n.zone.as_deref()), (Some("node-7"), None), "empty is absent");
+        assert_eq!(
+            (n.name.as_deref(), n.zone.as_deref()),
+            (Some("node-7"), None),
+            "empty is absent"
+        );
         let mut n = NodeConfig {
             name: Some("from-file".into()),
             zone_env: "MY_ZONE".into(),
             ..NodeConfig::default()
         };
         n.resolve(env);
-        assert_eq!((n.name.as_deref(), n.zone.as_deref()), (Some("from-file"), Some("zone-b")));
+        assert_eq!(
+            (n.name.as_deref(), n.zone.as_deref()),
+            (Some("from-file"), Some("zone-b"))
+        );
     }
 
     const GOOD: &str = r#"
