@@ -133,11 +133,13 @@ async fn list_watch_bookmark_410_outage_and_deletion_reach_the_proxy() {
 
 /// A rolling update (surge one, then retire one, as a Deployment with
 /// `maxSurge: 1, maxUnavailable: 0` does) while clients send requests
-/// without pause: no request fails. Old pods keep answering until the
-/// proxy no longer holds them, as a pod's preStop/grace period ensures.
+/// without pause: no request fails. A retired pod is marked terminating,
+/// then its slice is deleted, then it is stopped (closing every
+/// connection, like a crash): a proxy that still sent to it would fail
+/// requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_under_traffic_fails_no_request() {
-    let old = [pod("v1-a").await, pod("v1-b").await];
+    let mut old = vec![pod("v1-a").await, pod("v1-b").await];
     let cluster = Cluster::start("rolling", |fake| {
         fake.apply(&service("shop", "cart", &[("http", 80)]));
         for p in &old {
@@ -165,17 +167,25 @@ async fn a_rolling_update_under_traffic_fails_no_request() {
         }));
     }
 
-    let new = [pod("v2-a").await, pod("v2-b").await];
-    let mut live: Vec<&meshless_backend::Backend> = old.iter().collect();
-    for (retired, surge) in old.iter().zip(&new) {
-        fake.apply(&pod_slice("cart", surge, PodState::Starting));
-        fake.apply(&pod_slice("cart", surge, PodState::Ready));
-        live.push(surge);
+    let mut new = Vec::new();
+    for name in ["v2-a", "v2-b"] {
+        let surge = pod(name).await;
+        fake.apply(&pod_slice("cart", &surge, PodState::Starting));
+        fake.apply(&pod_slice("cart", &surge, PodState::Ready));
+        new.push(surge);
+        let live: Vec<&meshless_backend::Backend> = old.iter().chain(&new).collect();
         wait_holds(&proxy, &live, "the surge pod is routed").await;
-        fake.apply(&pod_slice("cart", retired, PodState::Terminating));
-        live.retain(|b| b.name() != retired.name());
+        let retired = old.remove(0);
+        fake.apply(&pod_slice("cart", &retired, PodState::Terminating));
+        let live: Vec<&meshless_backend::Backend> = old.iter().chain(&new).collect();
         wait_holds(&proxy, &live, "the retired pod is no longer routed").await;
         fake.delete::<EndpointSlice>("shop", &format!("cart-{}", retired.name()));
+        eventually("the retired pod leaves the registry", || async {
+            let view = cluster.plane.state.lock().view("shop/cart").unwrap();
+            view.endpoints.iter().all(|e| e.id != retired.name())
+        })
+        .await;
+        retired.stop().await;
     }
     let before = ok.load(Ordering::Relaxed);
     eventually("requests flow after the rollout", || async {
