@@ -163,9 +163,10 @@ async fn scale_kubernetes(
     desired: u32,
 ) -> Option<u32> {
     let Some(scaler) = state.replica_scaler.get() else {
-        tracing::warn!(
+        // The file requires `kubernetes:` with this scaler: its side is still starting.
+        tracing::debug!(
             service,
-            "scaler kubernetes needs the kubernetes source (`kubernetes:` in the file)"
+            "scaler kubernetes: the Kubernetes side has not started yet"
         );
         return None;
     };
