@@ -31,7 +31,7 @@ enum Command {
     Demo(serve::DemoArgs),
     /// A fake Kubernetes API server with demo workloads, to try
     /// `meshless control` with `kubernetes:` without a cluster.
-    FakeKube(kubernetes::FakeKubeArgs),
+    FakeKube(serve::FakeKubeArgs),
     /// Measurements that back the performance claims.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         Command::Up(args) => serve::up(args),
         Command::Backend(args) => serve::backend(args),
         Command::Demo(args) => serve::demo(&args),
-        Command::FakeKube(args) => kubernetes::fake_kube(args),
+        Command::FakeKube(args) => serve::fake_kube(args),
         Command::Simulate(cmd) => simulate::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
     };

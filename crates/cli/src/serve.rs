@@ -1,5 +1,5 @@
-//! `meshless proxy`, `meshless backend` and `meshless demo`: the commands
-//! that run servers until told to stop.
+//! `meshless proxy`, `control`, `up`, `backend`, `demo` and `fake-kube`:
+//! the commands that run servers until told to stop.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -70,7 +70,7 @@ pub fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn terminated() -> Result<()> {
+async fn terminated() -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     tokio::select! {
@@ -335,6 +335,37 @@ pub fn up(args: UpArgs) -> Result<()> {
         for b in backends {
             b.stop().await;
         }
+        Ok(())
+    })
+}
+
+/// Arguments of `meshless fake-kube`.
+#[derive(Debug, Args)]
+pub struct FakeKubeArgs {
+    /// Address of the fake API server.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+    /// Where to write a kubeconfig pointing at it.
+    #[arg(long, default_value = "/tmp/meshless-fake-kubeconfig")]
+    pub kubeconfig: PathBuf,
+    /// Roll Deployment demo/web this often (e.g. 30s); 0 = never.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub roll_every: Duration,
+}
+
+/// Runs the fake cluster until SIGINT or SIGTERM.
+pub fn fake_kube(args: FakeKubeArgs) -> Result<()> {
+    let settings = meshless_kubernetes::demo::DemoSettings {
+        listen: args.listen,
+        kubeconfig: args.kubeconfig,
+        roll_every: (!args.roll_every.is_zero()).then_some(args.roll_every),
+    };
+    runtime(None)?.block_on(async {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let demo = tokio::spawn(meshless_kubernetes::demo::run(settings, stopped));
+        terminated().await?;
+        let _ = stop.send(true);
+        demo.await.context("fake-kube")?.context("fake-kube")?;
         Ok(())
     })
 }

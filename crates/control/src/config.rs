@@ -298,6 +298,36 @@ mod tests {
     }
 
     #[test]
+    fn the_kubernetes_section_is_parsed_and_checked_with_its_path() {
+        let text = "kubernetes:\n  kubeconfig: /k\n  namespaces: [shop]\n  leader_election: { lease_duration: 10s }\n";
+        let c = ControlConfig::parse(text, "t").expect("valid");
+        let k = c.kubernetes.expect("section");
+        assert_eq!(k.namespaces, ["shop"]);
+        assert_eq!(k.leader_election.lease_duration, Duration::from_secs(10));
+        assert_eq!(
+            k.leader_election.retry_period,
+            Duration::from_secs(2),
+            "default"
+        );
+        let bad = text.replace("[shop]", "[Shop]");
+        match ControlConfig::parse(&bad, "t") {
+            Err(ControlConfigError::Invalid { error, .. }) => {
+                assert_eq!(error.path, "kubernetes.namespaces[0]");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = text.replace("10s", "1s");
+        let e = ControlConfig::parse(&bad, "t").expect_err("retry above duration");
+        assert!(
+            e.to_string()
+                .contains("kubernetes.leader_election.retry_period"),
+            "{e}"
+        );
+        let typo = text.replace("namespaces", "namespace");
+        assert!(ControlConfig::parse(&typo, "t").is_err(), "unknown field");
+    }
+
+    #[test]
     fn ranges_and_the_token_are_checked() {
         let e = ControlConfig::parse("max_endpoints_per_slice: 0\n", "f.yaml").expect_err("0");
         assert_eq!(

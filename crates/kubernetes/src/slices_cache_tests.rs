@@ -173,6 +173,30 @@ fn a_relabelled_slice_leaves_its_old_service() {
     assert_eq!(ids(&c.desired("ns/b").unwrap()), ["p1"]);
 }
 
+#[test]
+fn a_relist_in_one_namespace_leaves_the_others_alone() {
+    let mut c = SliceCache::default();
+    for ns in ["a", "b"] {
+        c.apply_service(service(ns, "web", &[("http", 80)]));
+        c.apply_slice(slice(
+            ns,
+            "web-1",
+            "web",
+            "IPv4",
+            ("http", 80),
+            vec![ep("p1", "10.0.0.1")],
+        ));
+    }
+    let touched = c.replace_slices(Some("a"), Vec::new());
+    assert_eq!(touched, ["a/web"]);
+    assert!(c.desired("a/web").unwrap().endpoints.is_empty());
+    assert_eq!(ids(&c.desired("b/web").unwrap()), ["p1"]);
+    let touched = c.replace_services(Some("b"), Vec::new());
+    assert_eq!(touched, ["b/web"]);
+    assert_eq!(c.desired("b/web"), None);
+    assert!(c.desired("a/web").is_some());
+}
+
 /// A slice as a test case: name suffix and its pods (pod index, ready).
 type SliceCase = (u8, Vec<(u8, bool)>);
 
