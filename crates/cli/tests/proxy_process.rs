@@ -365,6 +365,8 @@ fn examples_are_valid() {
         ("proxy", "examples/demo.yaml"),
         ("up", "examples/stack.yaml"),
         ("up", "examples/scale-to-zero.yaml"),
+        ("control", "examples/kubernetes.yaml"),
+        ("proxy", "examples/kubernetes-proxy.yaml"),
     ] {
         let out = meshless()
             .args([cmd, "--check", "--config"])

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 fn control_yaml(kubeconfig: &std::path::Path, identity: &str) -> String {
     format!(
         "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\n\
-         kubernetes:\n  kubeconfig: \"{}\"\n  namespaces: [shop]\n  leader_election:\n    namespace: shop\n    identity: {identity}\n    lease_duration: 2s\n    retry_period: 200ms\n\
+         kubernetes:\n  kubeconfig: \"{}\"\n  namespaces: [shop]\n  leader_election:\n    namespace: shop\n    identity: {identity}\n    lease_duration: 4s\n    retry_period: 200ms\n\
          services:\n  - namespace: shop\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 2\n      tick: 100ms\n      scaler:\n        kubernetes: {{ name: lazy }}\n",
         kubeconfig.display()
     )
