@@ -1,6 +1,7 @@
 //! `meshless`: service load balancing without a service mesh.
 
 mod bench;
+mod kubernetes;
 mod serve;
 mod simulate;
 
@@ -28,6 +29,9 @@ enum Command {
     Backend(serve::BackendArgs),
     /// Start three backends and a proxy on 127.0.0.1:8080, and show what to try.
     Demo(serve::DemoArgs),
+    /// A fake Kubernetes API server with demo workloads, to try
+    /// `meshless control` with `kubernetes:` without a cluster.
+    FakeKube(serve::FakeKubeArgs),
     /// Measurements that back the performance claims.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
         Command::Up(args) => serve::up(args),
         Command::Backend(args) => serve::backend(args),
         Command::Demo(args) => serve::demo(&args),
+        Command::FakeKube(args) => serve::fake_kube(args),
         Command::Simulate(cmd) => simulate::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
     };

@@ -1,5 +1,5 @@
-//! `meshless proxy`, `meshless backend` and `meshless demo`: the commands
-//! that run servers until told to stop.
+//! `meshless proxy`, `control`, `up`, `backend`, `demo` and `fake-kube`:
+//! the commands that run servers until told to stop.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -220,7 +220,11 @@ pub fn control(args: ControlArgs) -> Result<()> {
     }
     runtime(None)?.block_on(async {
         let plane = ControlPlane::start(config).await?;
+        let kube = crate::kubernetes::KubeSide::start(&plane).await?;
         terminated().await?;
+        if let Some(k) = kube {
+            k.stop().await;
+        }
         plane.shutdown().await;
         Ok(())
     })
@@ -311,6 +315,7 @@ pub fn up(args: UpArgs) -> Result<()> {
     runtime(None)?.block_on(async {
         let backends = start_backends(&wanted).await?;
         let plane = ControlPlane::start(control).await?;
+        let kube = crate::kubernetes::KubeSide::start(&plane).await?;
         let proxy = Proxy::start(proxy).await?;
         println!(
             "meshless up: control plane API http://{} (gRPC {}), proxy admin http://{}",
@@ -320,10 +325,44 @@ pub fn up(args: UpArgs) -> Result<()> {
         );
         terminated().await?;
         proxy.shutdown().await;
+        if let Some(k) = kube {
+            k.stop().await;
+        }
         plane.shutdown().await;
         for b in backends {
             b.stop().await;
         }
+        Ok(())
+    })
+}
+
+/// Arguments of `meshless fake-kube`.
+#[derive(Debug, Args)]
+pub struct FakeKubeArgs {
+    /// Address of the fake API server.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+    /// Where to write a kubeconfig pointing at it.
+    #[arg(long, default_value = "/tmp/meshless-fake-kubeconfig")]
+    pub kubeconfig: PathBuf,
+    /// Roll Deployment demo/web this often (e.g. 30s); 0 = never.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub roll_every: Duration,
+}
+
+/// Runs the fake cluster until SIGINT or SIGTERM.
+pub fn fake_kube(args: FakeKubeArgs) -> Result<()> {
+    let settings = meshless_kubernetes::demo::DemoSettings {
+        listen: args.listen,
+        kubeconfig: args.kubeconfig,
+        roll_every: (!args.roll_every.is_zero()).then_some(args.roll_every),
+    };
+    runtime(None)?.block_on(async {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let demo = tokio::spawn(meshless_kubernetes::demo::run(settings, stopped));
+        terminated().await?;
+        let _ = stop.send(true);
+        demo.await.context("fake-kube")?.context("fake-kube")?;
         Ok(())
     })
 }

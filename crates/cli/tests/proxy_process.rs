@@ -366,6 +366,8 @@ fn examples_are_valid() {
         ("proxy", "examples/grpc.yaml"),
         ("up", "examples/stack.yaml"),
         ("up", "examples/scale-to-zero.yaml"),
+        ("control", "examples/kubernetes.yaml"),
+        ("proxy", "examples/kubernetes-proxy.yaml"),
     ] {
         let out = meshless()
             .args([cmd, "--check", "--config"])

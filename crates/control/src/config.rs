@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{EndpointInput, ServicePort, ServiceSpec};
 use crate::autoscaler::AutoscaleConfig;
+use crate::kubernetes::{KubernetesSource, ScaleTarget};
 use crate::process_scaler::ProcessSpec;
 use crate::reconciler::{DEFAULT_MAX_PER_SLICE, MAX_MAX_PER_SLICE};
 
@@ -48,6 +49,10 @@ pub struct ControlConfig {
     /// Services (and endpoints) registered at start.
     #[serde(default)]
     pub services: Vec<StaticService>,
+    /// Watch a Kubernetes cluster's Services and EndpointSlices (run by
+    /// the `meshless-kubernetes` crate; see docs/kubernetes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSource>,
 }
 
 /// A service declared in the file.
@@ -104,6 +109,9 @@ pub enum ScalerConfig {
     /// POST `{"service": ..., "desired": N}` to `url` on every change;
     /// instances register themselves through the API.
     Webhook { url: String },
+    /// Set a Deployment's (or StatefulSet's) replicas through its `scale`
+    /// subresource; its pods arrive through the Kubernetes source.
+    Kubernetes(ScaleTarget),
 }
 
 impl ServiceScaling {
@@ -122,6 +130,7 @@ impl ServiceScaling {
                 "scaler.webhook.url",
                 "must be an http:// URL",
             )),
+            ScalerConfig::Kubernetes(t) => t.validate().at("scaler.kubernetes"),
             _ => Ok(()),
         }
     }
@@ -165,6 +174,7 @@ impl Default for ControlConfig {
             history: default_history(),
             max_body_bytes: default_max_body_bytes(),
             services: Vec::new(),
+            kubernetes: None,
         }
     }
 }
@@ -227,7 +237,16 @@ impl ControlConfig {
         for (i, s) in self.services.iter().enumerate() {
             if let Some(a) = &s.autoscaling {
                 a.validate().at(format!("services[{i}].autoscaling"))?;
+                if matches!(a.scaler, ScalerConfig::Kubernetes(_)) && self.kubernetes.is_none() {
+                    return Err(FieldError::new(
+                        format!("services[{i}].autoscaling.scaler.kubernetes"),
+                        "needs the top-level `kubernetes:` section (the cluster to talk to)",
+                    ));
+                }
             }
+        }
+        if let Some(k) = &self.kubernetes {
+            k.validate().at("kubernetes")?;
         }
         Ok(())
     }
@@ -276,6 +295,36 @@ mod tests {
                 .contains("services[0].autoscaling.scaler.webhook.url"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_kubernetes_section_is_parsed_and_checked_with_its_path() {
+        let text = "kubernetes:\n  kubeconfig: /k\n  namespaces: [shop]\n  leader_election: { lease_duration: 10s }\n";
+        let c = ControlConfig::parse(text, "t").expect("valid");
+        let k = c.kubernetes.expect("section");
+        assert_eq!(k.namespaces, ["shop"]);
+        assert_eq!(k.leader_election.lease_duration, Duration::from_secs(10));
+        assert_eq!(
+            k.leader_election.retry_period,
+            Duration::from_secs(2),
+            "default"
+        );
+        let bad = text.replace("[shop]", "[Shop]");
+        match ControlConfig::parse(&bad, "t") {
+            Err(ControlConfigError::Invalid { error, .. }) => {
+                assert_eq!(error.path, "kubernetes.namespaces[0]");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = text.replace("10s", "1s");
+        let e = ControlConfig::parse(&bad, "t").expect_err("retry above duration");
+        assert!(
+            e.to_string()
+                .contains("kubernetes.leader_election.retry_period"),
+            "{e}"
+        );
+        let typo = text.replace("namespaces", "namespace");
+        assert!(ControlConfig::parse(&typo, "t").is_err(), "unknown field");
     }
 
     #[test]

@@ -224,6 +224,12 @@ async fn write(
     rest: &[String],
 ) -> Result<Reply, Reply> {
     let key = format!("{ns}/{name}");
+    if let Some(origin) = state.lock().owner(&key) {
+        return Err(error(
+            StatusCode::CONFLICT,
+            format!("service {key} comes from {origin} and is read-only here: change it there"),
+        ));
+    }
     let max = state.config.max_body_bytes;
     let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
     match (req.method().clone(), rest.as_slice()) {

@@ -10,6 +10,7 @@ pub mod config;
 pub mod distributor;
 pub mod grpc;
 pub mod http;
+pub mod kubernetes;
 pub mod metrics;
 pub mod plane;
 pub mod process_scaler;

@@ -5,6 +5,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::kubernetes::KubernetesMetrics;
+
 /// Every control-plane metric.
 #[derive(Debug)]
 pub struct ControlMetrics {
@@ -25,6 +27,8 @@ pub struct ControlMetrics {
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
     pub activation_to_spawn: Histogram,
+    /// The Kubernetes source (`meshless-kubernetes`).
+    pub kubernetes: KubernetesMetrics,
 }
 
 impl Default for ControlMetrics {
@@ -128,8 +132,11 @@ impl ControlMetrics {
             "Cold start, control side: from a proxy's activation request to the spawn",
             activation_to_spawn.clone(),
         );
+        let kubernetes = KubernetesMetrics::default();
+        kubernetes.register(&mut registry);
         Self {
             registry,
+            kubernetes,
             instance_start,
             instance_start_failures,
             activation_to_spawn,

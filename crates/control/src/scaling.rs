@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use crate::api::EndpointInput;
 use crate::autoscaler::Autoscaler;
 use crate::config::{ScalerConfig, ServiceScaling};
+use crate::kubernetes::{ScaleOutcome, ScaleTarget};
 use crate::process_scaler::{self, ProcessSpec};
 use crate::state::PlaneState;
 
@@ -151,6 +152,51 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
     gone.store(true, Ordering::Relaxed);
 }
 
+/// Endpoints of `service` that are not terminating: the instances a
+/// Kubernetes scaler has running (they arrive through the source).
+fn registered(state: &PlaneState, service: &str) -> u32 {
+    state.lock().view(service).map_or(0, |v| {
+        v.endpoints
+            .iter()
+            .filter(|e| !e.conditions.terminating)
+            .count() as u32
+    })
+}
+
+/// Sets the replicas of `target` through the Kubernetes side; returns the
+/// count now set, or `None` to try again on the next decision (not the
+/// leader, no Kubernetes side connected, or an error).
+async fn scale_kubernetes(
+    state: &PlaneState,
+    service: &str,
+    target: &ScaleTarget,
+    desired: u32,
+) -> Option<u32> {
+    let Some(scaler) = state.replica_scaler.get() else {
+        // The file requires `kubernetes:` with this scaler: its side is still starting.
+        tracing::debug!(
+            service,
+            "scaler kubernetes: the Kubernetes side has not started yet"
+        );
+        return None;
+    };
+    let namespace = target
+        .namespace
+        .clone()
+        .unwrap_or_else(|| service.split('/').next().unwrap_or_default().to_owned());
+    match scaler.scale(&namespace, target, desired).await {
+        Ok(ScaleOutcome::Scaled) => {
+            tracing::info!(service, target = %target.name, desired, "replicas set");
+            Some(desired)
+        }
+        Ok(ScaleOutcome::NotLeader) => None,
+        Err(e) => {
+            tracing::warn!(service, target = %target.name, error = %e, "cannot set replicas");
+            None
+        }
+    }
+}
+
 /// The scaling loop of one service, until `stop` changes.
 pub async fn run(
     state: Arc<PlaneState>,
@@ -166,6 +212,7 @@ pub async fn run(
     let mut backoff = Duration::from_millis(100);
     let mut last_failure: Option<Instant> = None;
     let mut webhook_desired: Option<u32> = None;
+    let mut external_desired: Option<u32> = None;
     let http: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut tick = tokio::time::interval(cfg.tick);
     // When a proxy last asked for activation, until an instance is spawned for it.
@@ -187,7 +234,10 @@ pub async fn run(
         let (in_flight, queued) = state.distributor.load(&service);
         let now = started.elapsed();
         autoscaler.record(now, (in_flight + queued) as f64);
-        let running = instances.len() as u32;
+        let running = match &cfg.scaler {
+            ScalerConfig::Kubernetes(_) => registered(&state, &service),
+            _ => instances.len() as u32,
+        };
         let mut d = autoscaler.decide(now, running);
         if queued > 0 && d.desired == 0 {
             d.desired = 1;
@@ -212,6 +262,11 @@ pub async fn run(
                         },
                         Err(e) => tracing::error!(service, error = %e, "scaler webhook url"),
                     }
+                }
+            }
+            ScalerConfig::Kubernetes(target) => {
+                if external_desired != Some(d.desired) {
+                    external_desired = scale_kubernetes(&state, &service, target, d.desired).await;
                 }
             }
             ScalerConfig::Process(spec) => {

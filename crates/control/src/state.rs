@@ -2,12 +2,13 @@
 //! share: the registry, the distributor, metrics, settings, and the one
 //! bearer-token check both servers apply.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
 
 use crate::commit::{Committer, reconcile_dirty};
 use crate::config::ControlConfig;
 use crate::distributor::Distributor;
+use crate::kubernetes::ReplicaScaler;
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, RegistryError};
 
@@ -53,6 +54,8 @@ pub struct PlaneState {
     pub auth: Auth,
     /// Group commit of the registration API's writes.
     pub committer: Committer,
+    /// Set once by the Kubernetes side when it starts (`scaler: kubernetes`).
+    pub replica_scaler: OnceLock<Arc<dyn ReplicaScaler>>,
 }
 
 impl PlaneState {
@@ -81,6 +84,7 @@ impl PlaneState {
             config,
             auth,
             committer,
+            replica_scaler: OnceLock::new(),
         }
     }
 

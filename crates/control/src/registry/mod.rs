@@ -92,6 +92,10 @@ pub struct Registry {
     /// Set when memory could not be reloaded after a failed group commit:
     /// every later write fails with it.
     broken: Option<StoreError>,
+    /// Services another source owns (key -> where they come from): the
+    /// registration API refuses to change them. Not persisted: a source
+    /// claims its services again when it starts.
+    owners: BTreeMap<String, String>,
 }
 
 fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryError> {
@@ -135,6 +139,7 @@ impl Registry {
             max_per_slice,
             staged: None,
             broken: None,
+            owners: BTreeMap::new(),
         };
         if let Some(store) = &store {
             let loaded = store.load()?;
@@ -163,6 +168,22 @@ impl Registry {
     /// The current version: bumped by every write.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Marks `key` as owned by another source (`origin` says which, e.g.
+    /// `Kubernetes Service default/web`): API writes to it are refused.
+    pub fn claim(&mut self, key: &str, origin: impl Into<String>) {
+        self.owners.insert(key.to_owned(), origin.into());
+    }
+
+    /// Gives `key` back to the registration API.
+    pub fn release(&mut self, key: &str) {
+        self.owners.remove(key);
+    }
+
+    /// Where `key` comes from when another source owns it.
+    pub fn owner(&self, key: &str) -> Option<&str> {
+        self.owners.get(key).map(String::as_str)
     }
 
     /// Service keys.

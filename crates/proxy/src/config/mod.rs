@@ -88,8 +88,11 @@ fn default_admin_address() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9901))
 }
 
-/// This proxy's place in the cluster.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// This proxy's place in the cluster. In a pod, the downward API sets
+/// `MESHLESS_NODE_NAME` (and the DaemonSet `MESHLESS_ZONE`): a name or
+/// zone the file leaves out is read from the variable `name_env` /
+/// `zone_env` names, these by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// Node name, matched against endpoint `node`.
@@ -98,6 +101,43 @@ pub struct NodeConfig {
     /// Zone, matched against endpoint `zone`.
     #[serde(default)]
     pub zone: Option<String>,
+    /// Environment variable holding the node name when `name` is absent.
+    #[serde(default = "default_name_env")]
+    pub name_env: String,
+    /// Environment variable holding the zone when `zone` is absent.
+    #[serde(default = "default_zone_env")]
+    pub zone_env: String,
+}
+
+fn default_name_env() -> String {
+    "MESHLESS_NODE_NAME".into()
+}
+fn default_zone_env() -> String {
+    "MESHLESS_ZONE".into()
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            zone: None,
+            name_env: default_name_env(),
+            zone_env: default_zone_env(),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Fills an absent name or zone from `env` (non-empty values only).
+    pub fn resolve(&mut self, env: impl Fn(&str) -> Option<String>) {
+        let read = |var: &str| env(var).filter(|v| !v.is_empty());
+        if self.name.is_none() {
+            self.name = read(&self.name_env);
+        }
+        if self.zone.is_none() {
+            self.zone = read(&self.zone_env);
+        }
+    }
 }
 
 /// Access-log destination: `stdout`, `off`, or a file path (appended to).
@@ -163,8 +203,10 @@ impl ProxyConfig {
     }
 
     /// Parses and validates YAML `text`; `file` names it in errors.
+    /// The node's name and zone the file leaves out come from the process
+    /// environment ([`NodeConfig::resolve`]).
     pub fn parse(text: &str, file: &str) -> Result<Self, ConfigFileError> {
-        let config: ProxyConfig =
+        let mut config: ProxyConfig =
             meshless_model::yaml::from_str(text).map_err(|FieldError { path, reason }| {
                 ConfigFileError::Invalid {
                     file: file.to_owned(),
@@ -172,6 +214,7 @@ impl ProxyConfig {
                     reason,
                 }
             })?;
+        config.node.resolve(|var| std::env::var(var).ok());
         config
             .validate()
             .map_err(|FieldError { path, reason }| ConfigFileError::Invalid {
@@ -255,6 +298,33 @@ impl ProxyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_name_and_zone_come_from_the_environment_when_the_file_leaves_them_out() {
+        let env = |var: &str| match var {
+            "MESHLESS_NODE_NAME" => Some("node-7".to_owned()),
+            "MESHLESS_ZONE" => Some(String::new()),
+            "MY_ZONE" => Some("zone-b".to_owned()),
+            _ => None,
+        };
+        let mut n = NodeConfig::default();
+        n.resolve(env);
+        assert_eq!(
+            (n.name.as_deref(), n.zone.as_deref()),
+            (Some("node-7"), None),
+            "empty is absent"
+        );
+        let mut n = NodeConfig {
+            name: Some("from-file".into()),
+            zone_env: "MY_ZONE".into(),
+            ..NodeConfig::default()
+        };
+        n.resolve(env);
+        assert_eq!(
+            (n.name.as_deref(), n.zone.as_deref()),
+            (Some("from-file"), Some("zone-b"))
+        );
+    }
 
     const GOOD: &str = r#"
 listeners:

@@ -1,0 +1,99 @@
+//! `meshless fake-kube`: a cluster to try the Kubernetes source on without
+//! one. The fake API server serves namespace `demo`:
+//! - Service `web` and Deployment `web` (3 pods), rolled (one pod replaced
+//!   at a time, surge first) every `roll_every`;
+//! - Service `lazy` and Deployment `lazy` at 0 replicas: the control
+//!   plane's `scaler: kubernetes` scales it from zero on the first request.
+//!
+//! Every pod is a real `meshless-backend` on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::fake_api::FakeApiServer;
+use crate::fake_api::workloads::{self, Workload, deployment};
+use crate::objects::service;
+
+/// What the demo cluster does.
+#[derive(Debug, Clone)]
+pub struct DemoSettings {
+    pub listen: SocketAddr,
+    /// Where the kubeconfig pointing at the fake is written.
+    pub kubeconfig: std::path::PathBuf,
+    /// Roll `demo/web` this often; `None`: never.
+    pub roll_every: Option<Duration>,
+}
+
+fn workload(name: &str) -> Workload {
+    Workload {
+        namespace: "demo".into(),
+        deployment: name.into(),
+        service: name.into(),
+        ready_after: Duration::from_millis(500),
+        drain: Duration::from_secs(1),
+    }
+}
+
+/// Starts the fake and its workloads; runs until `stop`.
+pub async fn run(settings: DemoSettings, stop: watch::Receiver<bool>) -> std::io::Result<()> {
+    let fake = Arc::new(FakeApiServer::start(settings.listen).await?);
+    write_kubeconfig(&fake, &settings.kubeconfig)?;
+    fake.apply(&service("demo", "web", &[("http", 80)]));
+    fake.apply(&deployment("demo", "web", 3));
+    fake.apply(&service("demo", "lazy", &[("http", 80)]));
+    fake.apply(&deployment("demo", "lazy", 0));
+    tracing::info!(url = %fake.url(), kubeconfig = %settings.kubeconfig.display(), "fake API server: namespace demo, Services web (3 pods) and lazy (0 pods)");
+    let mut tasks = vec![
+        tokio::spawn(workloads::follow(
+            Arc::clone(&fake),
+            workload("web"),
+            stop.clone(),
+        )),
+        tokio::spawn(workloads::follow(
+            Arc::clone(&fake),
+            workload("lazy"),
+            stop.clone(),
+        )),
+    ];
+    if let Some(every) = settings.roll_every {
+        tasks.push(tokio::spawn(roll(Arc::clone(&fake), every, stop.clone())));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+fn write_kubeconfig(fake: &FakeApiServer, path: &Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    fake.write_kubeconfig(path)
+}
+
+/// A rollout as the Deployment controller does it with `maxSurge: 1,
+/// maxUnavailable: 0`, reduced to what the endpoints see: one more pod,
+/// then one fewer (the oldest goes, as a new ReplicaSet replaces the old),
+/// until every pod has been replaced.
+async fn roll(fake: Arc<FakeApiServer>, every: Duration, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = crate::stopped(&mut stop) => return,
+        }
+        tracing::info!("fake API server: rolling demo/web");
+        // Scale up by one then down by one, three times: the follower
+        // starts a new pod, then retires the newest beyond the count;
+        // the Deployment's replicas end where they were.
+        for _ in 0..3 {
+            fake.apply(&deployment("demo", "web", 4));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            fake.apply(&deployment("demo", "web", 3));
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! What the fake cluster's controllers and kubelets would do for one
+//! Deployment: keep `spec.replicas` pods running (each a real
+//! `meshless-backend` on 127.0.0.1, port 0) and publish each pod's
+//! EndpointSlice as the EndpointSlice controller would: not ready when it
+//! starts, ready after its readiness delay (the kubelet's probe period),
+//! terminating, then gone when scaled down (oldest first).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use meshless_backend::{Backend, BackendConfig};
+use tokio::sync::watch;
+
+use super::FakeApiServer;
+use crate::objects::{PodState, pod_endpoint, slice};
+
+/// A Deployment with `replicas` and the `app: NAME` selector.
+pub fn deployment(namespace: &str, name: &str, replicas: i32) -> Deployment {
+    let labels = std::collections::BTreeMap::from([("app".to_owned(), name.to_owned())]);
+    Deployment {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(labels),
+                ..LabelSelector::default()
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Where one Deployment's pods are published.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub namespace: String,
+    pub deployment: String,
+    /// The Service whose slices list the pods.
+    pub service: String,
+    /// From start to ready (the kubelet's readiness period).
+    pub ready_after: Duration,
+    /// From terminating to gone.
+    pub drain: Duration,
+}
+
+/// The slice of one pod of `w`.
+pub fn pod_slice(w: &Workload, pod: &Backend, state: PodState) -> EndpointSlice {
+    let addr = pod.local_addr();
+    slice(
+        &w.namespace,
+        &format!("{}-{}", w.service, pod.name()),
+        &w.service,
+        "IPv4",
+        ("http", i32::from(addr.port())),
+        vec![pod_endpoint(
+            pod.name(),
+            &addr.ip().to_string(),
+            state,
+            "node-a",
+            "zone-a",
+        )],
+    )
+}
+
+/// Starts one pod (a backend named `name`).
+pub async fn start_pod(name: &str) -> std::io::Result<Backend> {
+    Backend::start(BackendConfig {
+        name: name.to_owned(),
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        latency: Duration::ZERO,
+        fail_rate: 0.0,
+        startup_delay: Duration::ZERO,
+    })
+    .await
+    .map_err(std::io::Error::other)
+}
+
+/// Follows `w`'s Deployment until `stop`: starts pods up to its replicas,
+/// retires the oldest beyond them.
+pub async fn follow(fake: Arc<FakeApiServer>, w: Workload, mut stop: watch::Receiver<bool>) {
+    let mut pods: Vec<Backend> = Vec::new();
+    let mut serial = 0u32;
+    loop {
+        let replicas = fake
+            .get::<Deployment>(&w.namespace, &w.deployment)
+            .and_then(|d| d.spec?.replicas)
+            .unwrap_or(0)
+            .max(0) as usize;
+        while pods.len() < replicas {
+            serial += 1;
+            let Ok(pod) = start_pod(&format!("{}-{serial}", w.deployment)).await else {
+                break;
+            };
+            fake.apply(&pod_slice(&w, &pod, PodState::Starting));
+            let (fake, w2, slice) = (
+                Arc::clone(&fake),
+                w.clone(),
+                pod_slice(&w, &pod, PodState::Ready),
+            );
+            tokio::spawn(async move {
+                tokio::time::sleep(w2.ready_after).await;
+                fake.apply(&slice);
+            });
+            pods.push(pod);
+        }
+        // The oldest goes first, so one pod more then one fewer replaces
+        // a pod, as a rollout does.
+        while pods.len() > replicas {
+            let pod = pods.remove(0);
+            fake.apply(&pod_slice(&w, &pod, PodState::Terminating));
+            let (fake, w2) = (Arc::clone(&fake), w.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(w2.drain).await;
+                fake.delete::<EndpointSlice>(
+                    &w2.namespace,
+                    &format!("{}-{}", w2.service, pod.name()),
+                );
+                tokio::time::sleep(w2.drain).await;
+                pod.stop().await;
+            });
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            _ = crate::stopped(&mut stop) => break,
+        }
+    }
+    for pod in pods {
+        pod.stop().await;
+    }
+}

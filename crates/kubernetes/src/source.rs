@@ -1,0 +1,312 @@
+//! The Kubernetes source: one `kube::runtime::watcher` per resource
+//! (Services, EndpointSlices) and namespace, merged in a [`SliceCache`],
+//! written to the registry as read-only services and so fanned out to
+//! every proxy by the distributor: one watch for the cluster, N proxies.
+//!
+//! - A full list (at start, after `410 Gone`, after a broken watch) is
+//!   buffered from `Init` to `InitDone` and then replaces that resource's
+//!   objects in the watcher's namespace at once: what the list lacks is
+//!   removed, nothing is removed before the list is complete.
+//! - Errors are followed by kube's default backoff (0.8 s doubling to
+//!   30 s, jittered); meanwhile the registry keeps the last state, so
+//!   proxies keep routing (static stability).
+//! - Only what changed is written: per service, the endpoints that differ
+//!   from what was last written, and the ids that left.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use meshless_control::api::{EndpointInput, ServiceSpec};
+use meshless_control::kubernetes::{EventLabels, KubernetesMetrics, KubernetesSource};
+use meshless_control::plane::PlaneState;
+use meshless_model::EndpointId;
+use tokio::sync::watch;
+
+use crate::slices_cache::{Desired, ServiceKey, SliceCache};
+
+/// One watch event, tagged with what was watched.
+enum Update {
+    Service(Option<String>, Box<Result<Event<Service>, watcher::Error>>),
+    Slice(
+        Option<String>,
+        Box<Result<Event<EndpointSlice>, watcher::Error>>,
+    ),
+}
+
+/// The watch streams of every resource and namespace, as one stream.
+fn streams(client: &kube::Client, cfg: &KubernetesSource) -> SelectAll<BoxStream<'static, Update>> {
+    let scopes: Vec<Option<String>> = if cfg.namespaces.is_empty() {
+        vec![None]
+    } else {
+        cfg.namespaces.iter().cloned().map(Some).collect()
+    };
+    let mut config = watcher::Config::default();
+    if let Some(sel) = &cfg.label_selector {
+        config = config.labels(sel);
+    }
+    let mut all = SelectAll::new();
+    for scope in scopes {
+        let (services, slices): (Api<Service>, Api<EndpointSlice>) = match &scope {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+        let s = scope.clone();
+        all.push(
+            watch_stream(services, config.clone())
+                .default_backoff()
+                .into_stream()
+                .map(move |e| Update::Service(s.clone(), Box::new(e)))
+                .boxed(),
+        );
+        all.push(
+            watch_stream(slices, config.clone())
+                .default_backoff()
+                .into_stream()
+                .map(move |e| Update::Slice(scope.clone(), Box::new(e)))
+                .boxed(),
+        );
+    }
+    all
+}
+
+/// What one service was last written as.
+#[derive(Debug, Default)]
+struct Written {
+    spec: Option<ServiceSpec>,
+    endpoints: BTreeMap<String, EndpointInput>,
+}
+
+/// The source's state between events.
+pub struct Source {
+    state: Arc<PlaneState>,
+    cache: SliceCache,
+    written: BTreeMap<ServiceKey, Written>,
+    /// Objects listed since `Init`, per (resource, namespace scope).
+    service_lists: BTreeMap<Option<String>, Vec<Service>>,
+    slice_lists: BTreeMap<Option<String>, Vec<EndpointSlice>>,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("services", &self.written.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Source {
+    /// A source writing to `state`'s registry.
+    pub fn new(state: Arc<PlaneState>) -> Self {
+        Self {
+            state,
+            cache: SliceCache::default(),
+            written: BTreeMap::new(),
+            service_lists: BTreeMap::new(),
+            slice_lists: BTreeMap::new(),
+        }
+    }
+
+    fn metrics(&self) -> &KubernetesMetrics {
+        &self.state.metrics.kubernetes
+    }
+
+    /// Watches until `stop` turns true.
+    pub async fn run(
+        mut self,
+        client: kube::Client,
+        cfg: KubernetesSource,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut updates = streams(&client, &cfg);
+        loop {
+            tokio::select! {
+                _ = crate::stopped(&mut stop) => return,
+                next = updates.next() => match next {
+                    Some(u) => self.handle(u),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn count(&self, resource: &str, event: &str) {
+        self.metrics()
+            .events
+            .get_or_create(&EventLabels {
+                resource: resource.into(),
+                event: event.into(),
+            })
+            .inc();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.metrics().last_sync_timestamp.set(now);
+    }
+
+    fn handle(&mut self, update: Update) {
+        let touched = match update {
+            Update::Service(scope, e) => match *e {
+                Ok(e) => self.service_event(scope, e),
+                Err(e) => self.error(&e),
+            },
+            Update::Slice(scope, e) => match *e {
+                Ok(e) => self.slice_event(scope, e),
+                Err(e) => self.error(&e),
+            },
+        };
+        for key in touched {
+            self.sync(&key);
+        }
+        self.metrics().services.set(self.written.len() as i64);
+    }
+
+    fn error(&self, e: &watcher::Error) -> Vec<ServiceKey> {
+        self.metrics().errors.inc();
+        tracing::warn!(error = %e, "kubernetes watch error; serving the last state, retrying with backoff");
+        Vec::new()
+    }
+
+    fn service_event(&mut self, scope: Option<String>, e: Event<Service>) -> Vec<ServiceKey> {
+        match e {
+            Event::Init => {
+                self.metrics().relists.inc();
+                self.service_lists.insert(scope, Vec::new());
+                Vec::new()
+            }
+            Event::InitApply(s) => {
+                self.service_lists.entry(scope).or_default().push(s);
+                Vec::new()
+            }
+            Event::InitDone => {
+                self.count("service", "relist");
+                let listed = self.service_lists.remove(&scope).unwrap_or_default();
+                self.cache.replace_services(scope.as_deref(), listed)
+            }
+            Event::Apply(s) => {
+                self.count("service", "apply");
+                self.cache.apply_service(s).into_iter().collect()
+            }
+            Event::Delete(s) => {
+                self.count("service", "delete");
+                self.cache.delete_service(&s).into_iter().collect()
+            }
+        }
+    }
+
+    fn slice_event(&mut self, scope: Option<String>, e: Event<EndpointSlice>) -> Vec<ServiceKey> {
+        match e {
+            Event::Init => {
+                self.metrics().relists.inc();
+                self.slice_lists.insert(scope, Vec::new());
+                Vec::new()
+            }
+            Event::InitApply(s) => {
+                self.slice_lists.entry(scope).or_default().push(s);
+                Vec::new()
+            }
+            Event::InitDone => {
+                self.count("endpointslice", "relist");
+                let listed = self.slice_lists.remove(&scope).unwrap_or_default();
+                self.cache.replace_slices(scope.as_deref(), listed)
+            }
+            Event::Apply(s) => {
+                self.count("endpointslice", "apply");
+                self.cache.apply_slice(s)
+            }
+            Event::Delete(s) => {
+                self.count("endpointslice", "delete");
+                self.cache.delete_slice(&s)
+            }
+        }
+    }
+
+    /// Brings the registry's copy of `key` to what the cache says.
+    fn sync(&mut self, key: &str) {
+        match self.cache.desired(key) {
+            None => self.remove(key),
+            Some(d) => self.write(key, d),
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if self.written.remove(key).is_none() {
+            return;
+        }
+        let committed = Instant::now();
+        let mut reg = self.state.lock();
+        reg.release(key);
+        match reg.delete_service(key) {
+            Ok(delta) => self.state.distributor.publish(&delta, committed),
+            Err(e) => {
+                tracing::error!(service = key, error = %e, "cannot remove kubernetes service")
+            }
+        }
+        tracing::info!(service = key, "kubernetes service removed");
+    }
+
+    fn write(&mut self, key: &str, d: Desired) {
+        if d.skipped > 0 {
+            self.metrics().skipped_endpoints.inc_by(d.skipped);
+        }
+        let old = self.written.remove(key).unwrap_or_default();
+        let spec_changed = old.spec.as_ref() != Some(&d.spec);
+        let puts: Vec<EndpointInput> = d
+            .endpoints
+            .iter()
+            .filter(|e| old.endpoints.get(&e.id) != Some(*e))
+            .cloned()
+            .collect();
+        let wanted: BTreeMap<String, EndpointInput> =
+            d.endpoints.into_iter().map(|e| (e.id.clone(), e)).collect();
+        let deletes: Vec<EndpointId> = old
+            .endpoints
+            .keys()
+            .filter(|id| !wanted.contains_key(*id))
+            .map(EndpointId::new)
+            .collect();
+        let origin = format!("Kubernetes Service {key}");
+        let spec = d.spec.clone();
+        let result = self.state.write(|r| {
+            if spec_changed || r.owner(key).is_none() {
+                r.put_service(spec)?;
+                r.claim(key, origin);
+            }
+            if !puts.is_empty() {
+                r.put_endpoints(key, puts)?;
+            }
+            if !deletes.is_empty() {
+                r.delete_endpoints(key, &deletes, false)?;
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => {
+                self.written.insert(
+                    key.to_owned(),
+                    Written {
+                        spec: Some(d.spec),
+                        endpoints: wanted,
+                    },
+                );
+            }
+            Err(e) => {
+                // Nothing was stored: retry the whole service on its next event.
+                tracing::error!(service = key, error = %e, "cannot write kubernetes service");
+                if !old.endpoints.is_empty() || old.spec.is_some() {
+                    self.written.insert(key.to_owned(), old);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! `scaler: kubernetes` and leader election against the fake API server:
+//! a Deployment scaled from zero by the first request through a real
+//! proxy, and two control planes of which only the Lease holder scales.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use meshless_control::config::{ControlConfig, ControlConfigError};
+use meshless_control::kubernetes::{ScaleOutcome, ScaleTarget};
+use meshless_control::plane::ControlPlane;
+use meshless_kubernetes::fake_api::FakeApiServer;
+use meshless_kubernetes::fake_api::workloads::{self, Workload, deployment};
+use meshless_kubernetes::objects::service;
+use meshless_proxy::{Proxy, ProxyConfig};
+use tokio::sync::watch;
+
+/// A control plane file: `shop/lazy` autoscaled through Deployment `lazy`.
+fn control_yaml(kubeconfig: &std::path::Path, identity: &str) -> String {
+    format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\n\
+         kubernetes:\n  kubeconfig: \"{}\"\n  namespaces: [shop]\n  leader_election:\n    namespace: shop\n    identity: {identity}\n    lease_duration: 4s\n    retry_period: 200ms\n\
+         services:\n  - namespace: shop\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 2\n      tick: 100ms\n      scaler:\n        kubernetes: {{ name: lazy }}\n",
+        kubeconfig.display()
+    )
+}
+
+async fn plane(
+    yaml: &str,
+) -> (
+    ControlPlane,
+    watch::Sender<bool>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let config = ControlConfig::parse(yaml, "control.yaml").unwrap();
+    let plane = ControlPlane::start(config.clone()).await.unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let tasks =
+        meshless_kubernetes::start(plane.state.clone(), config.kubernetes.unwrap(), stopped)
+            .await
+            .unwrap();
+    (plane, stop, tasks)
+}
+
+async fn fake_with_lazy() -> Arc<FakeApiServer> {
+    let fake = Arc::new(
+        FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap(),
+    );
+    fake.apply(&service("shop", "lazy", &[("http", 80)]));
+    fake.apply(&deployment("shop", "lazy", 0));
+    fake
+}
+
+fn is_leader(p: &ControlPlane) -> bool {
+    metric(
+        &p.state.metrics.encode(),
+        "meshless_control_kubernetes_leader",
+    ) == 1.0
+}
+
+#[test]
+fn the_kubernetes_scaler_needs_the_kubernetes_section() {
+    let yaml = control_yaml(std::path::Path::new("/k"), "a");
+    let without: String = yaml
+        .split("services:")
+        .nth(1)
+        .map(|s| format!("services:{s}"))
+        .unwrap();
+    match ControlConfig::parse(&without, "c.yaml") {
+        Err(ControlConfigError::Invalid { error, .. }) => {
+            assert_eq!(error.path, "services[0].autoscaling.scaler.kubernetes");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_request_scales_a_deployment_from_zero() {
+    let fake = fake_with_lazy().await;
+    let dir = temp_dir("scale");
+    let kubeconfig = dir.join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig).unwrap();
+    let (stop_pods, pods_stopped) = watch::channel(false);
+    let workload = Workload {
+        namespace: "shop".into(),
+        deployment: "lazy".into(),
+        service: "lazy".into(),
+        // Longer than any cold start here: the proxy answers by probing the
+        // not-ready pod directly, before the "kubelet" marks it ready.
+        ready_after: Duration::from_secs(30),
+        drain: Duration::from_millis(200),
+    };
+    let follower = tokio::spawn(workloads::follow(Arc::clone(&fake), workload, pods_stopped));
+    let (plane, stop, _tasks) = plane(&control_yaml(&kubeconfig, "cp-1")).await;
+    eventually("this replica leads", || async { is_leader(&plane) }).await;
+
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\n\
+         listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\n\
+         clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n",
+        plane.grpc_addr()
+    );
+    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
+        .await
+        .unwrap();
+    let addr = proxy.listener_addr("web").await.unwrap();
+    // The service is known (with no endpoint) before the request is sent.
+    eventually("the service reaches the registry", || async {
+        plane.state.lock().view("shop/lazy").is_some()
+    })
+    .await;
+    assert_eq!(routed(&client(), addr).await.as_deref(), Some("lazy-1"));
+    let replicas = fake
+        .get::<Deployment>("shop", "lazy")
+        .and_then(|d| d.spec?.replicas);
+    assert_eq!(replicas, Some(1));
+    assert!(
+        fake.requests()
+            .iter()
+            .any(|r| r.starts_with("PATCH /apis/apps/v1/namespaces/shop/deployments/lazy/scale")),
+        "{:?}",
+        fake.requests()
+    );
+    let view = plane.state.lock().view("shop/lazy").unwrap();
+    assert!(
+        !view.endpoints[0].conditions.ready,
+        "answered before the pod was marked ready"
+    );
+    let _ = stop.send(true);
+    let _ = stop_pods.send(true);
+    follower.await.unwrap();
+    proxy.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
+    let fake = fake_with_lazy().await;
+    let dir = temp_dir("leader");
+    let kubeconfig = dir.join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig).unwrap();
+    let (a, _stop_a, tasks_a) = plane(&control_yaml(&kubeconfig, "cp-a")).await;
+    eventually("cp-a leads", || async { is_leader(&a) }).await;
+    let (b, stop_b, _tasks_b) = plane(&control_yaml(&kubeconfig, "cp-b")).await;
+    // b has tried at least once: the Lease has been read since b started.
+    let reads = fake.requests().len();
+    eventually("cp-b tries the Lease", || async {
+        fake.requests()[reads..]
+            .iter()
+            .any(|r| r.contains("/leases/meshless-control"))
+    })
+    .await;
+    assert!(is_leader(&a) && !is_leader(&b), "one leader");
+
+    let target = ScaleTarget {
+        resource: "deployments".into(),
+        name: "lazy".into(),
+        namespace: None,
+    };
+    let scale = |p: &ControlPlane| Arc::clone(p.state.replica_scaler.get().unwrap());
+    assert_eq!(
+        scale(&b).scale("shop", &target, 2).await,
+        Ok(ScaleOutcome::NotLeader)
+    );
+    assert_eq!(
+        scale(&a).scale("shop", &target, 2).await,
+        Ok(ScaleOutcome::Scaled)
+    );
+    assert_eq!(
+        fake.get::<Deployment>("shop", "lazy")
+            .and_then(|d| d.spec?.replicas),
+        Some(2)
+    );
+
+    // a dies without releasing the Lease: b takes over once the record has
+    // not changed for the lease duration.
+    for t in tasks_a {
+        t.abort();
+    }
+    eventually("cp-b takes over", || async { is_leader(&b) }).await;
+    let lease = fake
+        .get::<Lease>("shop", "meshless-control")
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("cp-b"));
+    assert_eq!(lease.lease_transitions, Some(1));
+    assert_eq!(
+        scale(&b).scale("shop", &target, 0).await,
+        Ok(ScaleOutcome::Scaled)
+    );
+
+    // A clean stop releases the Lease at once.
+    let _ = stop_b.send(true);
+    eventually("cp-b releases", || async {
+        fake.get::<Lease>("shop", "meshless-control")
+            .and_then(|l| l.spec?.holder_identity)
+            .is_none()
+    })
+    .await;
+    drop(a);
+}
