@@ -12,7 +12,8 @@ The counts cover every thread of the process (runtime, access log).
   MESHLESS=/tmp/meshless-old TOP=25 python3 bench/callgrind.py
   KEEP=/tmp/cg python3 bench/callgrind.py          # keep the dumps there
 
-Scenarios: ka32 (HTTP/1.1 keep-alive, 32 connections, `h2load --h1`),
+Scenarios: ka32 and ka256 (HTTP/1.1 keep-alive, 32 or 256 connections,
+`h2load --h1`; ka256 runs when asked: SCENARIOS=ka256),
 close (a new connection per request, 32 at once), h2 (4 connections x 32
 streams). With TOP=n, the n costliest functions (self cost) of each
 scenario are printed from `callgrind_annotate`.
@@ -100,6 +101,8 @@ async def close_each(n, concurrency=32):
 def load(scenario, n):
     if scenario == "ka32":
         return h2load(["--h1", "-c32"], n)
+    if scenario == "ka256":
+        return h2load(["--h1", "-c256"], n)
     if scenario == "h2":
         return h2load(["-c4", "-m32"], n)
     if scenario == "close":
