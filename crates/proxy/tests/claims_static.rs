@@ -151,25 +151,11 @@ async fn silent_stream_is_dropped_and_resumed_by_version_and_a_restart_costs_not
 async fn a_control_plane_with_a_younger_state_is_followed_not_skipped() {
     let bs = backends(2).await;
     // Plane A (in memory) reaches version > 30.
-    let a = ControlPlane::start(plane_config(None))
-        .await
-        .expect("plane a");
-    let (api, grpc) = (a.api_addr(), a.grpc_addr());
-    register_cart(api, &[("b0", bs[0].local_addr())]).await;
-    bump(api, 40).await;
-    let relay = Relay::start(grpc).await;
-    let relay_addr = relay.local_addr();
-    let (p, _addr) = proxy(&cart_proxy_yaml(relay_addr, "")).await;
-    eventually("b0 from plane a", || async {
-        cluster_addresses(&p, "cart").await.len() == 1
-    })
-    .await;
+    let (a, relay, p) = followed_plane(bs[0].local_addr(), 40).await;
+    let (api, grpc, relay_addr) = (a.api_addr(), a.grpc_addr(), relay.local_addr());
     // Plane B replaces it with an empty state (versions start again).
     a.shutdown().await;
-    let mut cfg = plane_config(None);
-    cfg.api_address = api;
-    cfg.grpc_address = grpc;
-    let b = ControlPlane::start(cfg).await.expect("plane b");
+    let b = in_memory_plane_on(api, grpc).await;
     register_cart(api, &[("b0-b", bs[0].local_addr())]).await;
     // A change after B's snapshot: once the proxy has it, it has processed
     // the snapshot's end too (same stream, in order).
@@ -213,28 +199,14 @@ async fn a_control_plane_with_a_younger_state_is_followed_not_skipped() {
 async fn a_restarted_control_plane_past_the_proxys_version_sends_a_snapshot() {
     let bs = backends(2).await;
     // Plane A (in memory): the proxy follows it up to some version v.
-    let a = ControlPlane::start(plane_config(None))
-        .await
-        .expect("plane a");
-    let (api, grpc) = (a.api_addr(), a.grpc_addr());
-    register_cart(api, &[("b0", bs[0].local_addr())]).await;
-    bump(api, 5).await;
-    let relay = Relay::start(grpc).await;
-    let relay_addr = relay.local_addr();
-    let (p, _addr) = proxy(&cart_proxy_yaml(relay_addr, "")).await;
-    eventually("b0 from plane a", || async {
-        cluster_addresses(&p, "cart").await == vec![bs[0].local_addr().to_string()]
-    })
-    .await;
+    let (a, relay, p) = followed_plane(bs[0].local_addr(), 5).await;
+    let (api, grpc, relay_addr) = (a.api_addr(), a.grpc_addr(), relay.local_addr());
     // While the proxy is cut off, plane B replaces A (versions start
     // again), holds only b1 and passes v with writes of its own. Resuming
     // "from v" would replay B's last few deltas on top of A's state.
     relay.stop().await;
     a.shutdown().await;
-    let mut cfg = plane_config(None);
-    cfg.api_address = api;
-    cfg.grpc_address = grpc;
-    let b = ControlPlane::start(cfg).await.expect("plane b");
+    let b = in_memory_plane_on(api, grpc).await;
     register_cart(api, &[("b1", bs[1].local_addr())]).await;
     bump(api, 40).await;
     let relay = Relay::start_on(relay_addr, grpc).await;
@@ -247,6 +219,36 @@ async fn a_restarted_control_plane_past_the_proxys_version_sends_a_snapshot() {
     p.shutdown().await;
     b.shutdown().await;
     relay.stop().await;
+}
+
+/// An in-memory control plane holding `shop/cart` = {b0 at `b0`} after
+/// `bumps` further writes, and a proxy following it through a relay,
+/// once the proxy routes to exactly b0.
+async fn followed_plane(
+    b0: SocketAddr,
+    bumps: usize,
+) -> (ControlPlane, Relay, meshless_proxy::Proxy) {
+    let a = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane a");
+    register_cart(a.api_addr(), &[("b0", b0)]).await;
+    bump(a.api_addr(), bumps).await;
+    let relay = Relay::start(a.grpc_addr()).await;
+    let (p, _addr) = proxy(&cart_proxy_yaml(relay.local_addr(), "")).await;
+    eventually("b0 from plane a", || async {
+        cluster_addresses(&p, "cart").await == vec![b0.to_string()]
+    })
+    .await;
+    (a, relay, p)
+}
+
+/// A new in-memory control plane (versions start again) on the API and
+/// stream addresses of one that stopped.
+async fn in_memory_plane_on(api: SocketAddr, grpc: SocketAddr) -> ControlPlane {
+    let mut cfg = plane_config(None);
+    cfg.api_address = api;
+    cfg.grpc_address = grpc;
+    ControlPlane::start(cfg).await.expect("plane b")
 }
 
 /// `n` writes to another service: the registry version grows by `n`.
