@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use bytes::Bytes;
-use meshless_model::{Conditions, Endpoint as ModelEndpoint, EndpointId};
+use meshless_model::{Conditions, Endpoint as ModelEndpoint, EndpointId, ServiceSettings};
 use prost::Message;
 
 #[allow(
@@ -34,6 +34,43 @@ pub enum WireError {
     Port { id: String, port: u32 },
     #[error("delta: {0}")]
     Decode(#[from] prost::DecodeError),
+    #[error("service settings: {0}")]
+    Settings(String),
+}
+
+/// Service settings to wire.
+pub fn settings_to_wire(s: &ServiceSettings) -> v1::ServiceSettings {
+    v1::ServiceSettings {
+        policy: s.policy.clone(),
+        hash_key: s.hash_key.as_ref().map(ToString::to_string),
+        load_factor: s.load_factor,
+        locality: s.locality.map(|l| l.to_string()),
+        scale_to_zero: s.scale_to_zero,
+    }
+}
+
+/// Wire service settings to model, validated.
+pub fn settings_from_wire(w: &v1::ServiceSettings) -> Result<ServiceSettings, WireError> {
+    let bad = |e: &dyn std::fmt::Display| WireError::Settings(e.to_string());
+    let s = ServiceSettings {
+        policy: w.policy.clone(),
+        hash_key: w
+            .hash_key
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| bad(&e))?,
+        load_factor: w.load_factor,
+        locality: w
+            .locality
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| bad(&e))?,
+        scale_to_zero: w.scale_to_zero,
+    };
+    s.validate().map_err(|e| bad(&e))?;
+    Ok(s)
 }
 
 /// Model endpoint (with its slice) to wire.
@@ -109,5 +146,39 @@ mod tests {
         let mut w = endpoint_to_wire(&e, "s");
         w.addresses = vec!["nope".into()];
         assert!(endpoint_from_wire(&w).is_err());
+    }
+
+    #[test]
+    fn settings_round_trip_and_bad_ones_are_refused() {
+        let s = ServiceSettings {
+            policy: Some("maglev".into()),
+            hash_key: Some(meshless_model::HashKeySource::Query("id".into())),
+            load_factor: Some(1.5),
+            locality: Some(meshless_model::LocalityChoice::Any),
+            scale_to_zero: Some(false),
+        };
+        assert_eq!(settings_from_wire(&settings_to_wire(&s)).expect("valid"), s);
+        let empty = settings_to_wire(&ServiceSettings::default());
+        assert_eq!(empty, v1::ServiceSettings::default());
+        for bad in [
+            v1::ServiceSettings {
+                policy: Some("fastest".into()),
+                ..Default::default()
+            },
+            v1::ServiceSettings {
+                hash_key: Some("body".into()),
+                ..Default::default()
+            },
+            v1::ServiceSettings {
+                load_factor: Some(0.0),
+                ..Default::default()
+            },
+            v1::ServiceSettings {
+                locality: Some("moon".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(settings_from_wire(&bad).is_err(), "{bad:?}");
+        }
     }
 }

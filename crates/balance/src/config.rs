@@ -353,6 +353,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_model_knows_the_same_policy_names() {
+        let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(names, meshless_model::service_settings::POLICY_NAMES);
+    }
+
+    #[test]
     fn a_maglev_table_is_small_under_100_entries_per_endpoint() {
         let maglev = ClusterConfig::new(PolicyKind::Maglev);
         // The default 65,537 entries cover 655 endpoints at 100 each.

@@ -37,6 +37,9 @@ pub enum LocalityMode {
     /// endpoints (Envoy reads the callers' own spread from its local
     /// cluster; a node proxy has no such cluster).
     Proportional,
+    /// `prefer` without the node tier: the caller's zone while at least
+    /// `min_healthy_share` of its endpoints are available, else anywhere.
+    Zone,
     /// Kubernetes `internalTrafficPolicy: Local`: only endpoints on the
     /// caller's node, never spill; nothing when the node has none (or the
     /// caller's node is unknown). Panic mode applies within the node.
@@ -143,7 +146,7 @@ impl Locality {
         pick: PickFn<'_>,
     ) -> Option<(u32, bool)> {
         match self.config.mode {
-            LocalityMode::Prefer => self.prefer(view, ctx, pick),
+            LocalityMode::Prefer | LocalityMode::Zone => self.prefer(view, ctx, pick),
             LocalityMode::Proportional => self.proportional(view, ctx, all, pick),
             LocalityMode::LocalOnly => None,
         }
@@ -155,7 +158,9 @@ impl Locality {
         ctx: &PickContext<'_>,
         pick: PickFn<'_>,
     ) -> Option<(u32, bool)> {
-        for tier in self.tiers(ctx).into_iter().flatten() {
+        // `zone` skips the node tier.
+        let skip = usize::from(self.config.mode == LocalityMode::Zone);
+        for tier in self.tiers(ctx).into_iter().skip(skip).flatten() {
             let a = tier
                 .availability
                 .get(view.set, tier.members.iter().copied());

@@ -478,3 +478,40 @@ fn tier_rings_are_small() {
     let ring = RingHash::new(&[0, 1], |m| ids[m as usize], |_| 1, auto_ring_size(2));
     assert!(ring.heap_bytes() < 20_000, "{} bytes", ring.heap_bytes());
 }
+
+/// `zone`: the caller's zone while enough of it is up, never its node
+/// alone; everything once the zone is down.
+#[test]
+fn zone_locality_prefers_the_zone_not_the_node() {
+    // Two zones of three endpoints, one node each for the first two.
+    let eps: Vec<Endpoint> = (0..6)
+        .map(|i| {
+            endpoint(i)
+                .with_node(format!("n{i}"))
+                .with_zone(if i < 3 { "z1" } else { "z2" })
+        })
+        .collect();
+    let mut cfg = ClusterConfig::new(PolicyKind::Random);
+    cfg.locality = Some(LocalityConfig {
+        mode: LocalityMode::Zone,
+        ..LocalityConfig::default()
+    });
+    cfg.health.fall = 1;
+    cfg.outlier = OutlierConfig::disabled();
+    let c = Cluster::new(&eps, cfg).expect("valid");
+    let at = |k: u64| {
+        c.pick_index(
+            &PickContext::new()
+                .with_locality(Some("n0"), Some("z1"))
+                .with_entropy(k),
+        )
+        .expect("pick")
+    };
+    let picks: std::collections::BTreeSet<usize> = (0..600).map(at).collect();
+    assert_eq!(picks, [0, 1, 2].into(), "the whole zone, not the node");
+    for i in 0..3 {
+        c.record_health_check(i, false);
+    }
+    let spilled: std::collections::BTreeSet<usize> = (0..600).map(at).collect();
+    assert_eq!(spilled, [3, 4, 5].into(), "zone down: anywhere else");
+}

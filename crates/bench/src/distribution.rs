@@ -275,6 +275,7 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
             SERVICE,
             &ServiceInput {
                 ports: vec![ServicePort::tcp(80)],
+                ..ServiceInput::default()
             },
         )
         .await?;

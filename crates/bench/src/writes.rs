@@ -127,7 +127,14 @@ pub async fn run(exe: &std::path::Path, writers: usize) -> Result<WriteBenchRepo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let ports = vec![ServicePort::tcp(80)];
-    api.put_service(SERVICE, &ServiceInput { ports }).await?;
+    api.put_service(
+        SERVICE,
+        &ServiceInput {
+            ports,
+            ..ServiceInput::default()
+        },
+    )
+    .await?;
     let pid = child.0.id();
     let groups0 = counter(&api, "meshless_control_commit_groups_total").await?;
     let cpu0 = proc_cpu_seconds(pid);

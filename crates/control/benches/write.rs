@@ -33,6 +33,7 @@ fn registry(n: usize) -> Registry {
         namespace: "bench".into(),
         name: "svc".into(),
         ports: vec![ServicePort::tcp(80)],
+        settings: Default::default(),
     })
     .expect("service");
     r.put_endpoints(SERVICE, (0..n).map(|i| input(i, 1)).collect())

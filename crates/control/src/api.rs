@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use meshless_model::{Conditions, Endpoint};
+use meshless_model::{Conditions, Endpoint, ServiceSettings};
 use serde::{Deserialize, Serialize};
 
 /// Longest accepted endpoint TTL.
@@ -47,6 +47,9 @@ pub struct ServiceSpec {
     pub name: String,
     #[serde(default)]
     pub ports: Vec<ServicePort>,
+    /// Balancing settings proxies receive with the endpoints.
+    #[serde(default, skip_serializing_if = "ServiceSettings::is_empty")]
+    pub settings: ServiceSettings,
 }
 
 impl ServiceSpec {
@@ -62,6 +65,9 @@ impl ServiceSpec {
 pub struct ServiceInput {
     #[serde(default)]
     pub ports: Vec<ServicePort>,
+    /// Balancing settings proxies receive with the endpoints.
+    #[serde(default, skip_serializing_if = "ServiceSettings::is_empty")]
+    pub settings: ServiceSettings,
 }
 
 /// An endpoint as the registration API accepts it (body of
@@ -156,6 +162,8 @@ pub struct ServiceView {
     pub namespace: String,
     pub name: String,
     pub ports: Vec<ServicePort>,
+    #[serde(default, skip_serializing_if = "ServiceSettings::is_empty")]
+    pub settings: ServiceSettings,
     pub version: u64,
     pub endpoints: Vec<EndpointView>,
     pub slices: Vec<SliceView>,

@@ -175,6 +175,7 @@ fn reset_delta(reg: &mut Registry, service: &str) -> ServiceDelta {
         removed: Vec::new(),
         reset: true,
         activation_error: None,
+        settings: reg.settings(service).cloned(),
     }
 }
 
@@ -246,6 +247,7 @@ mod tests {
             namespace: "shop".into(),
             name: "cart".into(),
             ports: Vec::new(),
+            settings: Default::default(),
         })
         .expect("service");
         let registry = Arc::new(Mutex::new(reg));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use meshless_model::serde_duration as duration;
-use meshless_model::{AtPath, FieldError};
+use meshless_model::{AtPath, FieldError, ServiceSettings};
 use serde::{Deserialize, Serialize};
 
 use crate::api::{EndpointInput, ServicePort, ServiceSpec};
@@ -65,6 +65,9 @@ pub struct StaticService {
     pub ports: Vec<ServicePort>,
     #[serde(default)]
     pub endpoints: Vec<EndpointInput>,
+    /// Balancing settings proxies receive with the endpoints.
+    #[serde(default, skip_serializing_if = "ServiceSettings::is_empty")]
+    pub settings: ServiceSettings,
     /// Scale the service by load (and to zero): see docs/control.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<ServiceScaling>,
@@ -77,6 +80,7 @@ impl StaticService {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             ports: self.ports.clone(),
+            settings: self.settings.clone(),
         }
     }
 }

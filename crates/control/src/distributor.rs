@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use meshless_api::v1;
-use meshless_api::{encode_delta, endpoint_to_wire};
+use meshless_api::{encode_delta, endpoint_to_wire, settings_to_wire};
 use tokio::sync::broadcast;
 
 use crate::metrics::ControlMetrics;
@@ -148,6 +148,7 @@ impl Distributor {
             removed: Vec::new(),
             reset: false,
             activation_error: Some(reason.to_owned()),
+            settings: None,
         };
         self.publish(&delta, Instant::now());
         drop(registry);
@@ -167,6 +168,7 @@ impl Distributor {
             removed: delta.removed.iter().map(|id| id.to_string()).collect(),
             reset: delta.reset,
             activation_error: delta.activation_error.clone().unwrap_or_default(),
+            settings: delta.settings.as_ref().map(settings_to_wire),
         };
         let encoded = Arc::new(EncodedDelta {
             version: delta.version,
@@ -216,6 +218,7 @@ impl Distributor {
                     removed: Vec::new(),
                     reset: true,
                     activation_error: String::new(),
+                    settings: reg.settings(service).map(settings_to_wire),
                 });
                 if let Some(v) = current {
                     cache.insert(service.clone(), (v, bytes.clone()));
@@ -279,6 +282,7 @@ mod tests {
             removed: vec![EndpointId::new("gone")],
             reset: false,
             activation_error: None,
+            settings: None,
         }
     }
 

@@ -239,6 +239,7 @@ async fn write(
                 namespace: ns.to_owned(),
                 name: name.to_owned(),
                 ports: body.ports,
+                settings: body.settings,
             };
             let (v, _) = state
                 .write_grouped(move |r| r.put_service(spec))

@@ -189,6 +189,13 @@ pub struct EventLabels {
     pub event: String,
 }
 
+/// Labels of `meshless_control_kubernetes_annotation_errors`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnnotationLabels {
+    /// The annotation at fault, e.g. `meshless.io/policy`.
+    pub annotation: String,
+}
+
 /// The Kubernetes source's metrics (all zero when it is not configured).
 #[derive(Debug, Clone, Default)]
 pub struct KubernetesMetrics {
@@ -209,6 +216,9 @@ pub struct KubernetesMetrics {
     pub scale_writes: Counter,
     /// 1 while this replica holds the leader Lease.
     pub leader: Gauge,
+    /// Bad `meshless.io/*` settings annotations seen (each distinct error
+    /// once per service); the service kept its previous settings.
+    pub annotation_errors: Family<AnnotationLabels, Counter>,
 }
 
 impl KubernetesMetrics {
@@ -249,6 +259,11 @@ impl KubernetesMetrics {
             "scale_writes",
             "Replicas set through the scale subresource",
             self.scale_writes.clone(),
+        );
+        r.register(
+            "annotation_errors",
+            "Bad meshless.io settings annotations on Services (the service kept its previous settings)",
+            self.annotation_errors.clone(),
         );
         r.register(
             "leader",

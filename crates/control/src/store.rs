@@ -255,6 +255,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: name.into(),
                 ports: Vec::new(),
+                settings: Default::default(),
             },
             version,
             next_slice: 1,

@@ -67,6 +67,7 @@ async fn routes_answer_with_versions_views_and_errors_that_name_the_problem() {
             SVC,
             &ServiceInput {
                 ports: vec![ServicePort::tcp(80)],
+                ..ServiceInput::default()
             },
         )
         .await

@@ -28,6 +28,7 @@ fn write_five(s: &PlaneState) {
             namespace: "shop".into(),
             name: "cart".into(),
             ports: Vec::new(),
+            settings: Default::default(),
         })
     })
     .expect("service");

@@ -43,6 +43,7 @@ fn spec() -> ServiceSpec {
         namespace: "shop".into(),
         name: "cart".into(),
         ports: vec![ServicePort::tcp(80)],
+        settings: Default::default(),
     }
 }
 

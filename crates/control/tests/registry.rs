@@ -23,6 +23,7 @@ fn spec() -> ServiceSpec {
             port: 80,
             protocol: "TCP".into(),
         }],
+        settings: Default::default(),
     }
 }
 
@@ -87,4 +88,60 @@ fn restart_restores_services_endpoints_slices_and_versions() {
         .expect("write after restart");
     assert!(v > version, "versions keep increasing");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A service's settings reach the delta when they change (and only then),
+/// every reset carries them, a bad one is refused with its path, and they
+/// survive a restart.
+#[test]
+fn settings_travel_with_deltas_and_survive_a_restart() {
+    let dir = temp_dir("settings");
+    let with = |policy: &str| {
+        let mut s = spec();
+        s.settings = serde_json::from_value(serde_json::json!({
+            "policy": policy, "hash_key": "header:x-user"
+        }))
+        .expect("settings");
+        s
+    };
+    {
+        let mut r = Registry::open(Some(Store::open(&dir).expect("store")), 100).expect("registry");
+        r.put_service(with("maglev")).expect("service");
+        let (delta, _) = r.reconcile("shop/cart").expect("ok").expect("a delta");
+        let s = delta.settings.expect("new settings travel");
+        assert_eq!(s.policy.as_deref(), Some("maglev"));
+        // The same settings again: nothing to send.
+        r.put_service(with("maglev")).expect("same");
+        assert!(r.reconcile("shop/cart").expect("ok").is_none());
+        // Endpoints only: the delta leaves the settings out (unchanged).
+        r.put_endpoints("shop/cart", vec![input(1)])
+            .expect("endpoint");
+        let (delta, _) = r.reconcile("shop/cart").expect("ok").expect("a delta");
+        assert!(delta.settings.is_none() && delta.upserted.len() == 1);
+        r.put_service(with("ring_hash")).expect("changed");
+        let (delta, _) = r.reconcile("shop/cart").expect("ok").expect("a delta");
+        assert_eq!(
+            delta.settings.and_then(|s| s.policy).as_deref(),
+            Some("ring_hash")
+        );
+        let v = r.version();
+        let e = r.put_service(with("fastest")).expect_err("unknown policy");
+        assert!(
+            matches!(&e, RegistryError::Invalid(f) if f.path == "settings.policy"),
+            "{e}"
+        );
+        assert_eq!(r.version(), v, "nothing stored");
+    }
+    let r = Registry::open(Some(Store::open(&dir).expect("store")), 100).expect("reopen");
+    let s = r.settings("shop/cart").expect("service");
+    assert_eq!(s.policy.as_deref(), Some("ring_hash"));
+    assert_eq!(
+        r.view("shop/cart")
+            .expect("view")
+            .settings
+            .hash_key
+            .map(|k| k.to_string())
+            .as_deref(),
+        Some("header:x-user")
+    );
 }

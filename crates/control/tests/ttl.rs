@@ -15,6 +15,7 @@ fn registry() -> Registry {
         namespace: "shop".into(),
         name: "cart".into(),
         ports: vec![ServicePort::tcp(80)],
+        settings: Default::default(),
     })
     .expect("service");
     r

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint as SliceEndpoint, EndpointSlice};
 use meshless_control::api::{EndpointInput, ServicePort, ServiceSpec};
-use meshless_model::Conditions;
+use meshless_model::{Conditions, FieldError, ServiceSettings};
 
 /// The label naming a slice's service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -35,6 +35,9 @@ pub struct Desired {
     pub endpoints: Vec<EndpointInput>,
     /// Slice endpoints left out (FQDN, no usable address, no matching port).
     pub skipped: u64,
+    /// The Service's `meshless.io/*` settings annotations are bad: `spec`
+    /// carries no settings, and the writer keeps what it had.
+    pub settings_error: Option<FieldError>,
 }
 
 /// Every watched Service and EndpointSlice, by service.
@@ -192,7 +195,15 @@ impl SliceCache {
     /// Service (slices without a Service are kept, not served, as kube-proxy does).
     pub fn desired(&self, key: &str) -> Option<Desired> {
         let service = self.services.get(key)?;
-        let spec = service_spec(service)?;
+        let mut spec = service_spec(service)?;
+        let annotations = service.metadata.annotations.clone().unwrap_or_default();
+        let settings_error = match ServiceSettings::from_annotations(&annotations) {
+            Ok(s) => {
+                spec.settings = s;
+                None
+            }
+            Err(e) => Some(e),
+        };
         let chosen = chosen_port(service);
         let mut merged = Merged::default();
         if let (Some(port), Some(slices)) = (chosen, self.slices.get(key)) {
@@ -205,6 +216,7 @@ impl SliceCache {
             spec,
             endpoints: merged.endpoints.into_values().collect(),
             skipped: merged.skipped,
+            settings_error,
         })
     }
 }
@@ -232,6 +244,7 @@ fn service_spec(service: &Service) -> Option<ServiceSpec> {
         namespace: service.metadata.namespace.clone()?,
         name: service.metadata.name.clone()?,
         ports,
+        settings: Default::default(),
     })
 }
 

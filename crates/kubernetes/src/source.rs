@@ -25,7 +25,9 @@ use kube::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use meshless_control::api::{EndpointInput, ServiceSpec};
-use meshless_control::kubernetes::{EventLabels, KubernetesMetrics, KubernetesSource};
+use meshless_control::kubernetes::{
+    AnnotationLabels, EventLabels, KubernetesMetrics, KubernetesSource,
+};
 use meshless_control::plane::PlaneState;
 use meshless_model::EndpointId;
 use tokio::sync::watch;
@@ -92,6 +94,9 @@ pub struct Source {
     state: Arc<PlaneState>,
     cache: SliceCache,
     written: BTreeMap<ServiceKey, Written>,
+    /// Per service with bad settings annotations: the error last reported
+    /// (each new one is logged and counted once).
+    bad_annotations: BTreeMap<ServiceKey, String>,
     /// Objects listed since `Init`, per (resource, namespace scope).
     service_lists: BTreeMap<Option<String>, Vec<Service>>,
     slice_lists: BTreeMap<Option<String>, Vec<EndpointSlice>>,
@@ -112,6 +117,7 @@ impl Source {
             state,
             cache: SliceCache::default(),
             written: BTreeMap::new(),
+            bad_annotations: BTreeMap::new(),
             service_lists: BTreeMap::new(),
             slice_lists: BTreeMap::new(),
         }
@@ -240,6 +246,7 @@ impl Source {
     }
 
     fn remove(&mut self, key: &str) {
+        self.bad_annotations.remove(key);
         if self.written.remove(key).is_none() {
             return;
         }
@@ -255,11 +262,43 @@ impl Source {
         tracing::info!(service = key, "kubernetes service removed");
     }
 
-    fn write(&mut self, key: &str, d: Desired) {
+    /// A bad settings annotation: the service keeps the settings it had;
+    /// each new error is logged (an event-like line) and counted once.
+    fn reject_annotations(&mut self, key: &str, e: &meshless_model::FieldError) {
+        let text = e.to_string();
+        if self.bad_annotations.get(key) == Some(&text) {
+            return;
+        }
+        self.metrics()
+            .annotation_errors
+            .get_or_create(&AnnotationLabels {
+                annotation: e.path.clone(),
+            })
+            .inc();
+        tracing::warn!(service = key, annotation = %e.path, reason = %e.reason, "bad annotation on Kubernetes Service; keeping its previous settings");
+        self.bad_annotations.insert(key.to_owned(), text);
+    }
+
+    fn write(&mut self, key: &str, mut d: Desired) {
         if d.skipped > 0 {
             self.metrics().skipped_endpoints.inc_by(d.skipped);
         }
         let old = self.written.remove(key).unwrap_or_default();
+        match d.settings_error.take() {
+            Some(e) => {
+                d.spec.settings = old
+                    .spec
+                    .as_ref()
+                    .map(|s| s.settings.clone())
+                    .unwrap_or_default();
+                self.reject_annotations(key, &e);
+            }
+            None => {
+                if self.bad_annotations.remove(key).is_some() {
+                    tracing::info!(service = key, "Kubernetes Service annotations valid again");
+                }
+            }
+        }
         let spec_changed = old.spec.as_ref() != Some(&d.spec);
         let puts: Vec<EndpointInput> = d
             .endpoints

@@ -8,6 +8,7 @@
 mod endpoint;
 pub mod field_error;
 pub mod serde_duration;
+pub mod service_settings;
 pub mod subset;
 pub mod yaml;
 
@@ -15,3 +16,4 @@ pub use endpoint::{
     Conditions, Endpoint, EndpointError, EndpointId, MAX_WEIGHT, routable_endpoints,
 };
 pub use field_error::{AtPath, FieldError};
+pub use service_settings::{HashKeySource, LocalityChoice, ServiceSettings};

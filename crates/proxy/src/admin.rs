@@ -121,6 +121,14 @@ async fn answer(
 struct ClusterView {
     name: String,
     policy: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hash_key: Option<crate::config::HashKey>,
+    /// The locality mode, absent when off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    locality: Option<meshless_balance::LocalityMode>,
+    /// Why the service's settings did not apply (the file's config is used).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settings_error: Option<String>,
     active_requests: u64,
     /// Requests sent and waiting for response headers.
     pending_requests: u64,
@@ -155,6 +163,14 @@ fn clusters(state: &ProxyState) -> Vec<ClusterView> {
         .map(|c| ClusterView {
             name: c.name.to_string(),
             policy: c.config.balancer.policy.clone(),
+            hash_key: c.config.balancer.hash_key.clone(),
+            locality: c
+                .config
+                .locality
+                .as_ref()
+                .filter(|l| l.enabled)
+                .map(|l| l.mode),
+            settings_error: c.settings_error.as_ref().map(ToString::to_string),
             active_requests: c.counters.active_requests.load(Ordering::Relaxed),
             pending_requests: c.counters.pending.load(Ordering::Relaxed),
             active_retries: c.counters.active_retries.load(Ordering::Relaxed),

@@ -10,14 +10,15 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use meshless_api::v1::{self, ClientMessage, client_message, server_message};
-use meshless_api::{DistributionClient, decode_delta, endpoint_from_wire};
-use meshless_model::{Endpoint, EndpointId};
+use meshless_api::{DistributionClient, decode_delta, endpoint_from_wire, settings_from_wire};
+use meshless_model::{Endpoint, EndpointId, ServiceSettings};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint as GrpcEndpoint;
 
 use crate::config::NodeConfig;
 use crate::merge_window::MergeWindow;
+use crate::snapshot::ServiceFeed;
 use crate::state::ProxyState;
 
 /// No message (heartbeats included) for this long: the stream is dead.
@@ -90,7 +91,14 @@ fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
 }
 
 /// The proxy's own view of the streamed services: endpoints per service.
-type Table = BTreeMap<String, BTreeMap<EndpointId, Endpoint>>;
+/// Per service: its endpoints by id and its settings, as received.
+type Table = BTreeMap<String, TableEntry>;
+
+#[derive(Debug, Default)]
+struct TableEntry {
+    endpoints: BTreeMap<EndpointId, Endpoint>,
+    settings: ServiceSettings,
+}
 
 /// Runs until `stop` changes; rebuilds merged within `merge_window`.
 #[allow(clippy::too_many_arguments)]
@@ -307,18 +315,28 @@ fn apply(state: &ProxyState, table: &mut Table, merge: &mut MergeWindow, delta: 
     }
     let entry = table.entry(delta.service.clone()).or_default();
     if delta.reset {
-        entry.clear();
+        entry.endpoints.clear();
+        entry.settings = ServiceSettings::default();
+    }
+    if let Some(w) = &delta.settings {
+        match settings_from_wire(w) {
+            Ok(s) => entry.settings = s,
+            // Keep what it had: a newer control plane may know more values.
+            Err(e) => {
+                tracing::warn!(service = %delta.service, error = %e, "service settings skipped")
+            }
+        }
     }
     for w in &delta.upserted {
         match endpoint_from_wire(w) {
             Ok(e) => {
-                entry.insert(e.id.clone(), e);
+                entry.endpoints.insert(e.id.clone(), e);
             }
             Err(e) => tracing::warn!(service = %delta.service, error = %e, "endpoint skipped"),
         }
     }
     for id in &delta.removed {
-        entry.remove(&EndpointId::new(id.clone()));
+        entry.endpoints.remove(&EndpointId::new(id.clone()));
     }
     // Requests may be held for a service with no endpoints: never wait.
     let empty = state
@@ -326,7 +344,7 @@ fn apply(state: &ProxyState, table: &mut Table, merge: &mut MergeWindow, delta: 
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get(&delta.service)
-        .is_none_or(Vec::is_empty);
+        .is_none_or(|f| f.endpoints.is_empty());
     let now = Instant::now();
     if merge.admit(&delta.service, now, delta.reset || empty) {
         rebuild(state, table, &delta.service);
@@ -336,16 +354,19 @@ fn apply(state: &ProxyState, table: &mut Table, merge: &mut MergeWindow, delta: 
 
 /// Rebuilds the clusters of `service` from the table.
 fn rebuild(state: &ProxyState, table: &Table, service: &str) {
-    let endpoints: Vec<Endpoint> = table
+    let feed = table
         .get(service)
-        .map(|e| e.values().cloned().collect())
+        .map(|e| ServiceFeed {
+            endpoints: e.endpoints.values().cloned().collect(),
+            settings: e.settings.clone(),
+        })
         .unwrap_or_default();
     // The lock orders this against reloads, which rebuild from the same table.
     let mut services = state
         .services
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    services.insert(service.to_owned(), endpoints);
+    services.insert(service.to_owned(), feed);
     let current = state.snapshot.load_full();
     match current.with_service(service, &services) {
         Ok(next) => {

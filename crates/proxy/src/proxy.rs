@@ -228,11 +228,8 @@ impl Proxy {
         } else {
             None
         };
-        let snapshot = Snapshot::build(
-            config.clone(),
-            Some(&current),
-            &self.state.service_endpoints(),
-        )?;
+        let snapshot =
+            Snapshot::build(config.clone(), Some(&current), &self.state.service_feeds())?;
         let watched = snapshot.watched_services();
         let mut listeners = self.listeners.lock().await;
         // Bind what is new before anything changes.

@@ -44,7 +44,11 @@ pub struct SnapshotError {
 #[derive(Debug)]
 pub struct UpstreamCluster {
     pub name: Arc<str>,
+    /// The file's cluster with the service's settings applied where the
+    /// file is silent (the file's own when they cannot apply).
     pub config: ClusterConfig,
+    /// Why the service's settings could not apply, if they could not.
+    pub settings_error: Option<FieldError>,
     /// The balancer, with load, health and outlier state.
     pub lb: Cluster,
     /// `ip:port` of each endpoint, by balancer index.
@@ -58,16 +62,28 @@ pub struct UpstreamCluster {
 
 impl UpstreamCluster {
     /// Builds from validated config, keeping `previous`'s live state and,
-    /// when the pool settings are unchanged, its connections.
+    /// when the pool settings are unchanged, its connections. `has_node`:
+    /// this proxy knows its node (for a service's `local-only` setting).
     pub fn build(
-        config: &ClusterConfig,
+        declared: &ClusterConfig,
         previous: Option<&UpstreamCluster>,
-        services: &ServiceEndpoints,
+        services: &ServiceFeeds,
+        has_node: bool,
     ) -> Result<Self, ClusterError> {
-        let endpoints = match &config.service {
-            Some(s) => services.get(s).cloned().unwrap_or_default(),
-            None => config.endpoints_model(),
+        let feed = declared.service.as_ref().and_then(|s| services.get(s));
+        let endpoints = match (&declared.service, feed) {
+            (Some(_), Some(f)) => f.endpoints.clone(),
+            (Some(_), None) => Vec::new(),
+            (None, _) => declared.endpoints_model(),
         };
+        let (config, settings_error) = effective_config(declared, feed, endpoints.len(), has_node);
+        let previous_error = previous.and_then(|p| p.settings_error.as_ref());
+        if let Some(e) = &settings_error
+            && previous_error != Some(e)
+        {
+            tracing::warn!(cluster = %declared.name, setting = %e.path, reason = %e.reason, "service settings cannot apply; using the file's cluster config");
+        }
+        let config = &config;
         let balance = config.balance_config()?;
         // Warn once as a cluster crosses the rule, not on every rebuild.
         let was_small =
@@ -111,6 +127,7 @@ impl UpstreamCluster {
         Ok(Self {
             name: Arc::from(config.name.as_str()),
             config: config.clone(),
+            settings_error,
             lb,
             authorities,
             endpoint_labels,
@@ -121,9 +138,43 @@ impl UpstreamCluster {
     }
 }
 
-/// Endpoints of `service:` clusters, by `namespace/name`, as last received
-/// from the control plane.
-pub type ServiceEndpoints = HashMap<String, Vec<meshless_model::Endpoint>>;
+/// The declared cluster with the service's settings applied, if they
+/// apply to it and the result is a valid balancer for `endpoints`
+/// endpoints; else the declared one and why.
+fn effective_config(
+    declared: &ClusterConfig,
+    feed: Option<&ServiceFeed>,
+    endpoints: usize,
+    has_node: bool,
+) -> (ClusterConfig, Option<FieldError>) {
+    let Some(settings) = feed.map(|f| &f.settings).filter(|s| !s.is_empty()) else {
+        return (declared.clone(), None);
+    };
+    let applied = declared
+        .with_service_settings(settings, has_node)
+        .and_then(|c| {
+            c.balance_config()?
+                .validate_for(endpoints)
+                .map_err(|e| FieldError::new("balancer", e.to_string()))?;
+            Ok(c)
+        });
+    match applied {
+        Ok(c) => (c, None),
+        Err(e) => (declared.clone(), Some(e)),
+    }
+}
+
+/// What the control plane last sent for one service.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServiceFeed {
+    pub endpoints: Vec<meshless_model::Endpoint>,
+    /// Balancing settings ([`ClusterConfig::with_service_settings`]).
+    pub settings: meshless_model::ServiceSettings,
+}
+
+/// What `service:` clusters are built from, by `namespace/name`, as last
+/// received from the control plane.
+pub type ServiceFeeds = HashMap<String, ServiceFeed>;
 
 /// Everything a request needs, at one config version.
 #[derive(Debug)]
@@ -138,14 +189,15 @@ impl Snapshot {
     pub fn build(
         config: ProxyConfig,
         previous: Option<&Snapshot>,
-        services: &ServiceEndpoints,
+        services: &ServiceFeeds,
     ) -> Result<Self, SnapshotError> {
         let mut clusters = HashMap::new();
+        let has_node = config.node.name.is_some();
         for (i, c) in config.clusters.iter().enumerate() {
             let prev = previous
                 .and_then(|p| p.clusters.get(&c.name))
                 .map(Arc::as_ref);
-            let built = UpstreamCluster::build(c, prev, services)
+            let built = UpstreamCluster::build(c, prev, services, has_node)
                 .map_err(|source| SnapshotError { index: i, source })?;
             clusters.insert(c.name.clone(), Arc::new(built));
         }
@@ -168,13 +220,16 @@ impl Snapshot {
     pub fn with_service(
         &self,
         service: &str,
-        services: &ServiceEndpoints,
+        services: &ServiceFeeds,
     ) -> Result<Self, ClusterError> {
         let mut clusters = self.clusters.clone();
-        for (name, c) in &self.clusters {
-            if c.config.service.as_deref() == Some(service) {
-                let built = UpstreamCluster::build(&c.config, Some(c), services)?;
-                clusters.insert(name.clone(), Arc::new(built));
+        let has_node = self.config.node.name.is_some();
+        // Built from the file's clusters: the settings apply afresh.
+        for declared in &self.config.clusters {
+            if declared.service.as_deref() == Some(service) {
+                let prev = self.clusters.get(&declared.name).map(Arc::as_ref);
+                let built = UpstreamCluster::build(declared, prev, services, has_node)?;
+                clusters.insert(declared.name.clone(), Arc::new(built));
             }
         }
         Ok(Self {
@@ -191,5 +246,49 @@ impl Snapshot {
             .iter()
             .filter_map(|c| c.service.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshless_model::{LocalityChoice, ServiceSettings};
+
+    fn feed(settings: ServiceSettings) -> ServiceFeed {
+        ServiceFeed {
+            endpoints: Vec::new(),
+            settings,
+        }
+    }
+
+    /// Settings that cannot apply leave the file's cluster in force and
+    /// say why; settings that can are applied.
+    #[test]
+    fn settings_that_cannot_apply_fall_back_to_the_file() {
+        let declared: ClusterConfig =
+            meshless_model::yaml::from_str("name: web\nservice: shop/web\n").expect("yaml");
+        let local_only = feed(ServiceSettings {
+            locality: Some(LocalityChoice::LocalOnly),
+            ..ServiceSettings::default()
+        });
+        let (c, e) = effective_config(&declared, Some(&local_only), 3, false);
+        assert_eq!(c, declared);
+        assert_eq!(e.expect("refused").path, "locality");
+        let (c, e) = effective_config(&declared, Some(&local_only), 3, true);
+        assert!(e.is_none() && c.locality.is_some());
+        // The file's locality block stays while the policy applies.
+        let declared_ring: ClusterConfig = meshless_model::yaml::from_str(
+            "name: web\nservice: shop/web\nlocality: { mode: prefer }\n",
+        )
+        .expect("yaml");
+        let maglev = feed(ServiceSettings {
+            policy: Some("maglev".into()),
+            ..ServiceSettings::default()
+        });
+        let (c, e) = effective_config(&declared_ring, Some(&maglev), 3, false);
+        assert!(e.is_none(), "{e:?}");
+        assert_eq!(c.balancer.policy, "maglev");
+        let (c, e) = effective_config(&declared, None, 3, false);
+        assert!(e.is_none() && c == declared);
     }
 }

@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 
 use crate::access_log::AccessLogger;
 use crate::metrics::Metrics;
-use crate::snapshot::{ServiceEndpoints, Snapshot};
+use crate::snapshot::{ServiceFeeds, Snapshot};
 
 /// The proxy's live state.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub struct ProxyState {
     pub ready: AtomicBool,
     /// Endpoints of `service:` clusters as last received from the control
     /// plane; kept while it is unreachable (static stability).
-    pub services: std::sync::Mutex<ServiceEndpoints>,
+    pub services: std::sync::Mutex<ServiceFeeds>,
     /// Services a held request asks the control plane to start (sent on the stream).
     pub activate: tokio::sync::mpsc::UnboundedSender<String>,
     /// Notified whenever endpoints from the control plane change.
@@ -35,7 +35,7 @@ pub struct ProxyState {
 
 impl ProxyState {
     /// A copy of the service endpoints (for building a snapshot).
-    pub fn service_endpoints(&self) -> ServiceEndpoints {
+    pub fn service_feeds(&self) -> ServiceFeeds {
         self.services
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -175,6 +175,7 @@ fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -
         removed,
         reset,
         activation_error: String::new(),
+        settings: None,
     };
     let msg = v1::ServerMessage {
         msg: Some(v1::server_message::Msg::Delta(delta.encode_to_vec().into())),

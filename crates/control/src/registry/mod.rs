@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use meshless_model::{Endpoint, EndpointId, FieldError, MAX_WEIGHT};
+use meshless_model::{AtPath, Endpoint, EndpointId, FieldError, MAX_WEIGHT, ServiceSettings};
 
 pub use crate::api::{
     EndpointInput, EndpointView, MAX_TTL_SECONDS, ServicePort, ServiceSpec, ServiceView, SliceView,
@@ -63,6 +63,9 @@ pub struct ServiceDelta {
     pub reset: bool,
     /// The scaler could not start an instance: held requests fail at once.
     pub activation_error: Option<String>,
+    /// The service's settings: set in every reset and when they changed
+    /// (`None` in a reset = no settings).
+    pub settings: Option<ServiceSettings>,
 }
 
 /// One service's live state.
@@ -75,6 +78,8 @@ struct Service {
     slices: SliceSet,
     /// Endpoints changed since the last reconcile.
     dirty: BTreeSet<EndpointId>,
+    /// Settings changed since the last reconcile.
+    settings_dirty: bool,
     last_change: Instant,
     compacted_since_change: bool,
 }
@@ -236,11 +241,13 @@ impl Registry {
                 return Err(invalid(format!("ports[{i}]"), "duplicate port"));
             }
         }
+        spec.settings.validate().at("settings")?;
         let key = spec.key();
         let version = self.version + 1;
         let now = Instant::now();
         let svc = match self.services.get(&key) {
             Some(old) => Service {
+                settings_dirty: old.settings_dirty || old.spec.settings != spec.settings,
                 spec,
                 version,
                 endpoints: old.endpoints.clone(),
@@ -251,6 +258,7 @@ impl Registry {
                 compacted_since_change: false,
             },
             None => Service {
+                settings_dirty: !spec.settings.is_empty(),
                 slices: SliceSet::new(spec.name.clone(), self.max_per_slice),
                 spec,
                 version,
@@ -294,6 +302,7 @@ impl Registry {
             removed: Vec::new(),
             reset: true,
             activation_error: None,
+            settings: None,
         })
     }
 
@@ -459,7 +468,7 @@ impl Registry {
     pub fn dirty_services(&self) -> Vec<String> {
         self.services
             .iter()
-            .filter(|(_, s)| !s.dirty.is_empty())
+            .filter(|(_, s)| !s.dirty.is_empty() || s.settings_dirty)
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -467,6 +476,11 @@ impl Registry {
     /// The version of a service's last change, if it exists.
     pub fn service_version(&self, key: &str) -> Option<u64> {
         self.services.get(key).map(|s| s.version)
+    }
+
+    /// A service's settings, if it exists.
+    pub fn settings(&self, key: &str) -> Option<&ServiceSettings> {
+        self.services.get(key).map(|s| &s.spec.settings)
     }
 
     /// Every endpoint of a service with its slice (a snapshot).
@@ -494,6 +508,7 @@ impl Registry {
             namespace: svc.spec.namespace.clone(),
             name: svc.spec.name.clone(),
             ports: svc.spec.ports.clone(),
+            settings: svc.spec.settings.clone(),
             version: svc.version,
             endpoints: svc
                 .endpoints

@@ -67,6 +67,7 @@ pub(super) fn services(
             expires,
             slices,
             dirty: Default::default(),
+            settings_dirty: false,
             last_change: now,
             compacted_since_change: false,
         };

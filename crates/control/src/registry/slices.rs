@@ -23,7 +23,7 @@ impl Registry {
         let Some(svc) = self.services.get(key) else {
             return Ok(None);
         };
-        if svc.dirty.is_empty() {
+        if svc.dirty.is_empty() && !svc.settings_dirty {
             return Ok(None);
         }
         // Only the changed endpoints and the slices holding them are read.
@@ -46,6 +46,7 @@ impl Registry {
         svc.slices.apply(plan);
         svc.version = version;
         let dirty = std::mem::take(&mut svc.dirty);
+        let settings = std::mem::take(&mut svc.settings_dirty).then(|| svc.spec.settings.clone());
         let mut delta = ServiceDelta {
             service: key.to_owned(),
             version,
@@ -53,6 +54,7 @@ impl Registry {
             removed: Vec::new(),
             reset: false,
             activation_error: None,
+            settings,
         };
         for id in dirty {
             match svc.endpoints.get(&id) {
@@ -204,6 +206,7 @@ impl Registry {
             removed: Vec::new(),
             reset: false,
             activation_error: None,
+            settings: None,
         }))
     }
 }

@@ -25,6 +25,17 @@ pub struct Activation {
     pub container_concurrency: u32,
 }
 
+impl Default for Activation {
+    fn default() -> Self {
+        Self {
+            max_queued: default_max_queued(),
+            queue_timeout: default_queue_timeout(),
+            probe_interval: default_probe_interval(),
+            container_concurrency: 0,
+        }
+    }
+}
+
 fn default_max_queued() -> u32 {
     10_000
 }

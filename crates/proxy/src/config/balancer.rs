@@ -32,6 +32,15 @@ pub struct BalancerYaml {
     /// Hash under bounded_load: maglev or ring_hash.
     #[serde(default = "default_over")]
     pub over: String,
+    /// Whether the file has this block (true for every block read from a
+    /// file, false for the default): a `service:` cluster without one takes
+    /// its policy from the service's settings.
+    #[serde(skip_serializing, skip_deserializing, default = "declared")]
+    pub declared: bool,
+}
+
+fn declared() -> bool {
+    true
 }
 
 impl Default for BalancerYaml {
@@ -44,6 +53,7 @@ impl Default for BalancerYaml {
             table_size: default_table_size(),
             ring_size: None,
             over: default_over(),
+            declared: false,
         }
     }
 }
@@ -125,6 +135,17 @@ pub struct LocalityYaml {
     /// proportional: no locality below this many endpoints (Envoy: 6).
     #[serde(default = "default_min_cluster_size")]
     pub min_cluster_size: usize,
+}
+
+impl Default for LocalityYaml {
+    fn default() -> Self {
+        Self {
+            enabled: default_locality_enabled(),
+            mode: LocalityMode::default(),
+            min_healthy_share: default_min_healthy_share(),
+            min_cluster_size: default_min_cluster_size(),
+        }
+    }
 }
 
 fn default_locality_enabled() -> bool {

@@ -8,6 +8,7 @@ mod cluster;
 mod control;
 mod listener;
 mod route;
+mod service_settings;
 mod upstream;
 
 use std::collections::HashSet;

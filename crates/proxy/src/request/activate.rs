@@ -57,7 +57,8 @@ fn starting(state: &ProxyState, service: &str) -> Vec<Endpoint> {
     services
         .get(service)
         .map(|eps| {
-            eps.iter()
+            eps.endpoints
+                .iter()
                 .filter(|e| !e.conditions.ready && !e.conditions.terminating)
                 .cloned()
                 .collect()
@@ -74,7 +75,7 @@ fn promote(state: &ProxyState, service: &str, id: &meshless_model::EndpointId) {
         .unwrap_or_else(PoisonError::into_inner);
     let Some(e) = services
         .get_mut(service)
-        .and_then(|eps| eps.iter_mut().find(|e| &e.id == id))
+        .and_then(|eps| eps.endpoints.iter_mut().find(|e| &e.id == id))
     else {
         return;
     };
