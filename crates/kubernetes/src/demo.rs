@@ -42,7 +42,18 @@ fn workload(name: &str) -> Workload {
 pub async fn run(settings: DemoSettings, stop: watch::Receiver<bool>) -> std::io::Result<()> {
     let fake = Arc::new(FakeApiServer::start(settings.listen).await?);
     write_kubeconfig(&fake, &settings.kubeconfig)?;
-    fake.apply(&service("demo", "web", &[("http", 80)]));
+    // Annotated: proxies hash `x-user` over a Maglev table for it.
+    let mut web = service("demo", "web", &[("http", 80)]);
+    web.metadata.annotations = Some(
+        [
+            ("meshless.io/policy", "maglev"),
+            ("meshless.io/hash-key", "header:x-user"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    fake.apply(&web);
     fake.apply(&deployment("demo", "web", 3));
     fake.apply(&service("demo", "lazy", &[("http", 80)]));
     fake.apply(&deployment("demo", "lazy", 0));
