@@ -26,7 +26,11 @@ pub enum CidrError {
     #[error("{0:?} is no IP address")]
     Address(String),
     #[error("prefix length {prefix} is above {max} for {addr}")]
-    Prefix { addr: IpAddr, prefix: String, max: u8 },
+    Prefix {
+        addr: IpAddr,
+        prefix: String,
+        max: u8,
+    },
     #[error("{0} has host bits set past its prefix (did you mean {1}?)")]
     HostBits(String, String),
 }
@@ -72,23 +76,21 @@ impl FromStr for Cidr {
     /// `ADDR/PREFIX`, or a bare address (a block of one).
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let (a, p) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| CidrError::Address(a.to_owned()))?
-            ;
+        let addr: IpAddr = a.parse().map_err(|_| CidrError::Address(a.to_owned()))?;
         let addr = addr.to_canonical();
         let max = max_prefix(addr);
         let prefix = match p {
             None => max,
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|n| *n <= max)
-                .ok_or_else(|| CidrError::Prefix {
-                    addr,
-                    prefix: p.to_owned(),
-                    max,
-                })?,
+            Some(p) => {
+                p.parse::<u8>()
+                    .ok()
+                    .filter(|n| *n <= max)
+                    .ok_or_else(|| CidrError::Prefix {
+                        addr,
+                        prefix: p.to_owned(),
+                        max,
+                    })?
+            }
         };
         let block = Self {
             addr: masked(addr, prefix),
@@ -132,10 +134,16 @@ mod tests {
         assert!(c.contains("10.255.1.2".parse().unwrap()));
         assert!(!c.contains("11.0.0.1".parse().unwrap()));
         assert!(c.contains("::ffff:10.1.2.3".parse().unwrap()));
-        assert!(!c.contains("::a00:1".parse().unwrap()), "IPv4-compatible is IPv6");
+        assert!(
+            !c.contains("::a00:1".parse().unwrap()),
+            "IPv4-compatible is IPv6"
+        );
         assert_eq!(
             "10.0.0.1/8".parse::<Cidr>(),
-            Err(CidrError::HostBits("10.0.0.1/8".into(), "10.0.0.0/8".into()))
+            Err(CidrError::HostBits(
+                "10.0.0.1/8".into(),
+                "10.0.0.0/8".into()
+            ))
         );
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("2001:db8::/129".parse::<Cidr>().is_err());
@@ -149,7 +157,8 @@ mod tests {
 
     /// Membership stated bit by bit: the first `prefix` bits agree.
     fn same_prefix(a: &[u8], b: &[u8], prefix: u8) -> bool {
-        (0..usize::from(prefix)).all(|i| (a[i / 8] >> (7 - i % 8)) & 1 == (b[i / 8] >> (7 - i % 8)) & 1)
+        (0..usize::from(prefix))
+            .all(|i| (a[i / 8] >> (7 - i % 8)) & 1 == (b[i / 8] >> (7 - i % 8)) & 1)
     }
 
     proptest! {

@@ -74,7 +74,10 @@ pub fn validate(rules: &[DenyRule]) -> Result<(), FieldError> {
     let mut names = std::collections::HashSet::new();
     for (i, r) in rules.iter().enumerate() {
         if r.name.is_empty() {
-            return Err(FieldError::new(format!("deny[{i}].name"), "must not be empty"));
+            return Err(FieldError::new(
+                format!("deny[{i}].name"),
+                "must not be empty",
+            ));
         }
         if !names.insert(r.name.as_str()) {
             return Err(FieldError::new(

@@ -102,7 +102,9 @@ type GrpcClient = Client<hyper_util::client::legacy::connect::HttpConnector, Ful
 
 /// Passes when a TCP connection opens (then closed at once).
 async fn tcp_check(authority: &Authority) -> bool {
-    tokio::net::TcpStream::connect(authority.as_str()).await.is_ok()
+    tokio::net::TcpStream::connect(authority.as_str())
+        .await
+        .is_ok()
 }
 
 /// GET `path`: 2xx and 3xx pass.

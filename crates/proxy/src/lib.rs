@@ -1,8 +1,8 @@
 //! The meshless data plane: HTTP and TCP listeners, routing, clusters balanced per
 //! request, upstream connection pools, health checks, admin and metrics.
 
-pub mod access_log;
 pub mod accept;
+pub mod access_log;
 pub mod admin;
 pub mod cidr;
 pub mod config;

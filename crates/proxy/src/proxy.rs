@@ -90,10 +90,10 @@ impl Proxy {
         for (i, l) in listener_configs.iter().enumerate() {
             let (socket, _) =
                 ListenerHandle::bind(l.address, &l.socket).map_err(|source| ProxyError::Bind {
-                        what: format!("listeners[{i}].address"),
-                        address: l.address,
-                        source,
-                    })?;
+                    what: format!("listeners[{i}].address"),
+                    address: l.address,
+                    source,
+                })?;
             let handle = ListenerHandle::serve(
                 Arc::from(l.name.as_str()),
                 l.address,

@@ -325,9 +325,8 @@ mod tests {
     fn addr() -> impl Strategy<Value = SocketAddr> {
         prop_oneof![
             (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, p)| SocketAddr::new(ip.into(), p)),
-            (any::<[u8; 16]>(), any::<u16>()).prop_map(|(ip, p)| {
-                SocketAddr::new(IpAddr::from(ip).to_canonical(), p)
-            }),
+            (any::<[u8; 16]>(), any::<u16>())
+                .prop_map(|(ip, p)| { SocketAddr::new(IpAddr::from(ip).to_canonical(), p) }),
         ]
     }
 

@@ -115,7 +115,9 @@ impl SocketOptions {
             let Some(available) = available else {
                 return Err(FieldError::new(
                     "congestion_control",
-                    format!("cannot read {AVAILABLE_CONGESTION_CONTROL}: this kernel offers no choice"),
+                    format!(
+                        "cannot read {AVAILABLE_CONGESTION_CONTROL}: this kernel offers no choice"
+                    ),
                 ));
             };
             if !available.split_whitespace().any(|a| a == cc) {
@@ -232,7 +234,9 @@ mod tests {
         };
         let l = o.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
-        let twin = o.bind(addr).expect("a second SO_REUSEPORT listener on the same port");
+        let twin = o
+            .bind(addr)
+            .expect("a second SO_REUSEPORT listener on the same port");
         let c = o.connect(addr, Duration::from_secs(10)).await.unwrap();
         let s = SockRef::from(&c);
         assert!(s.tcp_nodelay().unwrap());

@@ -133,7 +133,10 @@ pub(super) fn validate_listener(
             }
             known("tcp.cluster", &tcp.cluster)?;
             if tcp.connect_attempts == 0 {
-                return Err(FieldError::new("tcp.connect_attempts", "must be at least 1"));
+                return Err(FieldError::new(
+                    "tcp.connect_attempts",
+                    "must be at least 1",
+                ));
             }
         }
     }

@@ -239,7 +239,10 @@ impl ProxyConfig {
             return err("admin.address".into(), "is also a listener's address");
         }
         let clusters: HashSet<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
-        let congestion = self.wants_congestion_control().then(crate::sockopt::available_congestion_control).flatten();
+        let congestion = self
+            .wants_congestion_control()
+            .then(crate::sockopt::available_congestion_control)
+            .flatten();
         for (i, l) in self.listeners.iter().enumerate() {
             let at = format!("listeners[{i}]");
             if l.name.is_empty() {
@@ -287,7 +290,9 @@ impl ProxyConfig {
                 );
             }
             cluster::validate_cluster(c, self.control.is_some()).at(&at)?;
-            c.socket.validate(false, congestion.as_deref()).at(&format!("{at}.socket"))?;
+            c.socket
+                .validate(false, congestion.as_deref())
+                .at(&format!("{at}.socket"))?;
             if c.proxy_protocol.is_some() && self.http_clusters().contains(c.name.as_str()) {
                 return err(
                     format!("{at}.proxy_protocol"),

@@ -171,7 +171,10 @@ pub async fn serve(
     // not the proxy's to judge.
     guard.set_outcome(Outcome::Status(200));
     let endpoint = guard.endpoint_id().clone();
-    let _active = state.metrics.edge.flow_opened(&downstream.name, &cluster.name);
+    let _active = state
+        .metrics
+        .edge
+        .flow_opened(&downstream.name, &cluster.name);
     let activity = Activity::new();
     let metrics = &state.metrics.edge;
     let mut down = Metered::new(

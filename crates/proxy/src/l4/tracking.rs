@@ -7,6 +7,8 @@
 
 use std::pin::pin;
 
+use tokio::time::Instant;
+
 use meshless_model::EndpointId;
 
 use crate::snapshot::Snapshot;
@@ -22,23 +24,28 @@ pub fn serving(snapshot: &Snapshot, cluster: &str, endpoint: &EndpointId) -> boo
 }
 
 /// Resolves once `endpoint` has been out of `cluster` for the running
-/// config's `drain_timeout` (never while it stays in; an endpoint that
-/// comes back before the end of its drain is kept).
+/// config's `drain_timeout`, counted from when it left: a reload that
+/// shortens the timeout shortens drains under way, and an endpoint that
+/// comes back before the end of its drain is kept. Never while it stays in.
 pub async fn until_drained(state: &ProxyState, cluster: &str, endpoint: &EndpointId) {
+    let mut left: Option<Instant> = None;
     loop {
-        let drain = loop {
-            let mut changed = pin!(state.endpoints_changed.notified());
-            changed.as_mut().enable();
-            let snapshot = state.snapshot.load();
-            if !serving(&snapshot, cluster, endpoint) {
-                break snapshot.config.drain_timeout;
-            }
+        let mut changed = pin!(state.endpoints_changed.notified());
+        changed.as_mut().enable();
+        let snapshot = state.snapshot.load_full();
+        if serving(&snapshot, cluster, endpoint) {
+            left = None;
             changed.await;
-        };
-        tracing::debug!(%cluster, %endpoint, ?drain, "endpoint left: its flows drain");
-        tokio::time::sleep(drain).await;
-        if !serving(&state.snapshot.load(), cluster, endpoint) {
-            return;
+            continue;
+        }
+        let since = *left.get_or_insert_with(|| {
+            tracing::debug!(%cluster, %endpoint, "endpoint left: its flows drain");
+            Instant::now()
+        });
+        let deadline = since + snapshot.config.drain_timeout;
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => return,
+            () = changed => {}
         }
     }
 }

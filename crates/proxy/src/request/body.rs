@@ -186,7 +186,9 @@ impl Drop for Completion {
             .observe(elapsed.as_secs_f64());
         let logger = self.state.access_log.load();
         if logger.enabled() {
-            let client = self.client.map_or_else(|| "-".to_owned(), |ip| ip.to_string());
+            let client = self
+                .client
+                .map_or_else(|| "-".to_owned(), |ip| ip.to_string());
             let queued = logger.log(&AccessRecord {
                 client: &client,
                 time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
