@@ -31,6 +31,8 @@ pub enum CidrError {
         prefix: String,
         max: u8,
     },
+    #[error("a block of IPv4-mapped addresses needs a prefix of at least 96")]
+    Mapped,
     #[error("{0} has host bits set past its prefix (did you mean {1}?)")]
     HostBits(String, String),
 }
@@ -73,12 +75,12 @@ fn masked(addr: IpAddr, prefix: u8) -> IpAddr {
 impl FromStr for Cidr {
     type Err = CidrError;
 
-    /// `ADDR/PREFIX`, or a bare address (a block of one).
+    /// `ADDR/PREFIX`, or a bare address (a block of one). An IPv4-mapped
+    /// block (`::ffff:10.0.0.0/104`) is the IPv4 block it maps (`/8`).
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let (a, p) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
-        let addr: IpAddr = a.parse().map_err(|_| CidrError::Address(a.to_owned()))?;
-        let addr = addr.to_canonical();
-        let max = max_prefix(addr);
+        let written: IpAddr = a.parse().map_err(|_| CidrError::Address(a.to_owned()))?;
+        let max = max_prefix(written);
         let prefix = match p {
             None => max,
             Some(p) => {
@@ -86,11 +88,17 @@ impl FromStr for Cidr {
                     .ok()
                     .filter(|n| *n <= max)
                     .ok_or_else(|| CidrError::Prefix {
-                        addr,
+                        addr: written,
                         prefix: p.to_owned(),
                         max,
                     })?
             }
+        };
+        let addr = written.to_canonical();
+        let prefix = match (written, addr) {
+            // Mapped: the first 96 bits are the mapping prefix.
+            (IpAddr::V6(_), IpAddr::V4(_)) => prefix.checked_sub(96).ok_or(CidrError::Mapped)?,
+            _ => prefix,
         };
         let block = Self {
             addr: masked(addr, prefix),
@@ -148,6 +156,9 @@ mod tests {
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("2001:db8::/129".parse::<Cidr>().is_err());
         assert!("nope/8".parse::<Cidr>().is_err());
+        let mapped: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(mapped.to_string(), "10.0.0.0/8");
+        assert_eq!("::ffff:0.0.0.0/80".parse::<Cidr>(), Err(CidrError::Mapped));
         let one: Cidr = "2001:db8::1".parse().unwrap();
         assert_eq!(one.to_string(), "2001:db8::1/128");
         let all: Cidr = "::/0".parse().unwrap();
