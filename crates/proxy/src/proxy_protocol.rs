@@ -351,7 +351,7 @@ mod tests {
         fn garbage_is_refused_without_panicking(tail in proptest::collection::vec(any::<u8>(), 0..300)) {
             let mut h = SIGNATURE.to_vec();
             h.extend_from_slice(&tail);
-            if let Ok(_) = decode(&h) {
+            if decode(&h).is_ok() {
                 prop_assert_eq!(h[12] >> 4, 2);
                 prop_assert!(h[12] & 0x0f <= 1);
             }

@@ -339,7 +339,7 @@ async fn a_down_endpoint_fails_over_and_is_ejected() {
             pick(&p, FlowKey::SourceIp.hash(client)) == dead.to_string()
         })
         .expect("some source hashes to the dead endpoint");
-    let (name, _f) = flow(from, addr).await;
+    let (name, first) = flow(from, addr).await;
     assert!(
         name == "e0" || name == "e1",
         "served by a live endpoint: {name}"
@@ -357,12 +357,13 @@ async fn a_down_endpoint_fails_over_and_is_ejected() {
         .find(|e| e["address"] == dead.to_string())
         .and_then(|e| e["ejected"].as_bool());
     assert_eq!(ejected, Some(true), "{body}");
-    let (again, _g) = flow(from, addr).await;
+    let (again, second) = flow(from, addr).await;
     assert!(again == "e0" || again == "e1");
     assert_eq!(
         proxy_metric(&p, &failures).await,
         1.0,
         "no second try of the dead one"
     );
+    drop((first, second));
     p.shutdown().await;
 }

@@ -292,7 +292,7 @@ impl ProxyConfig {
             cluster::validate_cluster(c, self.control.is_some()).at(&at)?;
             c.socket
                 .validate(false, congestion.as_deref())
-                .at(&format!("{at}.socket"))?;
+                .at(format!("{at}.socket"))?;
             if c.proxy_protocol.is_some() && self.http_clusters().contains(c.name.as_str()) {
                 return err(
                     format!("{at}.proxy_protocol"),
