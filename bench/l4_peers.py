@@ -169,7 +169,7 @@ def measure(pid, scenario, port):
 
 def main():
     if not os.path.exists(MESHLESS):
-        sys.exit(f"{MESHLESS} missing: cargo build --release -p meshless-cli")
+        sys.exit(f"{MESHLESS} missing: cargo build --release -p meshless")
     backend = subprocess.Popen([sys.executable, __file__, "backend"])
     for p in BACKENDS:
         wait_port(p)

@@ -36,6 +36,11 @@ use crate::proxy_protocol::{self, ProxyProtocolVersion};
 use crate::request::Downstream;
 use pipe::{Activity, Metered};
 
+/// Bytes buffered per direction of a flow: HAProxy's `tune.bufsize`
+/// (tokio's default is 8 KiB; 16 KiB halves the reads and writes of a
+/// bulk flow for 32 KiB per open flow).
+const BUFFER: usize = 16 * 1024;
+
 /// `listeners[].tcp:` where a `protocol: tcp` listener sends its flows
 /// (Envoy's `tcp_proxy` filter; HAProxy's `mode tcp` frontend).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,7 +193,7 @@ pub async fn serve(
         Arc::clone(&activity),
     );
     let ended = tokio::select! {
-        copied = tokio::io::copy_bidirectional(&mut down, &mut up) => match copied {
+        copied = tokio::io::copy_bidirectional_with_sizes(&mut down, &mut up, BUFFER, BUFFER) => match copied {
             Ok(_) => "closed",
             Err(_) => "error",
         },
