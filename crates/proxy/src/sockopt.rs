@@ -244,6 +244,21 @@ mod tests {
         assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(30));
         // Linux doubles the value asked for.
         assert!(s.recv_buffer_size().unwrap() >= 64 * 1024);
+        // Congestion control, where the kernel offers a choice.
+        if let Some(cc) = available_congestion_control()
+            .and_then(|a| a.split_whitespace().next().map(str::to_owned))
+        {
+            let o = SocketOptions {
+                congestion_control: Some(cc.clone()),
+                ..SocketOptions::default()
+            };
+            o.validate(false, available_congestion_control().as_deref())
+                .unwrap();
+            let c = o.connect(addr, Duration::from_secs(10)).await.unwrap();
+            let got = SockRef::from(&c).tcp_congestion().unwrap();
+            let name: Vec<u8> = got.into_iter().take_while(|b| *b != 0).collect();
+            assert_eq!(name, cc.as_bytes());
+        }
         drop((l, twin));
     }
 }

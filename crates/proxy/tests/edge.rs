@@ -338,3 +338,42 @@ fn edge_settings_are_validated() {
     assert!(e.contains("listeners[1].address"), "{e}");
     ProxyConfig::parse(&two("    socket: { reuse_port: true }\n"), "e.yaml").unwrap();
 }
+
+/// Two listeners share one port with `reuse_port`: the kernel spreads
+/// connections over both, and both serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reuse_port_listeners_share_a_port() {
+    let bs = backends(1).await;
+    let one = http_yaml(bs[0].local_addr(), "    socket: { reuse_port: true }\n");
+    let p = Proxy::start(ProxyConfig::parse(&one, "edge.yaml").unwrap())
+        .await
+        .unwrap();
+    let addr = p.listener_addr("web").await.unwrap();
+    let second = format!(
+        "  - name: twin\n    address: \"{addr}\"\n    socket: {{ reuse_port: true }}\n    routes: [{{ cluster: c }}]\n"
+    );
+    let two = one.replace("clusters:\n", &format!("{second}clusters:\n"));
+    p.reload(ProxyConfig::parse(&two, "edge.yaml").unwrap())
+        .await
+        .unwrap();
+    // 64 open connections from distinct ports: all on one listener has
+    // probability 2^-63 under the kernel's hash.
+    let mut open = Vec::new();
+    for _ in 0..64 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        open.push(s);
+    }
+    for l in ["web", "twin"] {
+        let series = format!("meshless_proxy_downstream_connections{{listener=\"{l}\"}}");
+        let n = proxy_metric(&p, &series).await;
+        assert!(n >= 1.0, "{l} served none of 64 connections");
+    }
+    drop(open);
+    p.shutdown().await;
+}
