@@ -367,3 +367,35 @@ async fn a_down_endpoint_fails_over_and_is_ejected() {
     drop((first, second));
     p.shutdown().await;
 }
+
+/// TCP health checks take a dead endpoint out of the table: once it is
+/// marked unhealthy, no flow tries it (no connect failure is counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_health_checks_take_a_dead_endpoint_out() {
+    let es = echoes(2).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let checks =
+        "    health_check: { tcp: true, interval: 100ms, timeout: 1s, unhealthy_threshold: 1 }\n";
+    let (p, addr) = start(&l4_yaml(&[es[0].addr, es[1].addr, dead], "5s", "", checks)).await;
+    eventually("the dead endpoint marked unhealthy", || async {
+        let (_, body) = admin(&p, "/clusters").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["endpoints"].as_array().into_iter().flatten())
+            .any(|e| e["address"] == dead.to_string() && e["healthy"] == false)
+    })
+    .await;
+    for from in 2..40u8 {
+        let (name, _) = flow(from, addr).await;
+        assert!(name == "e0" || name == "e1", "{name}");
+    }
+    let failures =
+        format!("meshless_proxy_tcp_connect_failures_total{{cluster=\"c\",endpoint=\"{dead}\"}}");
+    assert_eq!(proxy_metric(&p, &failures).await, 0.0);
+    p.shutdown().await;
+}
