@@ -32,42 +32,42 @@ FLOWS = int(os.environ.get("FLOWS", "8"))
 CONCURRENCY = int(os.environ.get("CONCURRENCY", "32"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 TICKS = os.sysconf("SC_CLK_TCK")
-BACKENDS = (18100, 18101)
-PORTS = {"haproxy": 18201, "meshless": 18203}
+BACKENDS = (28100, 28101)
+PORTS = {"haproxy": 28201, "meshless": 28203}
 CHUNK = b"x" * (256 * 1024)
 
 HAPROXY_CONF = """
 global
   nbthread 1
-  maxconn 20000
+  maxconn 9000
 defaults
   mode tcp
   timeout connect 5s
   timeout client 60s
   timeout server 60s
 frontend fe
-  bind 127.0.0.1:18201
+  bind 127.0.0.1:28201
   default_backend be
 backend be
   balance source
   hash-type consistent
-  server s1 127.0.0.1:18100
-  server s2 127.0.0.1:18101
+  server s1 127.0.0.1:28100
+  server s2 127.0.0.1:28101
 """
 
 MESHLESS_CONF = """
-admin: { address: "127.0.0.1:18204" }
+admin: { address: "127.0.0.1:28204" }
 access_log: "off"
 listeners:
   - name: l4
-    address: 127.0.0.1:18203
+    address: 127.0.0.1:28203
     protocol: tcp
-    max_connections: 20000
+    max_connections: 9000
     tcp: { cluster: be, flow_key: source_ip }
 clusters:
   - name: be
     balancer: { policy: maglev }
-    endpoints: [{ address: "127.0.0.1:18100" }, { address: "127.0.0.1:18101" }]
+    endpoints: [{ address: "127.0.0.1:28100" }, { address: "127.0.0.1:28101" }]
 """
 
 
