@@ -12,7 +12,7 @@ Scenarios (each proxy in turn, REPEATS rounds, medians):
 
 The backend and the load generator are this script (asyncio, one process
 each); CPU is the proxy process's utime + stime from /proc. Needs
-haproxy and target/release/meshless (bench/l4-peers.sh builds it).
+haproxy and target/release/meshless (`cargo build --release -p meshless`).
 
     python3 bench/l4_peers.py            # DURATION=5 REPEATS=3
     DURATION=2 REPEATS=1 python3 bench/l4_peers.py
