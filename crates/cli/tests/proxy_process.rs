@@ -368,6 +368,7 @@ fn examples_are_valid() {
         ("up", "examples/scale-to-zero.yaml"),
         ("control", "examples/kubernetes.yaml"),
         ("proxy", "examples/kubernetes-proxy.yaml"),
+        ("proxy", "examples/edge.yaml"),
     ] {
         let out = meshless()
             .args([cmd, "--check", "--config"])

@@ -15,6 +15,9 @@ pub struct AccessRecord<'a> {
     /// RFC 3339 time the request finished.
     pub time: String,
     pub listener: &'a str,
+    /// The client's IP address (from a trusted PROXY header or
+    /// `X-Forwarded-For` hop when so configured, else the peer's).
+    pub client: &'a str,
     pub route: &'a str,
     pub cluster: &'a str,
     pub endpoint: &'a str,

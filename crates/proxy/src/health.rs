@@ -71,6 +71,7 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                 tokio::spawn(async move {
                     let check = async {
                         match &hc.grpc {
+                            _ if hc.tcp => tcp_check(&authority).await,
                             Some(g) => grpc_check(&grpc_client, &authority, &g.service).await,
                             None => http_check(&client, &authority, &hc.path).await,
                         }
@@ -98,6 +99,13 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
 }
 
 type GrpcClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// Passes when a TCP connection opens (then closed at once).
+async fn tcp_check(authority: &Authority) -> bool {
+    tokio::net::TcpStream::connect(authority.as_str())
+        .await
+        .is_ok()
+}
 
 /// GET `path`: 2xx and 3xx pass.
 async fn http_check(

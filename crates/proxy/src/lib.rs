@@ -1,19 +1,25 @@
-//! The meshless data plane: HTTP listeners, routing, clusters balanced per
+//! The meshless data plane: HTTP and TCP listeners, routing, clusters balanced per
 //! request, upstream connection pools, health checks, admin and metrics.
 
+pub mod accept;
 pub mod access_log;
 pub mod admin;
+pub mod cidr;
 pub mod config;
 pub mod connection;
+pub mod deny;
 pub mod health;
+pub mod l4;
 pub mod limits;
 pub mod listener;
 pub mod merge_window;
 pub mod metrics;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod request;
 pub mod router;
 pub mod snapshot;
+pub mod sockopt;
 pub mod state;
 pub mod upstream;
 

@@ -18,6 +18,15 @@ pub struct ListenerSettings {
     pub trace: TracePolicy,
     pub paths: PathSettings,
     pub forwarding: Forwarding,
+    pub protocol: crate::config::ListenerProtocol,
+    /// Where flows go, on a `tcp` listener.
+    pub tcp: Option<crate::l4::TcpProxy>,
+    /// Deny rules, checked at accept.
+    pub deny: Vec<crate::deny::DenyRule>,
+    /// PROXY protocol accepted from trusted peers.
+    pub proxy_protocol: Option<crate::proxy_protocol::ProxyProtocolAccept>,
+    /// Options of accepted sockets (those of the listening one apply at bind).
+    pub socket: crate::sockopt::SocketOptions,
 }
 
 /// Downstream connections a listener serves at once by default.

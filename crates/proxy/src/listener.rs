@@ -11,8 +11,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
+use crate::config::ListenerProtocol;
 use crate::limits::ListenerSettings;
 use crate::request::Downstream;
+use crate::sockopt::SocketOptions;
 use crate::state::ProxyState;
 
 /// A running listener.
@@ -29,9 +31,12 @@ pub struct ListenerHandle {
 }
 
 impl ListenerHandle {
-    /// Binds `address`.
-    pub async fn bind(address: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
-        let listener = TcpListener::bind(address).await?;
+    /// Binds `address` with the listener's socket options.
+    pub fn bind(
+        address: SocketAddr,
+        socket: &SocketOptions,
+    ) -> std::io::Result<(TcpListener, SocketAddr)> {
+        let listener = socket.bind(address)?;
         let local = listener.local_addr()?;
         Ok((listener, local))
     }
@@ -157,19 +162,39 @@ fn drain_of(
 }
 
 /// Serves one accepted connection; `permit` is its `max_connections` slot.
+/// The deny rules see it first ([`crate::accept::screen`]), then the
+/// PROXY header is read, then its protocol is served.
 fn serve_connection(
     downstream: &Arc<Downstream>,
     draining: watch::Receiver<bool>,
     stream: TcpStream,
-    client: SocketAddr,
+    peer: SocketAddr,
     permit: OwnedSemaphorePermit,
 ) {
-    let _ = stream.set_nodelay(true);
+    let settings = downstream.settings();
+    let Some(stream) = crate::accept::screen(downstream, &settings, stream, peer) else {
+        return;
+    };
+    let _ = settings.socket.apply(socket2::SockRef::from(&stream));
     let open = downstream.state.metrics.connection_opened(&downstream.name);
     // At the end of a drain, whatever is still open is dropped (closed).
     let closed = downstream.tunnels.closed();
-    let served = crate::connection::serve(Arc::clone(downstream), stream, client, draining);
+    let downstream = Arc::clone(downstream);
     tokio::spawn(async move {
+        let served = async {
+            let accepted = crate::accept::client_address(&downstream, &settings, stream, peer);
+            let Some((stream, client)) = accepted.await else {
+                return;
+            };
+            match settings.protocol {
+                ListenerProtocol::Http => {
+                    crate::connection::serve(downstream.clone(), stream, client, draining).await
+                }
+                ListenerProtocol::Tcp => {
+                    crate::l4::serve(downstream.clone(), stream, client, draining).await
+                }
+            }
+        };
         tokio::select! {
             () = served => {}
             () = closed => {}

@@ -115,6 +115,8 @@ pub struct Metrics {
     pub connections_at_limit: Family<ListenerLabels, Counter>,
     pub upgrades_refused: Family<ListenerLabels, Counter>,
     pub access_log_dropped: Counter,
+    /// Deny rules, PROXY protocol and TCP flows.
+    pub edge: crate::l4::metrics::EdgeMetrics,
 }
 
 impl Default for Metrics {
@@ -235,8 +237,11 @@ impl Metrics {
             "Access-log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        let edge = crate::l4::metrics::EdgeMetrics::default();
+        edge.register(&mut registry);
         Self {
             registry,
+            edge,
             downstream_connections,
             connections_at_limit,
             upgrades_refused,

@@ -89,13 +89,11 @@ impl Proxy {
         let mut listeners = HashMap::new();
         for (i, l) in listener_configs.iter().enumerate() {
             let (socket, _) =
-                ListenerHandle::bind(l.address)
-                    .await
-                    .map_err(|source| ProxyError::Bind {
-                        what: format!("listeners[{i}].address"),
-                        address: l.address,
-                        source,
-                    })?;
+                ListenerHandle::bind(l.address, &l.socket).map_err(|source| ProxyError::Bind {
+                    what: format!("listeners[{i}].address"),
+                    address: l.address,
+                    source,
+                })?;
             let handle = ListenerHandle::serve(
                 Arc::from(l.name.as_str()),
                 l.address,
@@ -239,15 +237,16 @@ impl Proxy {
                 h.update(l.settings());
                 continue;
             }
-            let moved_here =
-                l.address.port() != 0 && listeners.values().any(|h| h.serves(l.address));
+            let moved_here = l.address.port() != 0
+                && !l.socket.reuse_port
+                && listeners.values().any(|h| h.serves(l.address));
             if moved_here {
                 return Err(ProxyError::Invalid(format!(
                     "listeners[{i}].address: {} is in use by another listener; rename in two reloads",
                     l.address
                 )));
             }
-            match ListenerHandle::bind(l.address).await {
+            match ListenerHandle::bind(l.address, &l.socket) {
                 Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket, l.settings())),
                 Err(source) => {
                     return Err(ProxyError::Bind {
@@ -271,6 +270,8 @@ impl Proxy {
             }
             self.state.snapshot.store(Arc::new(snapshot));
         }
+        // TCP flows re-check that their endpoints are still in.
+        self.state.endpoints_changed.notify_waiters();
         self.watched.send_if_modified(|w| {
             let changed = *w != watched;
             *w = watched;

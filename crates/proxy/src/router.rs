@@ -45,6 +45,8 @@ enum Target {
 #[derive(Debug)]
 pub struct RouteTable {
     routes: Vec<Route>,
+    /// The listener's `default_cluster`, taken when no route matches.
+    default: Option<Route>,
 }
 
 impl RouteTable {
@@ -56,13 +58,27 @@ impl RouteTable {
             .enumerate()
             .map(|(i, r)| compile(i, r))
             .collect();
-        Self { routes }
+        let default = listener.default_cluster.as_ref().map(|c| {
+            let r = RouteConfig {
+                name: Some("default_cluster".into()),
+                matcher: Default::default(),
+                cluster: Some(c.clone()),
+                weighted_clusters: None,
+                upgrades: crate::limits::default_upgrades(),
+            };
+            compile(listener.routes.len(), &r)
+        });
+        Self { routes, default }
     }
 
-    /// The first route matching the request.
+    /// The first route matching the request, else the default cluster's
+    /// route (named `default_cluster`).
     pub fn find(&self, parts: &Parts) -> Option<&Route> {
         let host = request_host(parts);
-        self.routes.iter().find(|r| r.matches(parts, host))
+        self.routes
+            .iter()
+            .find(|r| r.matches(parts, host))
+            .or(self.default.as_ref())
     }
 }
 

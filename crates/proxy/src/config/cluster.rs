@@ -66,6 +66,14 @@ pub struct ClusterConfig {
     /// (Envoy's `healthy_panic_threshold`, default 50; 0 disables).
     #[serde(default = "default_panic_threshold")]
     pub panic_threshold: u8,
+    /// Send a PROXY protocol header first on every connection (clusters of
+    /// `tcp` listeners only; Envoy's `proxy_protocol` upstream transport
+    /// socket, HAProxy's `send-proxy-v2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<crate::proxy_protocol::ProxyProtocolVersion>,
+    /// Options of connections to the endpoints (flows of `tcp` listeners).
+    #[serde(default)]
+    pub socket: crate::sockopt::SocketOptions,
 }
 
 fn default_panic_threshold() -> u8 {

@@ -14,11 +14,28 @@ pub struct ListenerConfig {
     pub name: String,
     /// Address to bind.
     pub address: SocketAddr,
-    /// Only `http` (HTTP/1.1 and h2c on the same port).
+    /// `http` (HTTP/1.1 and h2c on the same port) or `tcp` (flows to `tcp.cluster`).
     #[serde(default)]
     pub protocol: ListenerProtocol,
-    /// Routes, matched in order; the first match wins.
+    /// Routes, matched in order; the first match wins (`http` only).
+    #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// The cluster of requests no route matches (`http` only; Envoy's
+    /// catch-all virtual host, HAProxy's `default_backend`). Absent: `404`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_cluster: Option<String>,
+    /// Where flows go (`tcp` listeners only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<crate::l4::TcpProxy>,
+    /// Deny rules checked on every accepted connection, first match wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<crate::deny::DenyRule>,
+    /// PROXY protocol v2 accepted from trusted peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<crate::proxy_protocol::ProxyProtocolAccept>,
+    /// Options of the listening and accepted sockets.
+    #[serde(default)]
+    pub socket: crate::sockopt::SocketOptions,
     /// Downstream connections served at once; more wait in the kernel's
     /// accept backlog until one closes.
     #[serde(default = "crate::limits::default_max_connections")]
@@ -50,6 +67,11 @@ impl ListenerConfig {
             trace: self.trace,
             paths: self.paths.clone(),
             forwarding: self.forwarding.clone(),
+            protocol: self.protocol,
+            tcp: self.tcp.clone(),
+            deny: self.deny.clone(),
+            proxy_protocol: self.proxy_protocol.clone(),
+            socket: self.socket.clone(),
         }
     }
 }
@@ -61,4 +83,71 @@ pub enum ListenerProtocol {
     /// HTTP/1.1 and HTTP/2 with prior knowledge, cleartext.
     #[default]
     Http,
+    /// Raw TCP: each connection a flow to one endpoint of `tcp.cluster`.
+    Tcp,
+}
+
+/// Checks what depends on the listener's protocol, its deny rules, PROXY
+/// protocol and socket options; `clusters` are the names defined and
+/// `congestion` what the kernel offers. Paths are relative to the listener.
+pub(super) fn validate_listener(
+    l: &ListenerConfig,
+    clusters: &std::collections::HashSet<&str>,
+    congestion: Option<&str>,
+) -> Result<(), meshless_model::FieldError> {
+    use meshless_model::{AtPath, FieldError};
+    let known = |path: &str, name: &str| {
+        if clusters.contains(name) {
+            Ok(())
+        } else {
+            Err(FieldError::new(path, format!("unknown cluster {name:?}")))
+        }
+    };
+    match l.protocol {
+        ListenerProtocol::Http => {
+            if l.tcp.is_some() {
+                return Err(FieldError::new("tcp", "only for `protocol: tcp` listeners"));
+            }
+            if l.routes.is_empty() && l.default_cluster.is_none() {
+                return Err(FieldError::new(
+                    "routes",
+                    "at least one route (or a default_cluster) is required",
+                ));
+            }
+            if let Some(c) = &l.default_cluster {
+                known("default_cluster", c)?;
+            }
+        }
+        ListenerProtocol::Tcp => {
+            let Some(tcp) = &l.tcp else {
+                return Err(FieldError::new(
+                    "tcp",
+                    "a `protocol: tcp` listener needs `tcp: { cluster: NAME }`",
+                ));
+            };
+            if !l.routes.is_empty() || l.default_cluster.is_some() {
+                return Err(FieldError::new(
+                    "routes",
+                    "a `protocol: tcp` listener has no routes or default_cluster (use tcp.cluster)",
+                ));
+            }
+            known("tcp.cluster", &tcp.cluster)?;
+            if tcp.connect_attempts == 0 {
+                return Err(FieldError::new(
+                    "tcp.connect_attempts",
+                    "must be at least 1",
+                ));
+            }
+        }
+    }
+    crate::deny::validate(&l.deny)?;
+    if let Some(p) = &l.proxy_protocol
+        && p.trusted.is_empty()
+    {
+        return Err(FieldError::new(
+            "proxy_protocol.trusted",
+            "at least one trusted source block is required",
+        ));
+    }
+    l.socket.validate(true, congestion).at("socket")
 }

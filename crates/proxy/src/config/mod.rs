@@ -230,8 +230,7 @@ impl ProxyConfig {
     pub fn validate(&self) -> Result<(), FieldError> {
         let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
         let mut names = HashSet::new();
-        let mut addresses = HashSet::new();
-        // Port 0 means "any free port": such addresses never collide.
+        let mut addresses = std::collections::HashMap::new();
         if self.admin.address.port() != 0
             && self
                 .listeners
@@ -241,6 +240,10 @@ impl ProxyConfig {
             return err("admin.address".into(), "is also a listener's address");
         }
         let clusters: HashSet<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
+        let congestion = self
+            .wants_congestion_control()
+            .then(crate::sockopt::available_congestion_control)
+            .flatten();
         for (i, l) in self.listeners.iter().enumerate() {
             let at = format!("listeners[{i}]");
             if l.name.is_empty() {
@@ -252,15 +255,22 @@ impl ProxyConfig {
                     &format!("duplicate listener name {:?}", l.name),
                 );
             }
-            if l.address.port() != 0 && !addresses.insert(l.address) {
+            // Port 0 never collides; SO_REUSEPORT listeners may share an address.
+            let shared = l.socket.reuse_port;
+            let clash = l.address.port() != 0
+                && addresses
+                    .insert(l.address, shared)
+                    .is_some_and(|before| !(before && shared));
+            if clash {
                 return err(
                     format!("{at}.address"),
-                    &format!("{} is used by another listener", l.address),
+                    &format!(
+                        "{} is used by another listener (listeners sharing one need socket.reuse_port)",
+                        l.address
+                    ),
                 );
             }
-            if l.routes.is_empty() {
-                return err(format!("{at}.routes"), "at least one route is required");
-            }
+            listener::validate_listener(l, &clusters, congestion.as_deref()).at(&at)?;
             crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
             for (j, r) in l.routes.iter().enumerate() {
                 let route = format!("{at}.routes[{j}]");
@@ -281,6 +291,15 @@ impl ProxyConfig {
                 );
             }
             cluster::validate_cluster(c, self.control.is_some()).at(&at)?;
+            c.socket
+                .validate(false, congestion.as_deref())
+                .at(format!("{at}.socket"))?;
+            if c.proxy_protocol.is_some() && self.http_clusters().contains(c.name.as_str()) {
+                return err(
+                    format!("{at}.proxy_protocol"),
+                    "only for clusters of `protocol: tcp` listeners (HTTP routes use this cluster)",
+                );
+            }
             let local_only = c
                 .locality
                 .as_ref()
@@ -293,6 +312,32 @@ impl ProxyConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl ProxyConfig {
+    /// Whether some listener or cluster sets `socket.congestion_control`.
+    fn wants_congestion_control(&self) -> bool {
+        self.listeners
+            .iter()
+            .map(|l| &l.socket)
+            .chain(self.clusters.iter().map(|c| &c.socket))
+            .any(|s| s.congestion_control.is_some())
+    }
+
+    /// Clusters HTTP listeners send requests to (routes, splits, default).
+    fn http_clusters(&self) -> HashSet<&str> {
+        let mut out = HashSet::new();
+        for l in &self.listeners {
+            out.extend(l.default_cluster.as_deref());
+            for r in &l.routes {
+                out.extend(r.cluster.as_deref());
+                for w in r.weighted_clusters.iter().flatten() {
+                    out.insert(w.cluster.as_str());
+                }
+            }
+        }
+        out
     }
 }
 

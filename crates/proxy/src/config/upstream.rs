@@ -173,6 +173,11 @@ pub struct HealthCheck {
     /// `path` (Envoy's `grpc_health_check`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc: Option<GrpcHealthCheck>,
+    /// Check by opening a TCP connection only (passes when it connects;
+    /// Envoy's `tcp_health_check` with no payload, HAProxy's `check`
+    /// without `option httpchk`): for clusters of `tcp` listeners.
+    #[serde(default)]
+    pub tcp: bool,
     /// Time between checks of one endpoint.
     #[serde(default = "default_health_interval", with = "duration")]
     pub interval: Duration,

@@ -67,6 +67,8 @@ pub struct Completion {
     pub active: Option<Slot>,
     /// Set when the client's request body failed.
     pub fault: ClientFault,
+    /// The client's IP address, for the access log.
+    pub client: Option<std::net::IpAddr>,
     pub end: End,
     /// Response body bytes sent.
     pub bytes: u64,
@@ -96,6 +98,7 @@ impl Completion {
             guard: None,
             active: None,
             fault: ClientFault::default(),
+            client: None,
             end: End::Aborted,
             bytes: 0,
             deadline: None,
@@ -183,7 +186,11 @@ impl Drop for Completion {
             .observe(elapsed.as_secs_f64());
         let logger = self.state.access_log.load();
         if logger.enabled() {
+            let client = self
+                .client
+                .map_or_else(|| "-".to_owned(), |ip| ip.to_string());
             let queued = logger.log(&AccessRecord {
+                client: &client,
                 time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
                 listener: &self.listener,
                 route: &self.route,

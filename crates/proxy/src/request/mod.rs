@@ -111,6 +111,7 @@ pub async fn handle(
     let snapshot = state.snapshot.load_full();
     let (mut parts, body) = req.into_parts();
     let mut record = Completion::new(Arc::clone(state), Arc::clone(&downstream.name), &parts);
+    record.client = Some(client.ip());
     let settings = downstream.settings();
     if let Some(reply) = screen::screen(&settings, &parts) {
         return Ok(reply.respond(record));
@@ -119,6 +120,7 @@ pub async fn handle(
         return Ok(reply.respond(record));
     }
     let client_ip = headers::client_ip(&parts.headers, client, &settings.forwarding);
+    record.client = Some(client_ip);
     let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
         Ok(r) => r,
         Err(reply) => return Ok(reply.respond(record)),
