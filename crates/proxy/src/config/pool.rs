@@ -79,7 +79,10 @@ impl UpstreamTls {
             ));
         }
         if self.ca_file.as_os_str().is_empty() {
-            return Err(FieldError::new("ca_file", "must name a PEM file".to_owned()));
+            return Err(FieldError::new(
+                "ca_file",
+                "must name a PEM file".to_owned(),
+            ));
         }
         Ok(())
     }

@@ -147,9 +147,11 @@ impl Failure {
             Failure::Timeout => {
                 LocalReply::text(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n", "timeout")
             }
-            Failure::Tls(fault) => {
-                LocalReply::text(StatusCode::SERVICE_UNAVAILABLE, fault.message(), "tls_failed")
-            }
+            Failure::Tls(fault) => LocalReply::text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                fault.message(),
+                "tls_failed",
+            ),
             Failure::Pending => LocalReply::overflow("max_pending"),
             Failure::BadRequest => {
                 LocalReply::text(StatusCode::BAD_REQUEST, "bad request\n", "bad_request")

@@ -66,16 +66,19 @@ impl Drop for OpenSlot {
 #[derive(Debug)]
 pub enum Sender {
     Http1(http1::SendRequest<UpstreamBody>),
-    /// With the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, kept current by
-    /// the connection's task.
-    Http2(http2::SendRequest<UpstreamBody>, Arc<AtomicUsize>),
+    /// With the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`.
+    Http2(http2::SendRequest<UpstreamBody>, StreamLimit),
 }
 
 /// Opens a connection to `addr` in `slot` and spawns its task.
+/// `streams_hint` is the endpoint's last known HTTP/2 stream limit (0:
+/// none yet): a new connection is taken to allow no more until its peer's
+/// SETTINGS say otherwise (before them hyper assumes 100).
 pub async fn open(
     addr: SocketAddr,
     settings: &Settings,
     slot: OpenSlot,
+    streams_hint: &Arc<AtomicUsize>,
 ) -> Result<Sender, ConnectError> {
     let tcp = tokio::time::timeout(settings.connect, TcpStream::connect(addr))
         .await
@@ -112,16 +115,81 @@ pub async fn open(
                 .handshake(io)
                 .await
                 .map_err(|_| ConnectError::Connect)?;
-            let max = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
-            let seen = Arc::clone(&max);
-            let mut conn = Box::pin(conn);
-            tokio::spawn(std::future::poll_fn(move |cx| {
-                let polled = conn.as_mut().poll(cx);
-                seen.store(conn.current_max_send_streams(), Ordering::Relaxed);
-                polled.map(|_| ())
-            }));
-            Ok(Sender::Http2(sender, max))
+            let limit = StreamLimit::new(conn, streams_hint);
+            let task = limit.clone();
+            tokio::spawn(std::future::poll_fn(move |cx| task.poll(cx)));
+            Ok(Sender::Http2(sender, limit))
         }
+    }
+}
+
+type H2Connection = http2::Connection<TokioIo<Socket>, UpstreamBody, TokioExecutor>;
+
+/// An HTTP/2 connection's stream limit, read from the connection itself
+/// (hyper drives the h2 state in a task of its own, so the value changes
+/// without this connection's task being polled). The connection's task
+/// polls it under the same lock.
+#[derive(Clone)]
+pub struct StreamLimit {
+    conn: Arc<std::sync::Mutex<Pin<Box<H2Connection>>>>,
+    /// The value before the peer's SETTINGS (hyper's default, 100).
+    initial: usize,
+    /// The endpoint's last known limit, shared by its connections.
+    hint: Arc<AtomicUsize>,
+    /// The last value read, for when the lock is busy.
+    cached: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for StreamLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamLimit")
+            .field("cached", &self.cached)
+            .finish()
+    }
+}
+
+impl StreamLimit {
+    fn new(conn: H2Connection, hint: &Arc<AtomicUsize>) -> Self {
+        let initial = conn.current_max_send_streams();
+        let limit = Self {
+            conn: Arc::new(std::sync::Mutex::new(Box::pin(conn))),
+            initial,
+            hint: Arc::clone(hint),
+            cached: Arc::new(AtomicUsize::new(initial)),
+        };
+        limit.cached.store(limit.of(initial), Ordering::Relaxed);
+        limit
+    }
+
+    /// Streams the peer allows now: its announced limit, or before it is
+    /// known, the endpoint's last known one.
+    pub fn get(&self) -> usize {
+        let Ok(conn) = self.conn.try_lock() else {
+            return self.cached.load(Ordering::Relaxed);
+        };
+        let now = self.of(conn.current_max_send_streams());
+        self.cached.store(now, Ordering::Relaxed);
+        now
+    }
+
+    fn of(&self, current: usize) -> usize {
+        if current != self.initial {
+            self.hint.store(current, Ordering::Relaxed);
+            return current;
+        }
+        match self.hint.load(Ordering::Relaxed) {
+            0 => current,
+            hint => current.min(hint),
+        }
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Its errors reach the requests that were using it.
+        conn.as_mut().poll(cx).map(|_| ())
     }
 }
 

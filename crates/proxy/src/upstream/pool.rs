@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use tokio::sync::Notify;
 
-use super::connect::{self, ConnectError, OpenSlot, Sender};
+use super::connect::{self, ConnectError, OpenSlot, Sender, StreamLimit};
 use super::tls::TlsClient;
 use super::{ClusterCounters, UpstreamBody};
 use crate::config::UpstreamProtocol;
@@ -96,6 +96,7 @@ impl Pool {
                     shared: Arc::clone(&self.shared),
                     conns: Mutex::default(),
                     connected: Notify::new(),
+                    streams_hint: Arc::default(),
                 });
                 map.insert(addr, Arc::downgrade(&p));
                 p
@@ -118,6 +119,8 @@ pub struct EndpointPool {
     conns: Mutex<Conns>,
     /// Woken when an HTTP/2 connect ends (requests wait for it, not open more).
     connected: Notify,
+    /// The endpoint's HTTP/2 stream limit last announced (0: unknown).
+    streams_hint: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -145,7 +148,7 @@ struct H2 {
     /// Streams open on it now.
     streams: Arc<AtomicUsize>,
     /// The peer's limit.
-    max: Arc<AtomicUsize>,
+    max: StreamLimit,
     /// When it was last used.
     used: Instant,
 }
@@ -265,7 +268,13 @@ impl EndpointPool {
             return Ok((self.lease1(s), false));
         }
         let connecting = Connecting::start(self);
-        let opened = connect::open(self.addr, &self.shared.settings, connecting.slot()?).await;
+        let opened = connect::open(
+            self.addr,
+            &self.shared.settings,
+            connecting.slot()?,
+            &self.streams_hint,
+        )
+        .await;
         drop(connecting);
         let Ok(Sender::Http1(sender)) = opened else {
             return Err(opened.err().unwrap_or(ConnectError::Connect));
@@ -287,9 +296,11 @@ impl EndpointPool {
             let wait = {
                 let mut c = lock(&self.conns);
                 c.h2.retain(|h| !h.sender.is_closed());
-                if let Some(h) = c.h2.iter_mut().rev().find(|h| {
-                    h.streams.load(Ordering::Acquire) < h.max.load(Ordering::Relaxed).max(1)
-                }) {
+                if let Some(h) =
+                    c.h2.iter_mut()
+                        .rev()
+                        .find(|h| h.streams.load(Ordering::Acquire) < h.max.get().max(1))
+                {
                     h.streams.fetch_add(1, Ordering::AcqRel);
                     h.used = Instant::now();
                     let held = Held::Http2(h.sender.clone(), Arc::clone(&h.streams));
@@ -314,7 +325,13 @@ impl EndpointPool {
             }
         }
         let connecting = Connecting::start(self);
-        let opened = connect::open(self.addr, &self.shared.settings, connecting.slot()?).await;
+        let opened = connect::open(
+            self.addr,
+            &self.shared.settings,
+            connecting.slot()?,
+            &self.streams_hint,
+        )
+        .await;
         let Ok(Sender::Http2(sender, max)) = opened else {
             return Err(opened.err().unwrap_or(ConnectError::Connect));
         };
@@ -384,10 +401,15 @@ impl EndpointPool {
             let connecting = Connecting {
                 pool: Arc::clone(self),
             };
-            let Ok(slot) = connecting.slot() else { return };
+            // Each guard uncounts its connect, the refused ones too.
+            let Ok(slot) = connecting.slot() else {
+                continue;
+            };
             tokio::spawn(async move {
                 let pool = &connecting.pool;
-                match connect::open(pool.addr, &pool.shared.settings, slot).await {
+                match connect::open(pool.addr, &pool.shared.settings, slot, &pool.streams_hint)
+                    .await
+                {
                     Ok(Sender::Http1(s)) => lock(&pool.conns).push_idle(s, &pool.shared),
                     Ok(Sender::Http2(sender, max)) => lock(&pool.conns).h2.push(H2 {
                         sender,
@@ -429,7 +451,9 @@ impl EndpointPool {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(shared) = shared.upgrade() else { return };
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
                 let pools: Vec<_> = lock(&shared.endpoints)
                     .values()
                     .filter_map(Weak::upgrade)
@@ -467,7 +491,7 @@ impl Conns {
                     return 0;
                 }
                 let streams = self.h2.iter().map(|h| h.streams.load(Ordering::Relaxed));
-                let room = self.h2.iter().map(|h| h.max.load(Ordering::Relaxed));
+                let room = self.h2.iter().map(|h| h.max.get());
                 (streams.sum(), room.sum())
             }
         };

@@ -80,7 +80,10 @@ impl TlsFault {
                 | CertificateError::NotValidYetContext { .. } => TlsFault::Expired,
                 _ => TlsFault::UntrustedCertificate,
             },
-            rustls::Error::NoApplicationProtocol => TlsFault::Alpn,
+            rustls::Error::NoApplicationProtocol
+            | rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol) => {
+                TlsFault::Alpn
+            }
             _ => TlsFault::Handshake,
         }
     }
