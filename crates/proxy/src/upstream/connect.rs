@@ -131,7 +131,9 @@ type H2Connection = http2::Connection<TokioIo<Socket>, UpstreamBody, TokioExecut
 /// polls it under the same lock.
 #[derive(Clone)]
 pub struct StreamLimit {
-    conn: Arc<std::sync::Mutex<Pin<Box<H2Connection>>>>,
+    /// `None` once over: dropped then, which closes its request channel
+    /// (hyper hands back requests it never sent only then).
+    conn: Arc<std::sync::Mutex<Option<Pin<Box<H2Connection>>>>>,
     /// The value before the peer's SETTINGS (hyper's default, 100).
     initial: usize,
     /// The endpoint's last known limit, shared by its connections.
@@ -152,7 +154,7 @@ impl StreamLimit {
     fn new(conn: H2Connection, hint: &Arc<AtomicUsize>) -> Self {
         let initial = conn.current_max_send_streams();
         let limit = Self {
-            conn: Arc::new(std::sync::Mutex::new(Box::pin(conn))),
+            conn: Arc::new(std::sync::Mutex::new(Some(Box::pin(conn)))),
             initial,
             hint: Arc::clone(hint),
             cached: Arc::new(AtomicUsize::new(initial)),
@@ -165,6 +167,9 @@ impl StreamLimit {
     /// known, the endpoint's last known one.
     pub fn get(&self) -> usize {
         let Ok(conn) = self.conn.try_lock() else {
+            return self.cached.load(Ordering::Relaxed);
+        };
+        let Some(conn) = conn.as_ref() else {
             return self.cached.load(Ordering::Relaxed);
         };
         let now = self.of(conn.current_max_send_streams());
@@ -188,8 +193,15 @@ impl StreamLimit {
             .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(c) = conn.as_mut() else {
+            return Poll::Ready(());
+        };
         // Its errors reach the requests that were using it.
-        conn.as_mut().poll(cx).map(|_| ())
+        let polled = c.as_mut().poll(cx).map(|_| ());
+        if polled.is_ready() {
+            *conn = None;
+        }
+        polled
     }
 }
 

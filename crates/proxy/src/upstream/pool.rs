@@ -208,10 +208,20 @@ impl Lease {
         }
     }
 
-    /// Drops the connection instead of pooling it (it failed).
+    /// Takes the connection out of the pool (it failed): an HTTP/1.1 one
+    /// is dropped instead of pooled; an HTTP/2 one gets no new stream (one
+    /// that received GOAWAY is not closed while its streams finish), and
+    /// closes when they are done.
     fn discard(&mut self) {
-        if let Held::Http1(s) = &mut self.held {
-            s.take();
+        match &mut self.held {
+            Held::Http1(s) => {
+                s.take();
+            }
+            Held::Http2(_, streams) => {
+                lock(&self.pool.conns)
+                    .h2
+                    .retain(|h| !Arc::ptr_eq(&h.streams, streams));
+            }
         }
     }
 }
