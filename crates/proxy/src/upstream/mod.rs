@@ -83,7 +83,7 @@ pub fn pool(key: &PoolKey, counters: Arc<ClusterCounters>) -> Result<Pool, TlsCo
         connect: key.connect,
         idle: key.idle,
         max_idle: key.max_idle as usize,
-        preconnect_ratio: f64::from(key.preconnect_milli) / 1000.0,
+        preconnect_milli: key.preconnect_milli,
         tls,
     };
     Ok(Pool::new(settings, counters))

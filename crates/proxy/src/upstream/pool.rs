@@ -39,8 +39,9 @@ pub struct Settings {
     /// Idle connections are closed after this.
     pub idle: Duration,
     pub max_idle: usize,
-    /// Connections wanted per request in flight (1.0: none ahead).
-    pub preconnect_ratio: f64,
+    /// Connections wanted per request in flight, in thousandths (1000:
+    /// none ahead).
+    pub preconnect_milli: u32,
     pub tls: Option<TlsClient>,
 }
 
@@ -397,8 +398,8 @@ impl EndpointPool {
     /// `per_upstream_preconnect_ratio`): HTTP/1.1 connections per leased
     /// one, HTTP/2 stream room per open stream.
     fn preconnect(self: &Arc<Self>) {
-        let ratio = self.shared.settings.preconnect_ratio;
-        if ratio <= 1.0 {
+        let ratio = self.shared.settings.preconnect_milli;
+        if ratio <= 1000 {
             return;
         }
         let missing = {
@@ -493,7 +494,7 @@ impl Conns {
     /// HTTP/1.1 connections per leased one; for HTTP/2, stream room per
     /// open stream, one connection at a time (a new one's room is unknown
     /// until its peer's settings arrive).
-    fn missing(&self, ratio: f64, protocol: UpstreamProtocol) -> usize {
+    fn missing(&self, ratio: u32, protocol: UpstreamProtocol) -> usize {
         let (in_use, have) = match protocol {
             UpstreamProtocol::Http1 => (self.busy, self.busy + self.idle.len() + self.connecting),
             UpstreamProtocol::Http2 => {
@@ -505,14 +506,21 @@ impl Conns {
                 (streams.sum(), room.sum())
             }
         };
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let wanted = (ratio * in_use as f64).ceil() as usize;
-        let missing = wanted.saturating_sub(have);
+        let missing = to_open(ratio, in_use, have);
         match protocol {
             UpstreamProtocol::Http1 => missing,
             UpstreamProtocol::Http2 => usize::from(missing > 0),
         }
     }
+}
+
+/// Envoy's pre-connect rule: with `in_use` connections (or streams) in
+/// use and `have` open or opening, how many to open so that there are
+/// `ceil(ratio x in_use)`, in integers (`ratio_milli` is the ratio in
+/// thousandths): no float rounding up past the exact product.
+fn to_open(ratio_milli: u32, in_use: usize, have: usize) -> usize {
+    let wanted = (ratio_milli as usize * in_use).div_ceil(1000);
+    wanted.saturating_sub(have)
 }
 
 /// A connect under way, counted while it lasts; the pool's waiters are
@@ -540,5 +548,37 @@ impl Drop for Connecting {
     fn drop(&mut self) {
         lock(&self.pool.conns).connecting -= 1;
         self.pool.connected.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_open;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The fewest connections that bring the total to at least
+        /// `ratio x in use`, stated in thousandths:
+        /// `1000 x total >= ratio_milli x in_use`.
+        #[test]
+        fn preconnect_opens_the_fewest_that_reach_the_ratio(
+            milli in 1000u32..=3000, in_use in 0usize..500, extra in 0usize..500,
+        ) {
+            let have = in_use + extra;
+            let n = to_open(milli, in_use, have);
+            let enough = |total: usize| 1000 * total >= milli as usize * in_use;
+            prop_assert!(enough(have + n));
+            prop_assert!(n == 0 || !enough(have + n - 1));
+        }
+    }
+
+    #[test]
+    fn a_ratio_of_one_opens_nothing_ahead() {
+        for busy in 0..100 {
+            assert_eq!(to_open(1000, busy, busy), 0);
+        }
+        assert_eq!(to_open(1500, 2, 2), 1);
+        assert_eq!(to_open(3000, 1, 1), 2);
+        assert_eq!(to_open(1100, 10, 10), 1);
     }
 }
