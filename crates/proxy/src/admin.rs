@@ -137,6 +137,8 @@ struct ClusterView {
     /// Requests held for activation.
     queued_requests: u64,
     upstream_connections: u64,
+    /// Idle HTTP/1.1 connections kept for reuse.
+    upstream_idle_connections: u64,
     endpoints: Vec<EndpointView>,
 }
 
@@ -176,6 +178,7 @@ fn clusters(state: &ProxyState) -> Vec<ClusterView> {
             active_retries: c.counters.active_retries.load(Ordering::Relaxed),
             queued_requests: c.counters.queued.load(Ordering::Relaxed),
             upstream_connections: c.counters.connections.load(Ordering::Relaxed),
+            upstream_idle_connections: c.counters.idle_connections.load(Ordering::Relaxed),
             endpoints: c
                 .lb
                 .endpoints()
@@ -256,6 +259,7 @@ fn refresh_gauges(state: &ProxyState) {
     m.endpoint_healthy.clear();
     m.endpoint_ejected.clear();
     m.upstream_connections.clear();
+    m.upstream_idle_connections.clear();
     let snap = state.snapshot.load();
     for c in snap.clusters.values() {
         m.upstream_connections
@@ -263,6 +267,12 @@ fn refresh_gauges(state: &ProxyState) {
                 cluster: c.name.to_string(),
             })
             .set(i64::try_from(c.counters.connections.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+        let idle = c.counters.idle_connections.load(Ordering::Relaxed);
+        m.upstream_idle_connections
+            .get_or_create(&ClusterLabels {
+                cluster: c.name.to_string(),
+            })
+            .set(i64::try_from(idle).unwrap_or(i64::MAX));
         for (i, e) in c.lb.endpoints().iter().enumerate() {
             let Some(s) = c.lb.stats(i) else { continue };
             let labels = EndpointLabels {

@@ -103,6 +103,7 @@ pub struct Metrics {
     pub retries: Family<ClusterLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
     pub upstream_connections: Family<ClusterLabels, Gauge>,
+    pub upstream_idle_connections: Family<ClusterLabels, Gauge>,
     pub endpoint_in_flight: Family<EndpointLabels, Gauge>,
     pub endpoint_healthy: Family<EndpointLabels, Gauge>,
     pub endpoint_ejected: Family<EndpointLabels, Gauge>,
@@ -162,6 +163,12 @@ impl Metrics {
             "proxy_upstream_connections",
             "Open upstream connections",
             upstream_connections.clone(),
+        );
+        let upstream_idle_connections = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "proxy_upstream_idle_connections",
+            "Idle upstream HTTP/1.1 connections kept for reuse",
+            upstream_idle_connections.clone(),
         );
         let endpoint_in_flight = Family::<EndpointLabels, Gauge>::default();
         registry.register(
@@ -254,6 +261,7 @@ impl Metrics {
             retries,
             overflows,
             upstream_connections,
+            upstream_idle_connections,
             endpoint_in_flight,
             endpoint_healthy,
             endpoint_ejected,

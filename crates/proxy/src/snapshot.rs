@@ -12,7 +12,7 @@ use meshless_model::FieldError;
 
 use crate::config::{ClusterConfig, ProxyConfig};
 use crate::router::RouteTable;
-use crate::upstream::{self, ClusterCounters, PoolKey, UpstreamClient};
+use crate::upstream::{self, ClusterCounters, EndpointPool, Pool, PoolKey};
 
 /// Why a cluster could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,9 @@ pub enum ClusterError {
     /// An endpoint address that is no URI authority.
     #[error(transparent)]
     Authority(#[from] http::uri::InvalidUri),
+    /// The `tls:` block cannot be used (its CA file, say).
+    #[error(transparent)]
+    Tls(#[from] upstream::TlsConfigError),
 }
 
 /// Why a snapshot could not be built: the cluster at fault and why.
@@ -55,7 +58,10 @@ pub struct UpstreamCluster {
     pub authorities: Vec<Authority>,
     /// Endpoint ids as shared strings (metric labels), by balancer index.
     pub endpoint_labels: Vec<Arc<str>>,
-    pub client: UpstreamClient,
+    /// The cluster's connections.
+    pub pool: Pool,
+    /// Each endpoint's connections, by balancer index.
+    pub endpoint_pools: Vec<Arc<EndpointPool>>,
     pub pool_key: PoolKey,
     pub counters: Arc<ClusterCounters>,
 }
@@ -100,16 +106,18 @@ impl UpstreamCluster {
             Some(p) => p.lb.rebuild(&endpoints, balance),
             None => Cluster::new(&endpoints, balance),
         }?;
-        let authorities = lb
+        let addrs = lb
             .endpoints()
             .iter()
             .map(|e| {
-                let addr = e
-                    .socket_addr()
-                    .ok_or_else(|| ClusterError::NoAddress(e.id.to_string()))?;
-                Ok(Authority::try_from(addr.to_string())?)
+                e.socket_addr()
+                    .ok_or_else(|| ClusterError::NoAddress(e.id.to_string()))
             })
             .collect::<Result<Vec<_>, ClusterError>>()?;
+        let authorities = addrs
+            .iter()
+            .map(|a| Authority::try_from(a.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
         let endpoint_labels = lb
             .endpoints()
             .iter()
@@ -120,10 +128,11 @@ impl UpstreamCluster {
             .max_connections
             .store(config.circuit_breakers.max_connections, Ordering::Relaxed);
         let pool_key = PoolKey::of(config);
-        let client = match previous {
-            Some(p) if p.pool_key == pool_key => p.client.clone(),
-            _ => upstream::client(&pool_key, Arc::clone(&counters)),
+        let pool = match previous {
+            Some(p) if p.pool_key == pool_key => p.pool.clone(),
+            _ => upstream::pool(&pool_key, Arc::clone(&counters))?,
         };
+        let endpoint_pools = pool.endpoints(&addrs);
         Ok(Self {
             name: Arc::from(config.name.as_str()),
             config: config.clone(),
@@ -131,7 +140,8 @@ impl UpstreamCluster {
             lb,
             authorities,
             endpoint_labels,
-            client,
+            pool,
+            endpoint_pools,
             pool_key,
             counters,
         })

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::activation::{Activation, Fallback};
 use super::balancer::{BalancerYaml, HashKey, LocalityYaml};
+use super::pool::{ConnectionPool, UpstreamTls};
 use super::upstream::{
     CircuitBreakers, HealthCheck, OutlierDetection, Retries, Timeouts, UpstreamProtocol,
 };
@@ -41,6 +42,12 @@ pub struct ClusterConfig {
     /// Timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Idle connections kept and connections opened ahead of demand.
+    #[serde(default)]
+    pub connection_pool: ConnectionPool,
+    /// TLS to the endpoints; absent = cleartext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
     /// Retries and their budget.
     #[serde(default)]
     pub retries: Retries,
@@ -192,6 +199,10 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             "timeouts".to_owned(),
             "connect and request timeouts must be above zero".into(),
         );
+    }
+    c.connection_pool.validate().at("connection_pool")?;
+    if let Some(tls) = &c.tls {
+        tls.validate().at("tls")?;
     }
     if c.retries.budget_percent > 100 {
         return fail(

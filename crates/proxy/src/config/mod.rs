@@ -7,6 +7,7 @@ mod balancer;
 mod cluster;
 mod control;
 mod listener;
+mod pool;
 mod route;
 mod service_settings;
 mod upstream;
@@ -27,6 +28,7 @@ pub use balancer::{BalancerYaml, HashKey, LocalityYaml};
 pub use cluster::{ClusterConfig, EndpointConfig};
 pub use control::ControlLink;
 pub use listener::{ListenerConfig, ListenerProtocol};
+pub use pool::{ConnectionPool, UpstreamTls};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{
     CircuitBreakers, GrpcHealthCheck, HealthCheck, OutlierDetection, Retries, RetryOn, Timeouts,

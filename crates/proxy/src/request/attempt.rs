@@ -13,7 +13,7 @@ use crate::config::{Retries, RetryOn};
 use crate::request::downstream::ClientFault;
 use crate::request::respond::LocalReply;
 use crate::snapshot::UpstreamCluster;
-use crate::upstream::{UpstreamBody, is_connection_limit};
+use crate::upstream::{ConnectError, Lease, SendError, TlsFault, UpstreamBody};
 
 /// How many endpoints a request remembers having tried.
 const TRIED: usize = 4;
@@ -104,6 +104,9 @@ pub enum Failure {
     Pending,
     /// The request cannot be expressed upstream.
     BadRequest,
+    /// The TLS handshake with the endpoint failed (a connect failure of
+    /// the endpoint's, answered with the reason).
+    Tls(TlsFault),
 }
 
 impl Failure {
@@ -114,7 +117,7 @@ impl Failure {
             | Failure::ClientBody
             | Failure::Pending
             | Failure::BadRequest => Outcome::Cancelled,
-            Failure::ConnectFailed => Outcome::ConnectFailed,
+            Failure::ConnectFailed | Failure::Tls(_) => Outcome::ConnectFailed,
             Failure::Reset => Outcome::Reset,
             Failure::Timeout => Outcome::Timeout,
         }
@@ -123,7 +126,7 @@ impl Failure {
     /// The retry condition this failure matches, if any may retry it.
     pub fn retry_on(self) -> Option<RetryOn> {
         match self {
-            Failure::ConnectFailed => Some(RetryOn::ConnectFailure),
+            Failure::ConnectFailed | Failure::Tls(_) => Some(RetryOn::ConnectFailure),
             Failure::Reset => Some(RetryOn::Reset),
             _ => None,
         }
@@ -144,6 +147,11 @@ impl Failure {
             Failure::Timeout => {
                 LocalReply::text(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n", "timeout")
             }
+            Failure::Tls(fault) => LocalReply::text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                fault.message(),
+                "tls_failed",
+            ),
             Failure::Pending => LocalReply::overflow("max_pending"),
             Failure::BadRequest => {
                 LocalReply::text(StatusCode::BAD_REQUEST, "bad request\n", "bad_request")
@@ -176,26 +184,29 @@ pub fn judge(resp: &Response<Incoming>, grpc: bool) -> (Outcome, Option<RetryOn>
     (Outcome::Status(http), on)
 }
 
-/// Sends one attempt and waits (up to `timeout`, if any) for its response
-/// headers.
+/// Sends one attempt to endpoint `index` and waits (up to `timeout`, if
+/// any) for its response headers. The lease holds the connection until the
+/// response ends.
 pub async fn send(
     cluster: &UpstreamCluster,
+    index: usize,
     req: http::Request<UpstreamBody>,
     timeout: Option<Duration>,
     fault: &ClientFault,
-) -> Result<Response<Incoming>, Failure> {
-    let request = cluster.client.request(req);
+) -> Result<(Response<Incoming>, Lease), Failure> {
+    let exchange = cluster.endpoint_pools[index].send(req);
     let sent = match timeout {
-        Some(t) => tokio::time::timeout(t, request).await,
-        None => Ok(request.await),
+        Some(t) => tokio::time::timeout(t, exchange).await,
+        None => Ok(exchange.await),
     };
     match sent {
-        Ok(Ok(resp)) => Ok(resp),
+        Ok(Ok(answer)) => Ok(answer),
         // Whatever the error, a body the client broke is the client's.
         Ok(Err(_)) if fault.is_set() => Err(Failure::ClientBody),
-        Ok(Err(e)) if is_connection_limit(&e) => Err(Failure::ConnectionLimit),
-        Ok(Err(e)) if e.is_connect() => Err(Failure::ConnectFailed),
-        Ok(Err(_)) => Err(Failure::Reset),
+        Ok(Err(SendError::Connect(ConnectError::Limit))) => Err(Failure::ConnectionLimit),
+        Ok(Err(SendError::Connect(ConnectError::Connect))) => Err(Failure::ConnectFailed),
+        Ok(Err(SendError::Connect(ConnectError::Tls(f)))) => Err(Failure::Tls(f)),
+        Ok(Err(SendError::Http(_))) => Err(Failure::Reset),
         Err(_) if fault.is_set() => Err(Failure::ClientBody),
         Err(_) => Err(Failure::Timeout),
     }

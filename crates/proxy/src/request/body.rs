@@ -19,7 +19,7 @@ use crate::metrics::{RequestLabels, RouteLabels};
 use crate::request::admit::Slot;
 use crate::request::downstream::ClientFault;
 use crate::state::ProxyState;
-use crate::upstream::UpstreamBody;
+use crate::upstream::{Lease, UpstreamBody};
 
 /// How the exchange ended, as far as the downstream response goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,9 @@ pub struct Completion {
     pub guard: Option<InFlight>,
     /// The cluster's `max_requests` slot, until the response body ends.
     pub active: Option<Slot>,
+    /// The upstream connection, until the response body ends (then it
+    /// goes back to its pool).
+    pub upstream: Option<Lease>,
     /// Set when the client's request body failed.
     pub fault: ClientFault,
     /// The client's IP address, for the access log.
@@ -97,6 +100,7 @@ impl Completion {
             started: Instant::now(),
             guard: None,
             active: None,
+            upstream: None,
             fault: ClientFault::default(),
             client: None,
             end: End::Aborted,

@@ -198,25 +198,37 @@ pub fn build_request(
     index: usize,
     body: UpstreamBody,
 ) -> Result<Request<UpstreamBody>, http::Error> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut target = http::uri::Parts::default();
-    target.scheme = Some(Scheme::HTTP);
-    target.authority = Some(cluster.authorities[index].clone());
-    target.path_and_query = Some(
-        parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/")),
-    );
+    // HTTP/1.1 in origin form; HTTP/2 takes `:scheme` and `:authority` from it.
+    let http2 = cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2;
+    if http2 {
+        target.scheme = Some(if cluster.config.tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        });
+        target.authority = Some(cluster.authorities[index].clone());
+    }
+    target.path_and_query = Some(path);
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = Uri::from_parts(target)?;
     *req.headers_mut() = headers;
-    if !req.headers().contains_key(header::HOST)
-        && let Some(a) = parts.uri.authority()
-        && let Ok(v) = HeaderValue::from_str(a.as_str())
-    {
-        req.headers_mut().insert(header::HOST, v);
+    if !req.headers().contains_key(header::HOST) {
+        let host = match parts.uri.authority() {
+            Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+            // What hyper-util's client did: the endpoint's address.
+            None if !http2 => HeaderValue::from_str(cluster.authorities[index].as_str()).ok(),
+            None => None,
+        };
+        if let Some(v) = host {
+            req.headers_mut().insert(header::HOST, v);
+        }
     }
     Ok(req)
 }

@@ -43,7 +43,7 @@ use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
 use crate::snapshot::{Snapshot, UpstreamCluster};
 use crate::state::ProxyState;
-use crate::upstream::UpstreamBody;
+use crate::upstream::{Lease, UpstreamBody};
 use admit::Slot;
 use attempt::RetryPolicy;
 use downstream::DownstreamBody;
@@ -157,8 +157,9 @@ pub async fn handle(
     // or not; the exchange's state exists only while there is one.
     let sent = Box::pin(exchange.forward(&routed, body, upstream_headers, &mut record)).await;
     Ok(match sent {
-        Ok((resp, guard)) => {
+        Ok((resp, guard, lease)) => {
             record.guard = Some(guard);
+            record.upstream = Some(lease);
             respond::proxied(resp, upgrade, record, &downstream)
         }
         Err(reply) => reply.respond(record),
@@ -202,7 +203,7 @@ impl Exchange<'_> {
         body: Incoming,
         headers: http::HeaderMap,
         record: &mut Completion,
-    ) -> Result<(Response<Incoming>, InFlight), LocalReply> {
+    ) -> Result<(Response<Incoming>, InFlight, Lease), LocalReply> {
         let mut headers = Some(headers);
         let base = &routed.cluster;
         let node = &self.snapshot.config.node;
@@ -253,7 +254,7 @@ impl Exchange<'_> {
                 .await;
             drop(retry.take());
             match sent {
-                Ok(resp) => {
+                Ok((resp, lease)) => {
                     let (status, on) = attempt::judge(&resp, record.grpc);
                     if on.is_some_and(|on| policy.may_retry(on)) {
                         (next, retry) = self.retry(&mut body, &cluster);
@@ -263,7 +264,7 @@ impl Exchange<'_> {
                         if let Some(at) = held {
                             activate::answered(self.state, at, record, resp.status().as_u16());
                         }
-                        return Ok((resp, guard));
+                        return Ok((resp, guard, lease));
                     }
                     guard.finish(status);
                 }
@@ -306,7 +307,7 @@ impl Exchange<'_> {
         body: Option<UpstreamBody>,
         headers: Option<http::HeaderMap>,
         record: &Completion,
-    ) -> Result<Response<Incoming>, attempt::Failure> {
+    ) -> Result<(Response<Incoming>, Lease), attempt::Failure> {
         let _pending =
             admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
         // `None` only if the body could not be kept for this retry.
@@ -319,6 +320,6 @@ impl Exchange<'_> {
         let timeout = record
             .deadline
             .map(|d| d.saturating_duration_since(Instant::now()));
-        attempt::send(cluster, req, timeout, &record.fault).await
+        attempt::send(cluster, index, req, timeout, &record.fault).await
     }
 }

@@ -1,0 +1,271 @@
+//! Opening one upstream connection: a `max_connections` slot reserved
+//! first, TCP connect (timeout, `TCP_NODELAY`), TLS when the cluster asks,
+//! hyper's HTTP/1.1 or HTTP/2 handshake, and the connection's task. The
+//! slot is held by the socket and given back when the socket closes.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::pool::Settings;
+use super::tls::TlsFault;
+use super::{ClusterCounters, UpstreamBody};
+use crate::config::UpstreamProtocol;
+
+/// Why no connection could be opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectError {
+    /// The cluster's `max_connections` is reached.
+    Limit,
+    /// TCP connect failed or timed out, or the HTTP handshake failed.
+    Connect,
+    /// The TLS handshake failed.
+    Tls(TlsFault),
+}
+
+/// One of the cluster's `max_connections`, held from before the connect
+/// until the socket closes.
+#[derive(Debug)]
+pub struct OpenSlot {
+    counters: Arc<ClusterCounters>,
+}
+
+impl OpenSlot {
+    /// Reserves a slot, or `Limit` when every one is taken.
+    pub fn reserve(counters: &Arc<ClusterCounters>) -> Result<Self, ConnectError> {
+        let max = u64::from(counters.max_connections.load(Ordering::Relaxed));
+        counters
+            .connections
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| ConnectError::Limit)?;
+        Ok(Self {
+            counters: Arc::clone(counters),
+        })
+    }
+}
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.counters.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's request sender.
+#[derive(Debug)]
+pub enum Sender {
+    Http1(http1::SendRequest<UpstreamBody>),
+    /// With the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`.
+    Http2(http2::SendRequest<UpstreamBody>, StreamLimit),
+}
+
+/// Opens a connection to `addr` in `slot` and spawns its task.
+/// `streams_hint` is the endpoint's last known HTTP/2 stream limit (0:
+/// none yet): a new connection is taken to allow no more until its peer's
+/// SETTINGS say otherwise (before them hyper assumes 100).
+pub async fn open(
+    addr: SocketAddr,
+    settings: &Settings,
+    slot: OpenSlot,
+    streams_hint: &Arc<AtomicUsize>,
+) -> Result<Sender, ConnectError> {
+    let tcp = tokio::time::timeout(settings.connect, TcpStream::connect(addr))
+        .await
+        .map_err(|_| ConnectError::Connect)?
+        .map_err(|_| ConnectError::Connect)?;
+    // Best effort: a socket that refuses the option still works.
+    let _ = tcp.set_nodelay(true);
+    let io = match &settings.tls {
+        Some(tls) => {
+            let handshake = tls.handshake(tcp);
+            let stream = tokio::time::timeout(settings.connect, handshake)
+                .await
+                .map_err(|_| ConnectError::Tls(TlsFault::Handshake))?
+                .map_err(ConnectError::Tls)?;
+            Io::Tls(Box::new(stream))
+        }
+        None => Io::Plain(tcp),
+    };
+    let io = TokioIo::new(Socket { io, _slot: slot });
+    match settings.protocol {
+        UpstreamProtocol::Http1 => {
+            let (sender, conn) = http1::handshake(io)
+                .await
+                .map_err(|_| ConnectError::Connect)?;
+            tokio::spawn(async move {
+                // Its errors reach the request that was using it.
+                let _ = conn.with_upgrades().await;
+            });
+            Ok(Sender::Http1(sender))
+        }
+        UpstreamProtocol::Http2 => {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await
+                .map_err(|_| ConnectError::Connect)?;
+            let limit = StreamLimit::new(conn, streams_hint);
+            let task = limit.clone();
+            tokio::spawn(std::future::poll_fn(move |cx| task.poll(cx)));
+            Ok(Sender::Http2(sender, limit))
+        }
+    }
+}
+
+type H2Connection = http2::Connection<TokioIo<Socket>, UpstreamBody, TokioExecutor>;
+
+/// An HTTP/2 connection's stream limit, read from the connection itself
+/// (hyper drives the h2 state in a task of its own, so the value changes
+/// without this connection's task being polled). The connection's task
+/// polls it under the same lock.
+#[derive(Clone)]
+pub struct StreamLimit {
+    /// `None` once over: dropped then, which closes its request channel
+    /// (hyper hands back requests it never sent only then).
+    conn: Arc<std::sync::Mutex<Option<Pin<Box<H2Connection>>>>>,
+    /// The value before the peer's SETTINGS (hyper's default, 100).
+    initial: usize,
+    /// The endpoint's last known limit, shared by its connections.
+    hint: Arc<AtomicUsize>,
+    /// The last value read, for when the lock is busy.
+    cached: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for StreamLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamLimit")
+            .field("cached", &self.cached)
+            .finish()
+    }
+}
+
+impl StreamLimit {
+    fn new(conn: H2Connection, hint: &Arc<AtomicUsize>) -> Self {
+        let initial = conn.current_max_send_streams();
+        let limit = Self {
+            conn: Arc::new(std::sync::Mutex::new(Some(Box::pin(conn)))),
+            initial,
+            hint: Arc::clone(hint),
+            cached: Arc::new(AtomicUsize::new(initial)),
+        };
+        limit.cached.store(limit.of(initial), Ordering::Relaxed);
+        limit
+    }
+
+    /// Streams the peer allows now: its announced limit, or before it is
+    /// known, the endpoint's last known one.
+    pub fn get(&self) -> usize {
+        let Ok(conn) = self.conn.try_lock() else {
+            return self.cached.load(Ordering::Relaxed);
+        };
+        let Some(conn) = conn.as_ref() else {
+            return self.cached.load(Ordering::Relaxed);
+        };
+        let now = self.of(conn.current_max_send_streams());
+        self.cached.store(now, Ordering::Relaxed);
+        now
+    }
+
+    fn of(&self, current: usize) -> usize {
+        if current != self.initial {
+            self.hint.store(current, Ordering::Relaxed);
+            return current;
+        }
+        match self.hint.load(Ordering::Relaxed) {
+            0 => current,
+            hint => current.min(hint),
+        }
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(c) = conn.as_mut() else {
+            return Poll::Ready(());
+        };
+        // Its errors reach the requests that were using it.
+        let polled = c.as_mut().poll(cx).map(|_| ());
+        if polled.is_ready() {
+            *conn = None;
+        }
+        polled
+    }
+}
+
+/// The socket under a connection, with its `max_connections` slot.
+struct Socket {
+    io: Io,
+    _slot: OpenSlot,
+}
+
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, b),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, b),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}

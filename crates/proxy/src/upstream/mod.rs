@@ -1,0 +1,90 @@
+//! Upstream connections: a pool of our own per cluster over hyper's
+//! low-level `client::conn` (HTTP/1.1 and HTTP/2), driven from the
+//! request's task: no dispatch task of a pooled client between them.
+//!
+//! - `pool.rs`: per-endpoint pools, idle reuse, HTTP/2 sharing, pre-connect;
+//! - `connect.rs`: opening one connection within `max_connections`;
+//! - `tls.rs`: TLS to endpoints (rustls, aws-lc-rs).
+
+mod connect;
+mod pool;
+mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+
+use crate::config::{ClusterConfig, UpstreamProtocol, UpstreamTls};
+pub use connect::ConnectError;
+pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
+pub use tls::{TlsConfigError, TlsFault};
+
+/// Body type sent upstream.
+pub type UpstreamBody = BoxBody<Bytes, hyper::Error>;
+
+/// Live counters of one cluster, kept across reloads.
+#[derive(Debug, Default)]
+pub struct ClusterCounters {
+    /// Open upstream connections (connecting ones included).
+    pub connections: AtomicU64,
+    /// Idle upstream HTTP/1.1 connections kept for reuse.
+    pub idle_connections: AtomicU64,
+    /// The `max_connections` in force.
+    pub max_connections: AtomicU32,
+    /// Requests active (until their response body ends).
+    pub active_requests: AtomicU64,
+    /// Requests waiting for response headers.
+    pub pending: AtomicU64,
+    /// Retry attempts under way.
+    pub active_retries: AtomicU64,
+    /// Requests held waiting for an instance (activation).
+    pub queued: AtomicU64,
+}
+
+/// Settings that require a new pool when they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKey {
+    protocol: UpstreamProtocol,
+    connect: Duration,
+    idle: Duration,
+    max_idle: u32,
+    /// `preconnect_ratio` in thousandths.
+    preconnect_milli: u32,
+    tls: Option<UpstreamTls>,
+}
+
+impl PoolKey {
+    pub fn of(c: &ClusterConfig) -> Self {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let preconnect_milli = (c.connection_pool.preconnect_ratio * 1000.0).round() as u32;
+        Self {
+            protocol: c.upstream_protocol,
+            connect: c.timeouts.connect,
+            idle: c.timeouts.idle,
+            max_idle: c.connection_pool.max_idle_per_endpoint,
+            preconnect_milli,
+            tls: c.tls.clone(),
+        }
+    }
+}
+
+/// Builds the pool of a cluster; reads the `tls.ca_file`, if any.
+pub fn pool(key: &PoolKey, counters: Arc<ClusterCounters>) -> Result<Pool, TlsConfigError> {
+    let tls = key
+        .tls
+        .as_ref()
+        .map(|t| tls::TlsClient::new(t, key.protocol))
+        .transpose()?;
+    let settings = Settings {
+        protocol: key.protocol,
+        connect: key.connect,
+        idle: key.idle,
+        max_idle: key.max_idle as usize,
+        preconnect_milli: key.preconnect_milli,
+        tls,
+    };
+    Ok(Pool::new(settings, counters))
+}
