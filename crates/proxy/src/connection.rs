@@ -20,11 +20,13 @@ use std::time::Duration;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::limits::ListenerSettings;
 use crate::request::{Downstream, Peer};
+use crate::tls::{Handshake, ListenerTls};
 
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -89,10 +91,64 @@ pub async fn serve(
     let Ok(Ok(Some(protocol))) = sniffed else {
         return;
     };
-    let peer = Peer::new(client);
+    serve_http(downstream, stream, Peer::new(client), protocol, draining).await;
+}
+
+/// Serves a TLS connection: the handshake (up to its timeout, counted in
+/// `meshless_proxy_tls_handshakes_total`), then HTTP/2 when ALPN chose
+/// `h2`, else HTTP/1.1, as [`serve`] does.
+pub async fn serve_tls(
+    downstream: Arc<Downstream>,
+    tls: Arc<ListenerTls>,
+    stream: TcpStream,
+    client: SocketAddr,
+    mut draining: watch::Receiver<bool>,
+) {
+    let handshake = tokio::select! {
+        h = tls.handshake(stream) => h,
+        _ = draining.wait_for(|d| *d) => return,
+    };
+    drop(tls);
+    let metrics = &downstream.state.metrics;
+    metrics.tls_handshake(&downstream.name, handshake.result());
+    let stream = match handshake {
+        Handshake::Done(stream) => stream,
+        Handshake::Failed(e) => {
+            tracing::debug!(listener = %downstream.name, %client, error = %e, "TLS handshake failed");
+            return;
+        }
+        Handshake::TimedOut => return,
+    };
+    let protocol = if crate::tls::negotiated_h2(&stream) {
+        Protocol::Http2
+    } else {
+        Protocol::Http1
+    };
+    serve_http(
+        downstream,
+        *stream,
+        Peer::new(client).secure(),
+        protocol,
+        draining,
+    )
+    .await;
+}
+
+/// Serves HTTP on `io` (plain or TLS) with `protocol` until it closes or
+/// drains.
+async fn serve_http<I>(
+    downstream: Arc<Downstream>,
+    io: I,
+    peer: Peer,
+    protocol: Protocol,
+    draining: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = downstream.settings();
     let service =
         service_fn(move |req| crate::request::handle(Arc::clone(&downstream), peer.clone(), req));
-    let io = TokioIo::new(stream);
+    let io = TokioIo::new(io);
     match protocol {
         Protocol::Http1 => {
             let conn = http1_builder(&settings)

@@ -15,6 +15,7 @@ pub mod request;
 pub mod router;
 pub mod snapshot;
 pub mod state;
+pub mod tls;
 pub mod upstream;
 
 pub use config::{ConfigFileError, ProxyConfig};

@@ -1,5 +1,5 @@
 //! One listening socket: accepts connections and serves HTTP/1.1 and h2c on
-//! it, at most `max_connections` at once (more wait in the kernel's accept
+//! it (or, with `tls`, HTTP/1.1 and h2 over TLS chosen by ALPN), at most `max_connections` at once (more wait in the kernel's accept
 //! backlog); stops accepting on request and drains its connections and
 //! tunnels gracefully, closing what is left when the drain timeout ends.
 
@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -14,6 +15,7 @@ use tokio::task::JoinHandle;
 use crate::limits::ListenerSettings;
 use crate::request::Downstream;
 use crate::state::ProxyState;
+use crate::tls::ListenerTls;
 
 /// A running listener.
 #[derive(Debug)]
@@ -23,6 +25,11 @@ pub struct ListenerHandle {
     /// Bound address (differs from `address` when the port is 0).
     pub local_addr: SocketAddr,
     downstream: Arc<Downstream>,
+    /// The socket, shared with the accept loop (and handed to a new
+    /// process on a binary upgrade).
+    socket: Arc<TcpListener>,
+    /// TLS termination, when the listener has `tls`; swapped on reload.
+    tls: Arc<ArcSwapOption<ListenerTls>>,
     /// Sends the drain deadline: stop accepting, drain, then close.
     stop: watch::Sender<Option<Duration>>,
     task: JoinHandle<()>,
@@ -43,18 +50,43 @@ impl ListenerHandle {
         listener: TcpListener,
         state: Arc<ProxyState>,
         settings: ListenerSettings,
+        tls: Option<ListenerTls>,
     ) -> Self {
         let local_addr = listener.local_addr().unwrap_or(address);
         let (stop, stopped) = watch::channel(None);
         let downstream = Arc::new(Downstream::new(name, state, settings));
-        let task = tokio::spawn(accept_loop(Arc::clone(&downstream), listener, stopped));
+        let socket = Arc::new(listener);
+        let tls = Arc::new(ArcSwapOption::from(tls.map(Arc::new)));
+        let task = tokio::spawn(accept_loop(
+            Arc::clone(&downstream),
+            Arc::clone(&socket),
+            Arc::clone(&tls),
+            stopped,
+        ));
         Self {
             address,
             local_addr,
             downstream,
+            socket,
+            tls,
             stop,
             task,
         }
+    }
+
+    /// The TLS side now, if any (a reload builds the next one from it).
+    pub fn tls(&self) -> Option<Arc<ListenerTls>> {
+        self.tls.load_full()
+    }
+
+    /// Connections accepted from now on use `tls` (or plain TCP for `None`).
+    pub fn update_tls(&self, tls: Option<ListenerTls>) {
+        self.tls.store(tls.map(Arc::new));
+    }
+
+    /// The listening socket (to hand to a new process).
+    pub fn socket(&self) -> &TcpListener {
+        &self.socket
     }
 
     /// Applies reloaded settings (limits and timeouts of new requests and
@@ -72,6 +104,9 @@ impl ListenerHandle {
     /// Stops accepting; open connections and tunnels finish (up to
     /// `drain`), then whatever is left is closed. Resolves when done.
     pub async fn shutdown(self, drain: Duration) {
+        // The accept loop holds the last reference: the socket closes
+        // when it stops accepting, not at the end of the drain.
+        drop(self.socket);
         let _ = self.stop.send(Some(drain));
         let _ = self.task.await;
     }
@@ -98,7 +133,8 @@ impl AcceptBackoff {
 
 async fn accept_loop(
     downstream: Arc<Downstream>,
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
+    tls: Arc<ArcSwapOption<ListenerTls>>,
     mut stopped: watch::Receiver<Option<Duration>>,
 ) {
     // Connections hold a receiver: true asks them to finish; the sender's
@@ -123,7 +159,8 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, client)) => {
                     backoff.reset();
-                    serve_connection(&downstream, graceful.subscribe(), stream, client, permit);
+                    let tls = tls.load_full();
+                    serve_connection(&downstream, tls, graceful.subscribe(), stream, client, permit);
                 }
                 Err(e) => {
                     let pause = backoff.failed();
@@ -159,6 +196,7 @@ fn drain_of(
 /// Serves one accepted connection; `permit` is its `max_connections` slot.
 fn serve_connection(
     downstream: &Arc<Downstream>,
+    tls: Option<Arc<ListenerTls>>,
     draining: watch::Receiver<bool>,
     stream: TcpStream,
     client: SocketAddr,
@@ -168,8 +206,16 @@ fn serve_connection(
     let open = downstream.state.metrics.connection_opened(&downstream.name);
     // At the end of a drain, whatever is still open is dropped (closed).
     let closed = downstream.tunnels.closed();
-    let served = crate::connection::serve(Arc::clone(downstream), stream, client, draining);
+    let downstream = Arc::clone(downstream);
     tokio::spawn(async move {
+        let served = async {
+            match tls {
+                Some(tls) => {
+                    crate::connection::serve_tls(downstream, tls, stream, client, draining).await
+                }
+                None => crate::connection::serve(downstream, stream, client, draining).await,
+            }
+        };
         tokio::select! {
             () = served => {}
             () = closed => {}

@@ -17,6 +17,7 @@ use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::snapshot::{ClusterError, Snapshot, SnapshotError};
 use crate::state::ProxyState;
+use crate::tls::{ListenerTls, TlsError};
 
 /// Why the proxy could not start or reload.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,12 @@ pub enum ProxyError {
     /// A cluster cannot take the endpoints it has now.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// A certificate or key refused, or TLS that cannot be set up.
+    #[error("{what}: {source}")]
+    Tls {
+        what: String,
+        source: crate::tls::TlsError,
+    },
     /// A change the running proxy cannot make, or a setting it cannot use.
     #[error("{0}")]
     Invalid(String),
@@ -86,8 +93,9 @@ impl Proxy {
             activation_errors: std::sync::Mutex::new(Default::default()),
             probing: Default::default(),
         });
+        let tls = prepare_tls(&listener_configs, &HashMap::new())?;
         let mut listeners = HashMap::new();
-        for (i, l) in listener_configs.iter().enumerate() {
+        for ((i, l), tls) in listener_configs.iter().enumerate().zip(tls) {
             let (socket, _) =
                 ListenerHandle::bind(l.address)
                     .await
@@ -102,6 +110,7 @@ impl Proxy {
                 socket,
                 Arc::clone(&state),
                 l.settings(),
+                tls,
             );
             tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
             listeners.insert(l.name.clone(), handle);
@@ -235,11 +244,15 @@ impl Proxy {
         )?;
         let watched = snapshot.watched_services();
         let mut listeners = self.listeners.lock().await;
-        // Bind what is new before anything changes.
+        // Certificates read and checked, and new listeners bound, before
+        // anything changes.
+        let mut tls = prepare_tls(&config.listeners, &listeners)?.into_iter();
         let mut fresh = Vec::new();
+        let mut kept = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            if let Some(h) = listeners.get(&l.name).filter(|h| h.serves(l.address)) {
-                h.update(l.settings());
+            let tls = tls.next().flatten();
+            if listeners.get(&l.name).is_some_and(|h| h.serves(l.address)) {
+                kept.push((l.name.clone(), l.settings(), tls));
                 continue;
             }
             let moved_here =
@@ -251,7 +264,9 @@ impl Proxy {
                 )));
             }
             match ListenerHandle::bind(l.address).await {
-                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket, l.settings())),
+                Ok((socket, _)) => {
+                    fresh.push((l.name.clone(), l.address, socket, l.settings(), tls))
+                }
                 Err(source) => {
                     return Err(ProxyError::Bind {
                         what: format!("listeners[{i}].address"),
@@ -273,6 +288,12 @@ impl Proxy {
                 snapshot = snapshot.with_service(service, &services)?;
             }
             self.state.snapshot.store(Arc::new(snapshot));
+        }
+        for (name, settings, tls) in kept {
+            if let Some(h) = listeners.get(&name) {
+                h.update(settings);
+                h.update_tls(tls);
+            }
         }
         self.watched.send_if_modified(|w| {
             let changed = *w != watched;
@@ -299,13 +320,14 @@ impl Proxy {
                 tokio::spawn(h.shutdown(drain));
             }
         }
-        for (name, address, socket, settings) in fresh {
+        for (name, address, socket, settings, tls) in fresh {
             let h = ListenerHandle::serve(
                 Arc::from(name.as_str()),
                 address,
                 socket,
                 Arc::clone(&self.state),
                 settings,
+                tls,
             );
             tracing::info!(listener = %name, address = %h.local_addr, "listening");
             listeners.insert(name, h);
@@ -343,4 +365,36 @@ impl Proxy {
             let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
         }
     }
+}
+
+/// The TLS side of each listener in `configs` (in order), certificates
+/// read and checked now: a listener that keeps its name in `running`
+/// keeps its session cache and ticket keys. Any refused file fails all.
+fn prepare_tls(
+    configs: &[crate::config::ListenerConfig],
+    running: &HashMap<String, ListenerHandle>,
+) -> Result<Vec<Option<ListenerTls>>, ProxyError> {
+    let now = std::time::SystemTime::now();
+    let mut out = Vec::with_capacity(configs.len());
+    for (i, l) in configs.iter().enumerate() {
+        let Some(settings) = &l.tls else {
+            out.push(None);
+            continue;
+        };
+        let error = |source: TlsError| ProxyError::Tls {
+            what: format!("listeners[{i}].tls"),
+            source,
+        };
+        let table = crate::tls::load_table(settings, now).map_err(|e| error(e.into()))?;
+        let previous = running
+            .get(&l.name)
+            .filter(|h| h.serves(l.address))
+            .and_then(ListenerHandle::tls);
+        let tls = match previous {
+            Some(p) => p.reloaded(settings, table),
+            None => ListenerTls::new(settings, table),
+        };
+        out.push(Some(tls.map_err(error)?));
+    }
+    Ok(out)
 }

@@ -38,6 +38,9 @@ pub struct ListenerConfig {
     /// `X-Forwarded-For` handling.
     #[serde(default)]
     pub forwarding: crate::limits::Forwarding,
+    /// TLS termination: certificates by SNI name, ALPN, resumption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 impl ListenerConfig {

@@ -261,6 +261,9 @@ impl ProxyConfig {
                 return err(format!("{at}.routes"), "at least one route is required");
             }
             crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
+            if let Some(tls) = &l.tls {
+                tls.validate().at(&format!("{at}.tls"))?;
+            }
             for (j, r) in l.routes.iter().enumerate() {
                 let route = format!("{at}.routes[{j}]");
                 route::validate_route(r, &clusters).at(&route)?;

@@ -157,6 +157,8 @@ fn wants_trailers(headers: &HeaderMap) -> bool {
 pub struct Forward<'a> {
     /// The peer's address as an `X-Forwarded-For` entry.
     pub peer: &'a HeaderValue,
+    /// The client came over TLS: `X-Forwarded-Proto: https`.
+    pub secure: bool,
     pub request_id: &'a str,
     pub upgrading: bool,
     pub forwarding: &'a Forwarding,
@@ -182,7 +184,8 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     if let Some(v) = xff {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    let proto = if f.secure { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     if let Ok(v) = HeaderValue::from_str(f.request_id) {
         headers.insert(X_REQUEST_ID.clone(), v);
     }
@@ -262,6 +265,7 @@ mod tests {
     fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
         Forward {
             peer: &PEER,
+            secure: false,
             request_id: "id-1",
             upgrading: false,
             forwarding,
