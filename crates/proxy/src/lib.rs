@@ -5,6 +5,7 @@ pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod connection;
+pub mod handoff;
 pub mod health;
 pub mod limits;
 pub mod listener;
