@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
+use crate::connection::Drain;
 use crate::limits::ListenerSettings;
 use crate::request::Downstream;
 use crate::state::ProxyState;
@@ -31,7 +32,7 @@ pub struct ListenerHandle {
     /// TLS termination, when the listener has `tls`; swapped on reload.
     tls: Arc<ArcSwapOption<ListenerTls>>,
     /// Sends the drain deadline: stop accepting, drain, then close.
-    stop: watch::Sender<Option<Duration>>,
+    stop: watch::Sender<Option<(Duration, Drain)>>,
     task: JoinHandle<()>,
 }
 
@@ -104,10 +105,15 @@ impl ListenerHandle {
     /// Stops accepting; open connections and tunnels finish (up to
     /// `drain`), then whatever is left is closed. Resolves when done.
     pub async fn shutdown(self, drain: Duration) {
+        self.shutdown_with(drain, Drain::Now).await;
+    }
+
+    /// As [`ListenerHandle::shutdown`], connections asked to finish by `mode`.
+    pub async fn shutdown_with(self, drain: Duration, mode: Drain) {
         // The accept loop holds the last reference: the socket closes
         // when it stops accepting, not at the end of the drain.
         drop(self.socket);
-        let _ = self.stop.send(Some(drain));
+        let _ = self.stop.send(Some((drain, mode)));
         let _ = self.task.await;
     }
 }
@@ -135,16 +141,16 @@ async fn accept_loop(
     downstream: Arc<Downstream>,
     listener: Arc<TcpListener>,
     tls: Arc<ArcSwapOption<ListenerTls>>,
-    mut stopped: watch::Receiver<Option<Duration>>,
+    mut stopped: watch::Receiver<Option<(Duration, Drain)>>,
 ) {
     // Connections hold a receiver: true asks them to finish; the sender's
     // `closed()` resolves once every one has ended.
-    let (graceful, _) = watch::channel(false);
+    let (graceful, _) = watch::channel(Drain::Serving);
     let max = downstream.settings().max_connections as usize;
     let slots = Arc::new(Semaphore::new(max));
     let metrics = &downstream.state.metrics;
     let mut backoff = AcceptBackoff::default();
-    let drain = loop {
+    let (drain, mode) = loop {
         if slots.available_permits() == 0 {
             metrics.connections_at_limit(&downstream.name);
         }
@@ -153,7 +159,7 @@ async fn accept_loop(
             changed = stopped.changed() => break drain_of(changed, &stopped),
         };
         let Ok(permit) = permit else {
-            break Duration::ZERO;
+            break (Duration::ZERO, Drain::Now);
         };
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -173,7 +179,7 @@ async fn accept_loop(
     };
     drop(listener);
     let tunnels = &downstream.tunnels;
-    graceful.send_replace(true);
+    graceful.send_replace(mode);
     let drained = async { tokio::join!(graceful.closed(), tunnels.idle()) };
     if tokio::time::timeout(drain, drained).await.is_err() {
         tracing::warn!(listener = %downstream.name, "drain timeout: closing remaining connections");
@@ -183,21 +189,21 @@ async fn accept_loop(
 
 fn drain_of(
     changed: Result<(), watch::error::RecvError>,
-    stopped: &watch::Receiver<Option<Duration>>,
-) -> Duration {
+    stopped: &watch::Receiver<Option<(Duration, Drain)>>,
+) -> (Duration, Drain) {
     let drain = if changed.is_ok() {
         *stopped.borrow()
     } else {
         None
     };
-    drain.unwrap_or(Duration::ZERO)
+    drain.unwrap_or((Duration::ZERO, Drain::Now))
 }
 
 /// Serves one accepted connection; `permit` is its `max_connections` slot.
 fn serve_connection(
     downstream: &Arc<Downstream>,
     tls: Option<Arc<ListenerTls>>,
-    draining: watch::Receiver<bool>,
+    draining: watch::Receiver<Drain>,
     stream: TcpStream,
     client: SocketAddr,
     permit: OwnedSemaphorePermit,

@@ -11,7 +11,11 @@ use arc_swap::ArcSwap;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
+use std::os::fd::AsFd;
+
 use crate::access_log::AccessLogger;
+use crate::connection::Drain;
+use crate::handoff::{Inherited, SocketInfo};
 use crate::config::ProxyConfig;
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
@@ -61,20 +65,32 @@ pub struct Proxy {
     watched: watch::Sender<std::collections::BTreeSet<String>>,
     tasks: Vec<JoinHandle<()>>,
     reloading: Mutex<()>,
+    /// A copy of the admin server's listening socket, to hand over.
+    admin_socket: Option<std::os::fd::OwnedFd>,
 }
 
 impl Proxy {
     /// Binds the admin address and every listener, then serves.
     pub async fn start(config: ProxyConfig) -> Result<Self, ProxyError> {
+        Self::start_with(config, &mut Inherited::default()).await
+    }
+
+    /// As [`Proxy::start`], taking the listening sockets that match from
+    /// `inherited` (a binary upgrade) instead of binding them.
+    pub async fn start_with(
+        config: ProxyConfig,
+        inherited: &mut Inherited,
+    ) -> Result<Self, ProxyError> {
         let access_log = AccessLogger::open(&config.access_log).map_err(ProxyError::AccessLog)?;
         let admin_address = config.admin.address;
-        let admin = tokio::net::TcpListener::bind(admin_address)
+        let admin = bind_or_take(inherited, ADMIN, admin_address)
             .await
             .map_err(|source| ProxyError::Bind {
                 what: "admin.address".into(),
                 address: admin_address,
                 source,
             })?;
+        let admin_socket = admin.as_fd().try_clone_to_owned().ok();
         let admin_addr = admin.local_addr().unwrap_or(admin_address);
         let listener_configs = config.listeners.clone();
         let control = config.control.clone();
@@ -96,14 +112,13 @@ impl Proxy {
         let tls = prepare_tls(&listener_configs, &HashMap::new())?;
         let mut listeners = HashMap::new();
         for ((i, l), tls) in listener_configs.iter().enumerate().zip(tls) {
-            let (socket, _) =
-                ListenerHandle::bind(l.address)
-                    .await
-                    .map_err(|source| ProxyError::Bind {
-                        what: format!("listeners[{i}].address"),
-                        address: l.address,
-                        source,
-                    })?;
+            let socket = bind_or_take(inherited, &l.name, l.address)
+                .await
+                .map_err(|source| ProxyError::Bind {
+                    what: format!("listeners[{i}].address"),
+                    address: l.address,
+                    source,
+                })?;
             let handle = ListenerHandle::serve(
                 Arc::from(l.name.as_str()),
                 l.address,
@@ -158,7 +173,45 @@ impl Proxy {
             watched: watch_tx,
             tasks,
             reloading: Mutex::new(()),
+            admin_socket,
         })
+    }
+
+    /// Hands every listening socket (and the admin server's) to the new
+    /// process on `stream` and waits for it to accept on them. `Ok(true)`:
+    /// it does; call [`Proxy::shutdown_handed_over`]. `Ok(false)`: it went
+    /// away first; this proxy serves on as before. No reload runs meanwhile.
+    pub async fn hand_over(
+        &self,
+        stream: std::os::unix::net::UnixStream,
+    ) -> Result<bool, std::io::Error> {
+        let _no_reload = self.reloading.lock().await;
+        let mut sockets = Vec::new();
+        for (name, h) in self.listeners.lock().await.iter() {
+            let info = SocketInfo {
+                name: name.clone(),
+                configured: h.address,
+                local: h.local_addr,
+            };
+            sockets.push((info, h.socket().as_fd().try_clone_to_owned()?));
+        }
+        if let Some(admin) = &self.admin_socket {
+            let admin_address = self.state.snapshot.load().config.admin.address;
+            let info = SocketInfo {
+                name: ADMIN.into(),
+                configured: admin_address,
+                local: self.admin_addr,
+            };
+            sockets.push((info, admin.try_clone()?));
+        }
+        tokio::task::spawn_blocking(move || {
+            let mut stream = stream;
+            stream.set_nonblocking(false)?;
+            let borrowed: Vec<_> = sockets.iter().map(|(i, fd)| (i.clone(), fd.as_fd())).collect();
+            crate::handoff::send(&mut stream, &borrowed)
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 
     /// The bound admin address.
@@ -335,6 +388,17 @@ impl Proxy {
         Ok(())
     }
 
+    /// After [`Proxy::hand_over`]: the new process accepts on the same
+    /// sockets, so this one stops accepting at once (no `drain_delay`),
+    /// answers each HTTP/1 connection's next request with `connection:
+    /// close`, sends HTTP/2 a GOAWAY, lets tunnels finish, all for up to
+    /// `drain_timeout`, then closes what is left and stops.
+    pub async fn shutdown_handed_over(self) {
+        self.state.ready.store(false, Ordering::Release);
+        self.stop_listeners(Drain::OnNextResponse).await;
+        self.stop_tasks().await;
+    }
+
     /// Fails `/ready`, keeps serving for the config's `drain_delay`, then
     /// stops accepting on every listener, lets in-flight requests and
     /// tunnels finish for up to `drain_timeout`, closes what is left, and
@@ -345,7 +409,13 @@ impl Proxy {
         // `/ready` fails first; listeners keep serving while load balancers
         // in front notice, then close.
         tokio::time::sleep(config.drain_delay).await;
-        let drain = config.drain_timeout;
+        self.stop_listeners(Drain::Now).await;
+        self.stop_tasks().await;
+    }
+
+    /// Stops accepting on every listener and drains them (`mode`).
+    async fn stop_listeners(&self, mode: Drain) {
+        let drain = self.state.snapshot.load().config.drain_timeout;
         let listeners: Vec<ListenerHandle> = self
             .listeners
             .lock()
@@ -355,15 +425,38 @@ impl Proxy {
             .collect();
         let draining: Vec<_> = listeners
             .into_iter()
-            .map(|h| tokio::spawn(h.shutdown(drain)))
+            .map(|h| tokio::spawn(h.shutdown_with(drain, mode)))
             .collect();
         for d in draining {
             let _ = d.await;
         }
+    }
+
+    /// Stops the admin server and the background tasks.
+    async fn stop_tasks(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
         }
+    }
+}
+
+/// The name an inherited admin socket goes by.
+const ADMIN: &str = "(admin)";
+
+/// The socket for `name` at `address`: inherited when one matches, else bound.
+async fn bind_or_take(
+    inherited: &mut Inherited,
+    name: &str,
+    address: SocketAddr,
+) -> std::io::Result<tokio::net::TcpListener> {
+    match inherited.take(name, address) {
+        Some(socket) => {
+            socket.set_nonblocking(true)?;
+            tracing::info!(name, address = %socket.local_addr()?, "listening socket taken over");
+            tokio::net::TcpListener::from_std(socket)
+        }
+        None => Ok(ListenerHandle::bind(address).await?.0),
     }
 }
 

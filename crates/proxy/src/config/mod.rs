@@ -225,6 +225,19 @@ impl ProxyConfig {
         Ok(config)
     }
 
+    /// Every certificate and key file the listeners' `tls` blocks name.
+    pub fn tls_files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        for tls in self.listeners.iter().filter_map(|l| l.tls.as_ref()) {
+            let d = &tls.default_certificate;
+            files.extend([d.certificate.clone(), d.key.clone()]);
+            for c in &tls.certificates {
+                files.extend([c.certificate.clone(), c.key.clone()]);
+            }
+        }
+        files
+    }
+
     /// Checks what the types alone cannot: names, references, ranges.
     pub fn validate(&self) -> Result<(), FieldError> {
         let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
