@@ -49,8 +49,9 @@ pub enum Drain {
     /// As `Now` for HTTP/2; HTTP/1 keeps its connection and answers its
     /// next request with `connection: close`, then closes (Envoy's drain,
     /// HAProxy's `idle-close-on-response`): a keep-alive client never sees
-    /// a close racing the request it is sending. Idle ones close when the
-    /// drain ends.
+    /// a close racing the request it is sending. A connection accepted
+    /// but not yet speaking is served the same way. Idle ones close when
+    /// the drain ends.
     OnNextResponse,
 }
 
@@ -105,7 +106,7 @@ pub async fn serve(
     let settings = downstream.settings();
     let sniffed = tokio::select! {
         s = tokio::time::timeout(settings.timeouts.request_headers, sniff(&stream)) => s,
-        _ = draining.wait_for(|d| *d != Drain::Serving) => return,
+        _ = draining.wait_for(|d| *d == Drain::Now) => return,
     };
     let Ok(Ok(Some(protocol))) = sniffed else {
         return;
@@ -125,7 +126,7 @@ pub async fn serve_tls(
 ) {
     let handshake = tokio::select! {
         h = tls.handshake(stream) => h,
-        _ = draining.wait_for(|d| *d != Drain::Serving) => return,
+        _ = draining.wait_for(|d| *d == Drain::Now) => return,
     };
     drop(tls);
     let metrics = &downstream.state.metrics;
@@ -178,8 +179,10 @@ async fn serve_http<I>(
                     if close.load(Ordering::Acquire)
                         && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
                     {
-                        resp.headers_mut()
-                            .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
                     }
                     Ok::<_, std::convert::Infallible>(resp)
                 }
@@ -195,7 +198,10 @@ async fn serve_http<I>(
             });
             // Boxed: the common HTTP/1 connection's task stays small.
             let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-            drive(conn, draining, None, |c| c.get_mut().as_mut().graceful_shutdown()).await;
+            drive(conn, draining, None, |c| {
+                c.get_mut().as_mut().graceful_shutdown()
+            })
+            .await;
         }
     }
 }

@@ -180,7 +180,12 @@ async fn accept_loop(
     drop(listener);
     let tunnels = &downstream.tunnels;
     graceful.send_replace(mode);
-    let drained = async { tokio::join!(graceful.closed(), tunnels.idle()) };
+    // Connections first: a request still being served may open a tunnel,
+    // and none can once every connection has ended.
+    let drained = async {
+        graceful.closed().await;
+        tunnels.idle().await;
+    };
     if tokio::time::timeout(drain, drained).await.is_err() {
         tracing::warn!(listener = %downstream.name, "drain timeout: closing remaining connections");
     }

@@ -14,9 +14,9 @@ use tokio::task::JoinHandle;
 use std::os::fd::AsFd;
 
 use crate::access_log::AccessLogger;
+use crate::config::ProxyConfig;
 use crate::connection::Drain;
 use crate::handoff::{Inherited, SocketInfo};
-use crate::config::ProxyConfig;
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::snapshot::{ClusterError, Snapshot, SnapshotError};
@@ -207,7 +207,10 @@ impl Proxy {
         tokio::task::spawn_blocking(move || {
             let mut stream = stream;
             stream.set_nonblocking(false)?;
-            let borrowed: Vec<_> = sockets.iter().map(|(i, fd)| (i.clone(), fd.as_fd())).collect();
+            let borrowed: Vec<_> = sockets
+                .iter()
+                .map(|(i, fd)| (i.clone(), fd.as_fd()))
+                .collect();
             crate::handoff::send(&mut stream, &borrowed)
         })
         .await

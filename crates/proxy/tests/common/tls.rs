@@ -195,6 +195,15 @@ impl Sender {
         }
     }
 
+    /// Whether the connection can take a request (false once the server
+    /// closed it, e.g. after a `connection: close` response or a GOAWAY).
+    pub async fn ready(&mut self) -> bool {
+        match self {
+            Self::H1(s) => s.ready().await.is_ok(),
+            Self::H2(s) => s.ready().await.is_ok(),
+        }
+    }
+
     /// GET `path` for `host`: status and the `x-backend` header, body read.
     pub async fn get(&mut self, host: &str, path: &str) -> Result<(StatusCode, String), String> {
         let resp = match self {
