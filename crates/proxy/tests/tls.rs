@@ -281,7 +281,9 @@ async fn expired_mismatched_and_unreadable_files_are_refused() {
     let other_key = std::fs::read_to_string(dir.path("b.key")).unwrap();
     let a_pem = dir.path("a.pem").display().to_string();
     let a_key = dir.path("a.key").display().to_string();
-    let bad: Vec<(&str, Box<dyn Fn()>, &str, &str)> = vec![
+    // What is spoiled, how, the file the error must name, and its reason.
+    type Spoil<'a> = (&'a str, Box<dyn Fn() + 'a>, &'a str, &'a str);
+    let bad: Vec<Spoil<'_>> = vec![
         (
             "expired",
             Box::new(|| tls::write_expired_cert(&dir.0, "a", &["a.test"])),

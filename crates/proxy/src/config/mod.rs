@@ -275,7 +275,7 @@ impl ProxyConfig {
             }
             crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
             if let Some(tls) = &l.tls {
-                tls.validate().at(&format!("{at}.tls"))?;
+                tls.validate().at(format!("{at}.tls"))?;
             }
             for (j, r) in l.routes.iter().enumerate() {
                 let route = format!("{at}.routes[{j}]");
