@@ -58,6 +58,8 @@ pub async fn accept(listener: Option<&UnixListener>) -> Option<std::os::unix::ne
         Ok((stream, _)) => stream.into_std().ok(),
         Err(e) => {
             tracing::warn!(error = %e, "upgrade socket: accept failed");
+            // EMFILE and the like: do not spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             None
         }
     }

@@ -286,6 +286,21 @@ mod tests {
     }
 
     #[test]
+    fn forwarded_proto_says_https_for_a_tls_client_whatever_it_sent() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        let fwd = Forwarding::default();
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
+        assert_eq!(out["x-forwarded-proto"], "http");
+        let secure = Forward {
+            secure: true,
+            ..forward(&fwd, false)
+        };
+        let out = forwarded_headers(HeaderMap::new(), &secure);
+        assert_eq!(out["x-forwarded-proto"], "https");
+    }
+
+    #[test]
     fn trusted_hops_pick_the_client_from_the_right() {
         let mut h = HeaderMap::new();
         h.insert(
