@@ -23,10 +23,11 @@ RELOADS = int(os.environ.get("RELOADS", "20"))
 CLIENTS = int(os.environ.get("CLIENTS", "16"))
 INTERVAL = float(os.environ.get("INTERVAL", "0.5"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
-BACKEND = 18100
-PORTS = {"meshless": 18101, "haproxy": 18102, "nginx": 18103}
+BASE = int(os.environ.get("BASE_PORT", "28100"))
+BACKEND = BASE
+PORTS = {"meshless": BASE + 1, "haproxy": BASE + 2, "nginx": BASE + 3}
 
-MESHLESS_CONF = """admin: {{ address: "127.0.0.1:18191" }}
+MESHLESS_CONF = """admin: {{ address: "127.0.0.1:{admin}" }}
 drain_timeout: 10s
 listeners:
   - name: web
@@ -126,7 +127,7 @@ class Meshless:
         self.sock = os.path.join(workdir, "upgrade.sock")
         self.log = open(os.path.join(workdir, "meshless.log"), "w+")
         with open(self.conf, "w") as f:
-            f.write(MESHLESS_CONF.format(port=PORTS["meshless"], backend=BACKEND))
+            f.write(MESHLESS_CONF.format(port=PORTS["meshless"], backend=BACKEND, admin=BASE + 91))
         self.procs = []
 
     def _spawn(self, takeover):
