@@ -26,9 +26,10 @@ CONNECTIONS = int(os.environ.get("CONNECTIONS", "32"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 TICKS = os.sysconf("SC_CLK_TCK")
-BACKEND = 18200
-PORTS = {"meshless": 18201, "haproxy": 18202, "nginx": 18203}
-ADMIN = 18291
+BASE = int(os.environ.get("BASE_PORT", "28200"))
+BACKEND = BASE
+PORTS = {"meshless": BASE + 1, "haproxy": BASE + 2, "nginx": BASE + 3}
+ADMIN = BASE + 91
 
 MESHLESS_CONF = """admin: {{ address: "127.0.0.1:{admin}" }}
 listeners:
