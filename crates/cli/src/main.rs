@@ -4,6 +4,7 @@ mod bench;
 mod kubernetes;
 mod serve;
 mod simulate;
+mod upgrade;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,9 @@ fn main() -> ExitCode {
     // Measurements print their own report: only warnings in the log.
     let quiet = matches!(cli.command, Command::Bench(_) | Command::Simulate(_));
     init_logging(if quiet { "warn" } else { "info" });
+    // The one crypto provider of the build (DESIGN.md), for every rustls
+    // user that asks for the process default (kube's client).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let result = match cli.command {
         Command::Proxy(args) => serve::proxy(args),
         Command::Control(args) => serve::control(args),

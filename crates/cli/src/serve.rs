@@ -30,6 +30,14 @@ pub struct ProxyArgs {
     /// Worker threads of the runtime; default: the number of cores.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Unix socket on which this proxy hands its listening sockets to a
+    /// new process started with `--takeover` (binary upgrade).
+    #[arg(long)]
+    pub upgrade_socket: Option<PathBuf>,
+    /// Take the listening sockets of the proxy serving `--upgrade-socket`,
+    /// start accepting on them, and let that proxy drain and exit.
+    #[arg(long, requires = "upgrade_socket")]
+    pub takeover: bool,
 }
 
 /// Arguments of `meshless backend`.
@@ -86,13 +94,21 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         println!("{}: ok", args.config.display());
         return Ok(());
     }
-    runtime(args.threads)?.block_on(run_proxy(config, &args.config, args.watch))
+    runtime(args.threads)?.block_on(run_proxy(config, &args))
 }
 
-async fn run_proxy(config: ProxyConfig, path: &Path, watch: bool) -> Result<()> {
-    let proxy = Proxy::start(config).await?;
+async fn run_proxy(config: ProxyConfig, args: &ProxyArgs) -> Result<()> {
+    let path = args.config.as_path();
+    let proxy = match (&args.upgrade_socket, args.takeover) {
+        (Some(socket), true) => crate::upgrade::take_over(config, socket).await?,
+        _ => Proxy::start(config).await?,
+    };
+    let upgrades = match &args.upgrade_socket {
+        Some(socket) => Some(crate::upgrade::listen(socket, args.takeover)?),
+        None => None,
+    };
     let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
-    let mut seen = std::fs::read(path).ok();
+    let mut seen = watched_files(path);
     let mut poll = tokio::time::interval(Duration::from_millis(500));
     let stop = terminated();
     tokio::pin!(stop);
@@ -100,11 +116,18 @@ async fn run_proxy(config: ProxyConfig, path: &Path, watch: bool) -> Result<()> 
         let reload = tokio::select! {
             r = &mut stop => { r?; break; }
             _ = hup.recv() => true,
-            _ = poll.tick(), if watch => {
-                let now = std::fs::read(path).ok();
+            _ = poll.tick(), if args.watch => {
+                let now = watched_files(path);
                 let changed = now.is_some() && now != seen;
                 if changed { seen = now; }
                 changed
+            }
+            stream = crate::upgrade::accept(upgrades.as_ref()) => {
+                if crate::upgrade::hand_over(&proxy, stream).await {
+                    proxy.shutdown_handed_over().await;
+                    return Ok(());
+                }
+                false
             }
         };
         if reload {
@@ -115,6 +138,17 @@ async fn run_proxy(config: ProxyConfig, path: &Path, watch: bool) -> Result<()> 
     tracing::info!("shutting down: draining in-flight requests");
     proxy.shutdown().await;
     Ok(())
+}
+
+/// The bytes of the config file and of every certificate and key file it
+/// names (in order), for `--watch`; `None` when the config is unreadable.
+fn watched_files(path: &Path) -> Option<Vec<Option<Vec<u8>>>> {
+    let config = std::fs::read(path).ok()?;
+    let mut files = vec![Some(config)];
+    if let Ok(parsed) = ProxyConfig::load(path) {
+        files.extend(parsed.tls_files().iter().map(|f| std::fs::read(f).ok()));
+    }
+    Some(files)
 }
 
 pub fn backend(args: BackendArgs) -> Result<()> {

@@ -15,16 +15,19 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::limits::ListenerSettings;
 use crate::request::{Downstream, Peer};
+use crate::tls::{Handshake, ListenerTls};
 
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -32,6 +35,25 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How long to wait before peeking again at a head that is a part of the
 /// preface (an HTTP/2 client whose preface arrived in pieces).
 const PEEK_AGAIN: Duration = Duration::from_millis(5);
+
+/// What a listener asks of its connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Drain {
+    /// Serve on.
+    #[default]
+    Serving,
+    /// Finish what is in flight, then close: an idle HTTP/1 connection
+    /// closes at once, a busy one after its response (`connection:
+    /// close`); HTTP/2 gets a GOAWAY.
+    Now,
+    /// As `Now` for HTTP/2; HTTP/1 keeps its connection and answers its
+    /// next request with `connection: close`, then closes (Envoy's drain,
+    /// HAProxy's `idle-close-on-response`): a keep-alive client never sees
+    /// a close racing the request it is sending. A connection accepted
+    /// but not yet speaking is served the same way. Idle ones close when
+    /// the drain ends.
+    OnNextResponse,
+}
 
 /// The protocol a connection speaks, told from its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,46 +101,129 @@ pub async fn serve(
     downstream: Arc<Downstream>,
     stream: TcpStream,
     client: SocketAddr,
-    mut draining: watch::Receiver<bool>,
+    mut draining: watch::Receiver<Drain>,
 ) {
     let settings = downstream.settings();
     let sniffed = tokio::select! {
         s = tokio::time::timeout(settings.timeouts.request_headers, sniff(&stream)) => s,
-        _ = draining.wait_for(|d| *d) => return,
+        _ = draining.wait_for(|d| *d == Drain::Now) => return,
     };
     let Ok(Ok(Some(protocol))) = sniffed else {
         return;
     };
-    let peer = Peer::new(client);
-    let service =
-        service_fn(move |req| crate::request::handle(Arc::clone(&downstream), peer.clone(), req));
-    let io = TokioIo::new(stream);
+    serve_http(downstream, stream, Peer::new(client), protocol, draining).await;
+}
+
+/// Serves a TLS connection: the handshake (up to its timeout, counted in
+/// `meshless_proxy_tls_handshakes_total`), then HTTP/2 when ALPN chose
+/// `h2`, else HTTP/1.1, as [`serve`] does.
+pub async fn serve_tls(
+    downstream: Arc<Downstream>,
+    tls: Arc<ListenerTls>,
+    stream: TcpStream,
+    client: SocketAddr,
+    mut draining: watch::Receiver<Drain>,
+) {
+    let handshake = tokio::select! {
+        h = tls.handshake(stream) => h,
+        _ = draining.wait_for(|d| *d == Drain::Now) => return,
+    };
+    drop(tls);
+    let metrics = &downstream.state.metrics;
+    metrics.tls_handshake(&downstream.name, handshake.result());
+    let stream = match handshake {
+        Handshake::Done(stream) => stream,
+        Handshake::Failed(e) => {
+            tracing::debug!(listener = %downstream.name, %client, error = %e, "TLS handshake failed");
+            return;
+        }
+        Handshake::TimedOut => return,
+    };
+    let protocol = if crate::tls::negotiated_h2(&stream) {
+        Protocol::Http2
+    } else {
+        Protocol::Http1
+    };
+    serve_http(
+        downstream,
+        *stream,
+        Peer::new(client).secure(),
+        protocol,
+        draining,
+    )
+    .await;
+}
+
+/// Serves HTTP on `io` (plain or TLS) with `protocol` until it closes or
+/// drains.
+async fn serve_http<I>(
+    downstream: Arc<Downstream>,
+    io: I,
+    peer: Peer,
+    protocol: Protocol,
+    draining: watch::Receiver<Drain>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = downstream.settings();
+    let io = TokioIo::new(io);
     match protocol {
         Protocol::Http1 => {
+            let closing = Arc::new(AtomicBool::new(false));
+            let close = Arc::clone(&closing);
+            let service = service_fn(move |req| {
+                let handled = crate::request::handle(Arc::clone(&downstream), peer.clone(), req);
+                let close = Arc::clone(&close);
+                async move {
+                    let mut resp = handled.await?;
+                    if close.load(Ordering::Acquire)
+                        && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                    {
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
             let conn = http1_builder(&settings)
                 .serve_connection(io, service)
                 .with_upgrades();
-            drive(conn, draining, |c| c.graceful_shutdown()).await;
+            drive(conn, draining, Some(&closing), |c| c.graceful_shutdown()).await;
         }
         Protocol::Http2 => {
+            let service = service_fn(move |req| {
+                crate::request::handle(Arc::clone(&downstream), peer.clone(), req)
+            });
             // Boxed: the common HTTP/1 connection's task stays small.
             let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-            drive(conn, draining, |c| c.get_mut().as_mut().graceful_shutdown()).await;
+            drive(conn, draining, None, |c| {
+                c.get_mut().as_mut().graceful_shutdown()
+            })
+            .await;
         }
     }
 }
 
-/// Polls `conn` to its end; once `draining` turns true (or its listener
-/// is gone), asks it to `shutdown` gracefully and polls on.
+/// Polls `conn` to its end. Once `draining` asks (or its listener is
+/// gone), asks it to `shutdown` gracefully and polls on; or, for
+/// [`Drain::OnNextResponse`] on HTTP/1 (`closing` given), raises `closing`
+/// so that its next response says `connection: close`, and polls on.
 async fn drive<C: Future>(
     conn: C,
-    mut draining: watch::Receiver<bool>,
+    mut draining: watch::Receiver<Drain>,
+    closing: Option<&AtomicBool>,
     shutdown: impl FnOnce(Pin<&mut C>),
 ) {
     let mut conn = pin!(conn);
-    tokio::select! {
+    let mode = tokio::select! {
         _ = conn.as_mut() => return,
-        _ = draining.wait_for(|d| *d) => shutdown(conn.as_mut()),
+        d = draining.wait_for(|d| *d != Drain::Serving) => d.map_or(Drain::Now, |d| *d),
+    };
+    match (mode, closing) {
+        (Drain::OnNextResponse, Some(closing)) => closing.store(true, Ordering::Release),
+        _ => shutdown(conn.as_mut()),
     }
     conn.await;
 }

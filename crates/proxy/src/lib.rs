@@ -8,6 +8,7 @@ pub mod cidr;
 pub mod config;
 pub mod connection;
 pub mod deny;
+pub mod handoff;
 pub mod health;
 pub mod l4;
 pub mod limits;
@@ -21,6 +22,7 @@ pub mod router;
 pub mod snapshot;
 pub mod sockopt;
 pub mod state;
+pub mod tls;
 pub mod upstream;
 
 pub use config::{ConfigFileError, ProxyConfig};

@@ -1,5 +1,5 @@
 //! One listening socket: accepts connections and serves HTTP/1.1 and h2c on
-//! it, at most `max_connections` at once (more wait in the kernel's accept
+//! it (or, with `tls`, HTTP/1.1 and h2 over TLS chosen by ALPN), at most `max_connections` at once (more wait in the kernel's accept
 //! backlog); stops accepting on request and drains its connections and
 //! tunnels gracefully, closing what is left when the drain timeout ends.
 
@@ -7,15 +7,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::ListenerProtocol;
+use crate::connection::Drain;
 use crate::limits::ListenerSettings;
 use crate::request::Downstream;
 use crate::sockopt::SocketOptions;
 use crate::state::ProxyState;
+use crate::tls::ListenerTls;
 
 /// A running listener.
 #[derive(Debug)]
@@ -25,8 +28,13 @@ pub struct ListenerHandle {
     /// Bound address (differs from `address` when the port is 0).
     pub local_addr: SocketAddr,
     downstream: Arc<Downstream>,
+    /// The socket, shared with the accept loop (and handed to a new
+    /// process on a binary upgrade).
+    socket: Arc<TcpListener>,
+    /// TLS termination, when the listener has `tls`; swapped on reload.
+    tls: Arc<ArcSwapOption<ListenerTls>>,
     /// Sends the drain deadline: stop accepting, drain, then close.
-    stop: watch::Sender<Option<Duration>>,
+    stop: watch::Sender<Option<(Duration, Drain)>>,
     task: JoinHandle<()>,
 }
 
@@ -48,18 +56,43 @@ impl ListenerHandle {
         listener: TcpListener,
         state: Arc<ProxyState>,
         settings: ListenerSettings,
+        tls: Option<ListenerTls>,
     ) -> Self {
         let local_addr = listener.local_addr().unwrap_or(address);
         let (stop, stopped) = watch::channel(None);
         let downstream = Arc::new(Downstream::new(name, state, settings));
-        let task = tokio::spawn(accept_loop(Arc::clone(&downstream), listener, stopped));
+        let socket = Arc::new(listener);
+        let tls = Arc::new(ArcSwapOption::from(tls.map(Arc::new)));
+        let task = tokio::spawn(accept_loop(
+            Arc::clone(&downstream),
+            Arc::clone(&socket),
+            Arc::clone(&tls),
+            stopped,
+        ));
         Self {
             address,
             local_addr,
             downstream,
+            socket,
+            tls,
             stop,
             task,
         }
+    }
+
+    /// The TLS side now, if any (a reload builds the next one from it).
+    pub fn tls(&self) -> Option<Arc<ListenerTls>> {
+        self.tls.load_full()
+    }
+
+    /// Connections accepted from now on use `tls` (or plain TCP for `None`).
+    pub fn update_tls(&self, tls: Option<ListenerTls>) {
+        self.tls.store(tls.map(Arc::new));
+    }
+
+    /// The listening socket (to hand to a new process).
+    pub fn socket(&self) -> &TcpListener {
+        &self.socket
     }
 
     /// Applies reloaded settings (limits and timeouts of new requests and
@@ -77,7 +110,15 @@ impl ListenerHandle {
     /// Stops accepting; open connections and tunnels finish (up to
     /// `drain`), then whatever is left is closed. Resolves when done.
     pub async fn shutdown(self, drain: Duration) {
-        let _ = self.stop.send(Some(drain));
+        self.shutdown_with(drain, Drain::Now).await;
+    }
+
+    /// As [`ListenerHandle::shutdown`], connections asked to finish by `mode`.
+    pub async fn shutdown_with(self, drain: Duration, mode: Drain) {
+        // The accept loop holds the last reference: the socket closes
+        // when it stops accepting, not at the end of the drain.
+        drop(self.socket);
+        let _ = self.stop.send(Some((drain, mode)));
         let _ = self.task.await;
     }
 }
@@ -103,17 +144,18 @@ impl AcceptBackoff {
 
 async fn accept_loop(
     downstream: Arc<Downstream>,
-    listener: TcpListener,
-    mut stopped: watch::Receiver<Option<Duration>>,
+    listener: Arc<TcpListener>,
+    tls: Arc<ArcSwapOption<ListenerTls>>,
+    mut stopped: watch::Receiver<Option<(Duration, Drain)>>,
 ) {
     // Connections hold a receiver: true asks them to finish; the sender's
     // `closed()` resolves once every one has ended.
-    let (graceful, _) = watch::channel(false);
+    let (graceful, _) = watch::channel(Drain::Serving);
     let max = downstream.settings().max_connections as usize;
     let slots = Arc::new(Semaphore::new(max));
     let metrics = &downstream.state.metrics;
     let mut backoff = AcceptBackoff::default();
-    let drain = loop {
+    let (drain, mode) = loop {
         if slots.available_permits() == 0 {
             metrics.connections_at_limit(&downstream.name);
         }
@@ -122,13 +164,14 @@ async fn accept_loop(
             changed = stopped.changed() => break drain_of(changed, &stopped),
         };
         let Ok(permit) = permit else {
-            break Duration::ZERO;
+            break (Duration::ZERO, Drain::Now);
         };
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, client)) => {
                     backoff.reset();
-                    serve_connection(&downstream, graceful.subscribe(), stream, client, permit);
+                    let tls = tls.load_full();
+                    serve_connection(&downstream, tls, graceful.subscribe(), stream, client, permit);
                 }
                 Err(e) => {
                     let pause = backoff.failed();
@@ -141,8 +184,13 @@ async fn accept_loop(
     };
     drop(listener);
     let tunnels = &downstream.tunnels;
-    graceful.send_replace(true);
-    let drained = async { tokio::join!(graceful.closed(), tunnels.idle()) };
+    graceful.send_replace(mode);
+    // Connections first: a request still being served may open a tunnel,
+    // and none can once every connection has ended.
+    let drained = async {
+        graceful.closed().await;
+        tunnels.idle().await;
+    };
     if tokio::time::timeout(drain, drained).await.is_err() {
         tracing::warn!(listener = %downstream.name, "drain timeout: closing remaining connections");
     }
@@ -151,14 +199,14 @@ async fn accept_loop(
 
 fn drain_of(
     changed: Result<(), watch::error::RecvError>,
-    stopped: &watch::Receiver<Option<Duration>>,
-) -> Duration {
+    stopped: &watch::Receiver<Option<(Duration, Drain)>>,
+) -> (Duration, Drain) {
     let drain = if changed.is_ok() {
         *stopped.borrow()
     } else {
         None
     };
-    drain.unwrap_or(Duration::ZERO)
+    drain.unwrap_or((Duration::ZERO, Drain::Now))
 }
 
 /// Serves one accepted connection; `permit` is its `max_connections` slot.
@@ -166,7 +214,8 @@ fn drain_of(
 /// PROXY header is read, then its protocol is served.
 fn serve_connection(
     downstream: &Arc<Downstream>,
-    draining: watch::Receiver<bool>,
+    tls: Option<Arc<ListenerTls>>,
+    draining: watch::Receiver<Drain>,
     stream: TcpStream,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
@@ -186,12 +235,16 @@ fn serve_connection(
             let Some((stream, client)) = accepted.await else {
                 return;
             };
-            match settings.protocol {
-                ListenerProtocol::Http => {
-                    crate::connection::serve(downstream.clone(), stream, client, draining).await
-                }
-                ListenerProtocol::Tcp => {
+            match (settings.protocol, tls) {
+                (ListenerProtocol::Tcp, _) => {
                     crate::l4::serve(downstream.clone(), stream, client, draining).await
+                }
+                (ListenerProtocol::Http, Some(tls)) => {
+                    crate::connection::serve_tls(downstream.clone(), tls, stream, client, draining)
+                        .await
+                }
+                (ListenerProtocol::Http, None) => {
+                    crate::connection::serve(downstream.clone(), stream, client, draining).await
                 }
             }
         };

@@ -83,6 +83,14 @@ pub struct ListenerLabels {
     pub listener: String,
 }
 
+/// Labels of a TLS handshake.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    pub listener: String,
+    /// `full`, `resumed`, `failed` or `timeout`.
+    pub result: &'static str,
+}
+
 /// An open downstream connection; lowers the gauge when dropped.
 #[derive(Debug)]
 pub struct OpenConnection(Gauge);
@@ -118,6 +126,7 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Deny rules, PROXY protocol and TCP flows.
     pub edge: crate::l4::metrics::EdgeMetrics,
+    pub tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -244,11 +253,18 @@ impl Metrics {
             "Access-log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        registry.register(
+            "proxy_tls_handshakes",
+            "Downstream TLS handshakes, by listener and result (full, resumed, failed, timeout)",
+            tls_handshakes.clone(),
+        );
         let edge = crate::l4::metrics::EdgeMetrics::default();
         edge.register(&mut registry);
         Self {
             registry,
             edge,
+            tls_handshakes,
             downstream_connections,
             connections_at_limit,
             upgrades_refused,
@@ -308,6 +324,16 @@ impl Metrics {
     pub fn upgrade_refused(&self, listener: &str) {
         self.upgrades_refused
             .get_or_create(&Self::listener(listener))
+            .inc();
+    }
+
+    /// Counts a TLS handshake that ended with `result`.
+    pub fn tls_handshake(&self, listener: &str, result: &'static str) {
+        self.tls_handshakes
+            .get_or_create(&HandshakeLabels {
+                listener: listener.to_owned(),
+                result,
+            })
             .inc();
     }
 

@@ -11,12 +11,17 @@ use arc_swap::ArcSwap;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
+use std::os::fd::AsFd;
+
 use crate::access_log::AccessLogger;
 use crate::config::ProxyConfig;
+use crate::connection::Drain;
+use crate::handoff::{Inherited, SocketInfo};
 use crate::listener::ListenerHandle;
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::snapshot::{ClusterError, Snapshot, SnapshotError};
 use crate::state::ProxyState;
+use crate::tls::{ListenerTls, TlsError};
 
 /// Why the proxy could not start or reload.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +43,12 @@ pub enum ProxyError {
     /// A cluster cannot take the endpoints it has now.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// A certificate or key refused, or TLS that cannot be set up.
+    #[error("{what}: {source}")]
+    Tls {
+        what: String,
+        source: crate::tls::TlsError,
+    },
     /// A change the running proxy cannot make, or a setting it cannot use.
     #[error("{0}")]
     Invalid(String),
@@ -54,20 +65,32 @@ pub struct Proxy {
     watched: watch::Sender<std::collections::BTreeSet<String>>,
     tasks: Vec<JoinHandle<()>>,
     reloading: Mutex<()>,
+    /// A copy of the admin server's listening socket, to hand over.
+    admin_socket: Option<std::os::fd::OwnedFd>,
 }
 
 impl Proxy {
     /// Binds the admin address and every listener, then serves.
     pub async fn start(config: ProxyConfig) -> Result<Self, ProxyError> {
+        Self::start_with(config, &mut Inherited::default()).await
+    }
+
+    /// As [`Proxy::start`], taking the listening sockets that match from
+    /// `inherited` (a binary upgrade) instead of binding them.
+    pub async fn start_with(
+        config: ProxyConfig,
+        inherited: &mut Inherited,
+    ) -> Result<Self, ProxyError> {
         let access_log = AccessLogger::open(&config.access_log).map_err(ProxyError::AccessLog)?;
         let admin_address = config.admin.address;
-        let admin = tokio::net::TcpListener::bind(admin_address)
-            .await
-            .map_err(|source| ProxyError::Bind {
+        let admin = bind_or_take(inherited, ADMIN, admin_address, &Default::default()).map_err(
+            |source| ProxyError::Bind {
                 what: "admin.address".into(),
                 address: admin_address,
                 source,
-            })?;
+            },
+        )?;
+        let admin_socket = admin.as_fd().try_clone_to_owned().ok();
         let admin_addr = admin.local_addr().unwrap_or(admin_address);
         let listener_configs = config.listeners.clone();
         let control = config.control.clone();
@@ -86,13 +109,16 @@ impl Proxy {
             activation_errors: std::sync::Mutex::new(Default::default()),
             probing: Default::default(),
         });
+        let tls = prepare_tls(&listener_configs, &HashMap::new())?;
         let mut listeners = HashMap::new();
-        for (i, l) in listener_configs.iter().enumerate() {
-            let (socket, _) =
-                ListenerHandle::bind(l.address, &l.socket).map_err(|source| ProxyError::Bind {
-                    what: format!("listeners[{i}].address"),
-                    address: l.address,
-                    source,
+        for ((i, l), tls) in listener_configs.iter().enumerate().zip(tls) {
+            let socket =
+                bind_or_take(inherited, &l.name, l.address, &l.socket).map_err(|source| {
+                    ProxyError::Bind {
+                        what: format!("listeners[{i}].address"),
+                        address: l.address,
+                        source,
+                    }
                 })?;
             let handle = ListenerHandle::serve(
                 Arc::from(l.name.as_str()),
@@ -100,6 +126,7 @@ impl Proxy {
                 socket,
                 Arc::clone(&state),
                 l.settings(),
+                tls,
             );
             tracing::info!(listener = %l.name, address = %handle.local_addr, "listening");
             listeners.insert(l.name.clone(), handle);
@@ -147,7 +174,48 @@ impl Proxy {
             watched: watch_tx,
             tasks,
             reloading: Mutex::new(()),
+            admin_socket,
         })
+    }
+
+    /// Hands every listening socket (and the admin server's) to the new
+    /// process on `stream` and waits for it to accept on them. `Ok(true)`:
+    /// it does; call [`Proxy::shutdown_handed_over`]. `Ok(false)`: it went
+    /// away first; this proxy serves on as before. No reload runs meanwhile.
+    pub async fn hand_over(
+        &self,
+        stream: std::os::unix::net::UnixStream,
+    ) -> Result<bool, std::io::Error> {
+        let _no_reload = self.reloading.lock().await;
+        let mut sockets = Vec::new();
+        for (name, h) in self.listeners.lock().await.iter() {
+            let info = SocketInfo {
+                name: name.clone(),
+                configured: h.address,
+                local: h.local_addr,
+            };
+            sockets.push((info, h.socket().as_fd().try_clone_to_owned()?));
+        }
+        if let Some(admin) = &self.admin_socket {
+            let admin_address = self.state.snapshot.load().config.admin.address;
+            let info = SocketInfo {
+                name: ADMIN.into(),
+                configured: admin_address,
+                local: self.admin_addr,
+            };
+            sockets.push((info, admin.try_clone()?));
+        }
+        tokio::task::spawn_blocking(move || {
+            let mut stream = stream;
+            stream.set_nonblocking(false)?;
+            let borrowed: Vec<_> = sockets
+                .iter()
+                .map(|(i, fd)| (i.clone(), fd.as_fd()))
+                .collect();
+            crate::handoff::send(&mut stream, &borrowed)
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 
     /// The bound admin address.
@@ -230,11 +298,15 @@ impl Proxy {
             Snapshot::build(config.clone(), Some(&current), &self.state.service_feeds())?;
         let watched = snapshot.watched_services();
         let mut listeners = self.listeners.lock().await;
-        // Bind what is new before anything changes.
+        // Certificates read and checked, and new listeners bound, before
+        // anything changes.
+        let mut tls = prepare_tls(&config.listeners, &listeners)?.into_iter();
         let mut fresh = Vec::new();
+        let mut kept = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            if let Some(h) = listeners.get(&l.name).filter(|h| h.serves(l.address)) {
-                h.update(l.settings());
+            let tls = tls.next().flatten();
+            if listeners.get(&l.name).is_some_and(|h| h.serves(l.address)) {
+                kept.push((l.name.clone(), l.settings(), tls));
                 continue;
             }
             let moved_here = l.address.port() != 0
@@ -247,7 +319,9 @@ impl Proxy {
                 )));
             }
             match ListenerHandle::bind(l.address, &l.socket) {
-                Ok((socket, _)) => fresh.push((l.name.clone(), l.address, socket, l.settings())),
+                Ok((socket, _)) => {
+                    fresh.push((l.name.clone(), l.address, socket, l.settings(), tls))
+                }
                 Err(source) => {
                     return Err(ProxyError::Bind {
                         what: format!("listeners[{i}].address"),
@@ -269,6 +343,12 @@ impl Proxy {
                 snapshot = snapshot.with_service(service, &services)?;
             }
             self.state.snapshot.store(Arc::new(snapshot));
+        }
+        for (name, settings, tls) in kept {
+            if let Some(h) = listeners.get(&name) {
+                h.update(settings);
+                h.update_tls(tls);
+            }
         }
         // TCP flows re-check that their endpoints are still in.
         self.state.endpoints_changed.notify_waiters();
@@ -297,18 +377,30 @@ impl Proxy {
                 tokio::spawn(h.shutdown(drain));
             }
         }
-        for (name, address, socket, settings) in fresh {
+        for (name, address, socket, settings, tls) in fresh {
             let h = ListenerHandle::serve(
                 Arc::from(name.as_str()),
                 address,
                 socket,
                 Arc::clone(&self.state),
                 settings,
+                tls,
             );
             tracing::info!(listener = %name, address = %h.local_addr, "listening");
             listeners.insert(name, h);
         }
         Ok(())
+    }
+
+    /// After [`Proxy::hand_over`]: the new process accepts on the same
+    /// sockets, so this one stops accepting at once (no `drain_delay`),
+    /// answers each HTTP/1 connection's next request with `connection:
+    /// close`, sends HTTP/2 a GOAWAY, lets tunnels finish, all for up to
+    /// `drain_timeout`, then closes what is left and stops.
+    pub async fn shutdown_handed_over(self) {
+        self.state.ready.store(false, Ordering::Release);
+        self.stop_listeners(Drain::OnNextResponse).await;
+        self.stop_tasks().await;
     }
 
     /// Fails `/ready`, keeps serving for the config's `drain_delay`, then
@@ -321,7 +413,13 @@ impl Proxy {
         // `/ready` fails first; listeners keep serving while load balancers
         // in front notice, then close.
         tokio::time::sleep(config.drain_delay).await;
-        let drain = config.drain_timeout;
+        self.stop_listeners(Drain::Now).await;
+        self.stop_tasks().await;
+    }
+
+    /// Stops accepting on every listener and drains them (`mode`).
+    async fn stop_listeners(&self, mode: Drain) {
+        let drain = self.state.snapshot.load().config.drain_timeout;
         let listeners: Vec<ListenerHandle> = self
             .listeners
             .lock()
@@ -331,14 +429,70 @@ impl Proxy {
             .collect();
         let draining: Vec<_> = listeners
             .into_iter()
-            .map(|h| tokio::spawn(h.shutdown(drain)))
+            .map(|h| tokio::spawn(h.shutdown_with(drain, mode)))
             .collect();
         for d in draining {
             let _ = d.await;
         }
+    }
+
+    /// Stops the admin server and the background tasks.
+    async fn stop_tasks(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
         }
     }
+}
+
+/// The name an inherited admin socket goes by.
+const ADMIN: &str = "(admin)";
+
+/// The socket for `name` at `address`: inherited when one matches, else bound.
+fn bind_or_take(
+    inherited: &mut Inherited,
+    name: &str,
+    address: SocketAddr,
+    options: &crate::sockopt::SocketOptions,
+) -> std::io::Result<tokio::net::TcpListener> {
+    match inherited.take(name, address) {
+        Some(socket) => {
+            socket.set_nonblocking(true)?;
+            tracing::info!(name, address = %socket.local_addr()?, "listening socket taken over");
+            tokio::net::TcpListener::from_std(socket)
+        }
+        None => Ok(ListenerHandle::bind(address, options)?.0),
+    }
+}
+
+/// The TLS side of each listener in `configs` (in order), certificates
+/// read and checked now: a listener that keeps its name in `running`
+/// keeps its session cache and ticket keys. Any refused file fails all.
+fn prepare_tls(
+    configs: &[crate::config::ListenerConfig],
+    running: &HashMap<String, ListenerHandle>,
+) -> Result<Vec<Option<ListenerTls>>, ProxyError> {
+    let now = std::time::SystemTime::now();
+    let mut out = Vec::with_capacity(configs.len());
+    for (i, l) in configs.iter().enumerate() {
+        let Some(settings) = &l.tls else {
+            out.push(None);
+            continue;
+        };
+        let error = |source: TlsError| ProxyError::Tls {
+            what: format!("listeners[{i}].tls"),
+            source,
+        };
+        let table = crate::tls::load_table(settings, now).map_err(|e| error(e.into()))?;
+        let previous = running
+            .get(&l.name)
+            .filter(|h| h.serves(l.address))
+            .and_then(ListenerHandle::tls);
+        let tls = match previous {
+            Some(p) => p.reloaded(settings, table),
+            None => ListenerTls::new(settings, table),
+        };
+        out.push(Some(tls.map_err(error)?));
+    }
+    Ok(out)
 }

@@ -300,6 +300,14 @@ fn edge_settings_are_validated() {
         e.contains("listeners[0].tcp.cluster: unknown cluster"),
         "{e}"
     );
+    let e = err(
+        "    protocol: tcp\n    tcp: { cluster: c }\n    tls: { default_certificate: { certificate: a.pem, key: a.key } }\n",
+        cluster,
+    );
+    assert!(
+        e.contains("listeners[0].tls: TLS is terminated on HTTP"),
+        "{e}"
+    );
     let e = err("    routes: []\n    default_cluster: nope\n", cluster);
     assert!(
         e.contains("listeners[0].default_cluster: unknown cluster"),

@@ -55,6 +55,9 @@ pub struct ListenerConfig {
     /// `X-Forwarded-For` handling.
     #[serde(default)]
     pub forwarding: crate::limits::Forwarding,
+    /// TLS termination: certificates by SNI name, ALPN, resumption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 impl ListenerConfig {
@@ -132,6 +135,12 @@ pub(super) fn validate_listener(
                 ));
             }
             known("tcp.cluster", &tcp.cluster)?;
+            if l.tls.is_some() {
+                return Err(FieldError::new(
+                    "tls",
+                    "TLS is terminated on HTTP listeners only; a `protocol: tcp` listener passes TLS through as bytes",
+                ));
+            }
             if tcp.connect_attempts == 0 {
                 return Err(FieldError::new(
                     "tcp.connect_attempts",

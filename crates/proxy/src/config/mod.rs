@@ -228,6 +228,19 @@ impl ProxyConfig {
         Ok(config)
     }
 
+    /// Every certificate and key file the listeners' `tls` blocks name.
+    pub fn tls_files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        for tls in self.listeners.iter().filter_map(|l| l.tls.as_ref()) {
+            let d = &tls.default_certificate;
+            files.extend([d.certificate.clone(), d.key.clone()]);
+            for c in &tls.certificates {
+                files.extend([c.certificate.clone(), c.key.clone()]);
+            }
+        }
+        files
+    }
+
     /// Checks what the types alone cannot: names, references, ranges.
     pub fn validate(&self) -> Result<(), FieldError> {
         let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
@@ -274,6 +287,9 @@ impl ProxyConfig {
             }
             listener::validate_listener(l, &clusters, congestion.as_deref()).at(&at)?;
             crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
+            if let Some(tls) = &l.tls {
+                tls.validate().at(format!("{at}.tls"))?;
+            }
             for (j, r) in l.routes.iter().enumerate() {
                 let route = format!("{at}.routes[{j}]");
                 route::validate_route(r, &clusters).at(&route)?;

@@ -140,7 +140,7 @@ pub async fn serve(
     downstream: Arc<Downstream>,
     stream: TcpStream,
     client: SocketAddr,
-    draining: watch::Receiver<bool>,
+    draining: watch::Receiver<crate::connection::Drain>,
 ) {
     let _draining = draining;
     let settings = downstream.settings();

@@ -157,6 +157,8 @@ fn wants_trailers(headers: &HeaderMap) -> bool {
 pub struct Forward<'a> {
     /// The peer's address as an `X-Forwarded-For` entry.
     pub peer: &'a HeaderValue,
+    /// The client came over TLS: `X-Forwarded-Proto: https`.
+    pub secure: bool,
     pub request_id: &'a str,
     pub upgrading: bool,
     pub forwarding: &'a Forwarding,
@@ -182,7 +184,8 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     if let Some(v) = xff {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    let proto = if f.secure { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     if let Ok(v) = HeaderValue::from_str(f.request_id) {
         headers.insert(X_REQUEST_ID.clone(), v);
     }
@@ -274,6 +277,7 @@ mod tests {
     fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
         Forward {
             peer: &PEER,
+            secure: false,
             request_id: "id-1",
             upgrading: false,
             forwarding,
@@ -291,6 +295,21 @@ mod tests {
         fwd.x_forwarded_for = XffMode::Overwrite;
         let out = forwarded_headers(h.clone(), &forward(&fwd, false));
         assert_eq!(out["x-forwarded-for"], "10.0.0.9");
+    }
+
+    #[test]
+    fn forwarded_proto_says_https_for_a_tls_client_whatever_it_sent() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        let fwd = Forwarding::default();
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
+        assert_eq!(out["x-forwarded-proto"], "http");
+        let secure = Forward {
+            secure: true,
+            ..forward(&fwd, false)
+        };
+        let out = forwarded_headers(HeaderMap::new(), &secure);
+        assert_eq!(out["x-forwarded-proto"], "https");
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// The address as an `X-Forwarded-For` entry (formatted once, shared).
     pub xff: http::HeaderValue,
+    /// Whether the connection is TLS (`x-forwarded-proto: https`).
+    pub secure: bool,
 }
 
 impl Peer {
@@ -96,7 +98,19 @@ impl Peer {
         let ip = addr.ip().to_string();
         let xff = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
             .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
-        Self { addr, xff }
+        Self {
+            addr,
+            xff,
+            secure: false,
+        }
+    }
+
+    /// The same peer on a TLS connection.
+    pub fn secure(self) -> Self {
+        Self {
+            secure: true,
+            ..self
+        }
     }
 }
 
@@ -140,6 +154,7 @@ pub async fn handle(
     };
     let forward = headers::Forward {
         peer: &peer.xff,
+        secure: peer.secure,
         request_id: &record.request_id,
         upgrading: upgrade.is_some(),
         forwarding: &settings.forwarding,

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""TLS handshakes per second: meshless, HAProxy and nginx terminating TLS
+with the same certificate (ECDSA P-256, made here with openssl), each in
+front of the same `meshless backend`, one worker thread each. The load is
+wrk over https with `Connection: close`, so every request is a new TCP
+connection and a new TLS handshake; the proxy's CPU time per 1,000
+handshakes comes from /proc. Loopback only.
+
+Usage: python3 bench/tls_handshakes.py   (after cargo build --release -p meshless)
+Env: DURATION seconds per run (10), CONNECTIONS (32), REPEATS (3),
+MESHLESS (target/release/meshless)."""
+
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+DURATION = int(os.environ.get("DURATION", "10"))
+CONNECTIONS = int(os.environ.get("CONNECTIONS", "32"))
+REPEATS = int(os.environ.get("REPEATS", "3"))
+MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
+TICKS = os.sysconf("SC_CLK_TCK")
+BASE = int(os.environ.get("BASE_PORT", "28200"))
+BACKEND = BASE
+PORTS = {"meshless": BASE + 1, "haproxy": BASE + 2, "nginx": BASE + 3}
+ADMIN = BASE + 91
+
+MESHLESS_CONF = """admin: {{ address: "127.0.0.1:{admin}" }}
+listeners:
+  - name: web
+    address: "127.0.0.1:{port}"
+    routes: [ {{ cluster: b }} ]
+    tls:
+      default_certificate: {{ certificate: "{dir}/cert.pem", key: "{dir}/key.pem" }}
+clusters:
+  - name: b
+    endpoints: [ {{ address: "127.0.0.1:{backend}" }} ]
+"""
+
+HAPROXY_CONF = """global
+  nbthread 1
+  maxconn 10000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+frontend fe
+  bind 127.0.0.1:{port} ssl crt {dir}/combined.pem alpn h2,http/1.1 ssl-min-ver TLSv1.2
+  default_backend be
+backend be
+  http-reuse always
+  server s1 127.0.0.1:{backend}
+"""
+
+NGINX_CONF = """worker_processes 1; daemon off; pid {dir}/nginx.pid; error_log {dir}/nginx.err;
+events {{ worker_connections 10000; }}
+http {{
+  access_log off;
+  upstream b {{ server 127.0.0.1:{backend}; keepalive 32; }}
+  server {{ listen 127.0.0.1:{port} ssl; http2 on;
+    ssl_certificate {dir}/cert.pem; ssl_certificate_key {dir}/key.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    location / {{ proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
+}}
+"""
+
+
+def wait_port(port, timeout=10.0):
+    import socket
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"port {port} never opened")
+
+
+def tree(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [pid] + [p for c in out.split() for p in tree(int(c))]
+
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, IndexError):
+            pass
+    return total / TICKS
+
+
+def make_cert(d):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", f"{d}/key.pem", "-out", f"{d}/cert.pem", "-days", "30",
+                    "-subj", "/CN=bench.test", "-addext", "subjectAltName=DNS:bench.test"],
+                   check=True, capture_output=True)
+    with open(f"{d}/combined.pem", "w") as f:
+        f.write(open(f"{d}/cert.pem").read() + open(f"{d}/key.pem").read())
+
+
+def start(name, d):
+    fmt = dict(dir=d, port=PORTS[name], backend=BACKEND, admin=ADMIN)
+    if name == "meshless":
+        conf = f"{d}/meshless.yaml"
+        open(conf, "w").write(MESHLESS_CONF.format(**fmt))
+        args = [MESHLESS, "proxy", "--config", conf, "--threads", "1"]
+    elif name == "haproxy":
+        conf = f"{d}/haproxy.cfg"
+        open(conf, "w").write(HAPROXY_CONF.format(**fmt))
+        args = ["haproxy", "-f", conf]
+    else:
+        conf = f"{d}/nginx.conf"
+        open(conf, "w").write(NGINX_CONF.format(**fmt))
+        args = ["nginx", "-c", conf, "-p", d]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(PORTS[name])
+    return proc
+
+
+def wrk(port):
+    out = subprocess.run(["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{DURATION}s", "-H", "Connection: close",
+                          f"https://127.0.0.1:{port}/"], capture_output=True, text=True).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    errors = re.search(r"Socket errors: (.*)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return rate, (errors.group(1) if errors else "none"), int(non2xx.group(1)) if non2xx else 0
+
+
+def meshless_handshakes():
+    text = urllib.request.urlopen(f"http://127.0.0.1:{ADMIN}/metrics").read().decode()
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r'meshless_proxy_tls_handshakes_total\{listener="web",result="(\w+)"\} ([\d.]+)', text)}
+
+
+def main():
+    if not os.path.exists(MESHLESS):
+        sys.exit(f"{MESHLESS} missing: cargo build --release -p meshless")
+    d = tempfile.mkdtemp(prefix="meshless-tls-")
+    make_cert(d)
+    backend = subprocess.Popen([MESHLESS, "backend", "--listen", f"127.0.0.1:{BACKEND}"], stderr=subprocess.DEVNULL)
+    wait_port(BACKEND)
+    results = {}
+    try:
+        for name in ("meshless", "haproxy", "nginx"):
+            proc = start(name, d)
+            pids = tree(proc.pid)
+            runs = []
+            try:
+                wrk(PORTS[name])  # warm-up
+                for _ in range(REPEATS):
+                    cpu0 = cpu_seconds(pids)
+                    rate, errors, non2xx = wrk(PORTS[name])
+                    cpu = cpu_seconds(pids) - cpu0
+                    runs.append((rate, cpu / (rate * DURATION) * 1000, errors, non2xx))
+                extra = meshless_handshakes() if name == "meshless" else {}
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+            results[name] = (runs, extra)
+    finally:
+        backend.send_signal(signal.SIGTERM)
+        backend.wait()
+    print(f"wrk -t1 -c{CONNECTIONS} -d{DURATION}s -H 'Connection: close' https://...; median of {REPEATS}\n")
+    print("| proxy | handshakes/s (median) | runs | proxy CPU ms per 1,000 handshakes | socket errors | non-2xx |")
+    print("|---|---|---|---|---|---|")
+    for name, (runs, extra) in results.items():
+        rates = [r[0] for r in runs]
+        cpu = statistics.median(r[1] for r in runs)
+        print(f"| {name} | {statistics.median(rates):.0f} | {', '.join(f'{r:.0f}' for r in rates)} | {cpu:.1f} | {runs[-1][2]} | {sum(r[3] for r in runs)} |")
+    if results.get("meshless", (None, {}))[1]:
+        print(f"\nmeshless handshakes by result: {results['meshless'][1]}")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

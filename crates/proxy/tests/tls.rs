@@ -1,0 +1,387 @@
+//! TLS termination through real sockets with a rustls client: certificates
+//! by SNI name and the default, ALPN h2 and http/1.1, resumption, TLS
+//! versions, the handshake timeout, certificate reload under traffic, and
+//! refused files keeping the running config.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::tls::{self, Sender, TempDir};
+use common::{backend, endpoints_yaml, eventually, proxy_metric};
+use http::StatusCode;
+use meshless_proxy::{Proxy, ProxyConfig};
+use tokio::io::AsyncReadExt;
+
+/// A config with listener `web` terminating TLS: `a.test` and `b.test`
+/// (with `*.wild.test`) by SNI, `default` otherwise; `tls_extra` is added
+/// to its `tls:` block (indented 6).
+fn tls_config(dir: &Path, endpoints: &str, tls_extra: &str) -> String {
+    let f = |stem: &str, ext: &str| dir.join(format!("{stem}.{ext}")).display().to_string();
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n    tls:\n      default_certificate: {{ certificate: \"{}\", key: \"{}\" }}\n      certificates:\n        - {{ server_names: [a.test], certificate: \"{}\", key: \"{}\" }}\n        - {{ server_names: [b.test, \"*.wild.test\"], certificate: \"{}\", key: \"{}\" }}\n{tls_extra}clusters:\n  - name: c\n    endpoints:\n{endpoints}",
+        f("default", "pem"),
+        f("default", "key"),
+        f("a", "pem"),
+        f("a", "key"),
+        f("b", "pem"),
+        f("b", "key"),
+    )
+}
+
+struct Certs {
+    default: Vec<u8>,
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+fn write_all(dir: &Path) -> Certs {
+    Certs {
+        default: tls::write_cert(dir, "default", &["default.test"]),
+        a: tls::write_cert(dir, "a", &["a.test"]),
+        b: tls::write_cert(dir, "b", &["b.test", "*.wild.test"]),
+    }
+}
+
+async fn start(yaml: &str) -> (Proxy, std::net::SocketAddr) {
+    let cfg = ProxyConfig::parse(yaml, "tls.yaml").unwrap();
+    let p = Proxy::start(cfg).await.unwrap();
+    let addr = p.listener_addr("web").await.unwrap();
+    (p, addr)
+}
+
+#[tokio::test]
+async fn each_sni_name_gets_its_certificate_and_others_the_default() {
+    let dir = TempDir::new("tls-sni");
+    let certs = write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let (p, addr) = start(&tls_config(
+        &dir.0,
+        &endpoints_yaml(std::slice::from_ref(&b0)),
+        "",
+    ))
+    .await;
+    let client = tls::default_client();
+    let cases = [
+        ("a.test", &certs.a),
+        ("A.TEST", &certs.a),
+        ("b.test", &certs.b),
+        ("x.wild.test", &certs.b),
+        ("wild.test", &certs.default),
+        ("y.x.wild.test", &certs.default),
+        ("unknown.test", &certs.default),
+        // An IP address: the client sends no SNI.
+        ("127.0.0.1", &certs.default),
+    ];
+    for (sni, want) in cases {
+        let conn = tls::connect(&client, addr, sni).await.unwrap();
+        assert!(tls::leaf(&conn) == **want, "{sni}: wrong certificate");
+        let mut s = Sender::new(conn).await.unwrap();
+        let (status, _) = s.get(sni, "/").await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{sni}");
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn alpn_h2_and_http11_both_reach_the_backend() {
+    let dir = TempDir::new("tls-alpn");
+    write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let (p, addr) = start(&tls_config(
+        &dir.0,
+        &endpoints_yaml(std::slice::from_ref(&b0)),
+        "",
+    ))
+    .await;
+    for (offered, agreed) in [
+        (&["h2", "http/1.1"][..], Some("h2")),
+        (&["h2"][..], Some("h2")),
+        (&["http/1.1"][..], Some("http/1.1")),
+        (&[][..], None),
+    ] {
+        let client = tls::client_config(offered, rustls::ALL_VERSIONS);
+        let conn = tls::connect(&client, addr, "a.test").await.unwrap();
+        assert_eq!(tls::alpn(&conn).as_deref(), agreed, "{offered:?}");
+        let mut s = Sender::new(conn).await.unwrap();
+        for _ in 0..3 {
+            let (status, from) = s.get("a.test", "/").await.unwrap();
+            assert_eq!(
+                (status, from.as_str()),
+                (StatusCode::OK, "b0"),
+                "{offered:?}"
+            );
+        }
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn tls13_only_refuses_a_tls12_client_and_resumption_works() {
+    let dir = TempDir::new("tls-versions");
+    write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let yaml = tls_config(
+        &dir.0,
+        &endpoints_yaml(std::slice::from_ref(&b0)),
+        "      min_version: \"1.3\"\n",
+    );
+    let (p, addr) = start(&yaml).await;
+    let old = tls::client_config(&["http/1.1"], &[&rustls::version::TLS12]);
+    assert!(tls::connect(&old, addr, "a.test").await.is_err());
+    eventually("the refused handshake counted", || async {
+        proxy_metric(
+            &p,
+            "meshless_proxy_tls_handshakes_total{listener=\"web\",result=\"failed\"}",
+        )
+        .await
+            == 1.0
+    })
+    .await;
+    // The same client config keeps the session: its second handshake resumes.
+    let client = tls::default_client();
+    let mut resumed = false;
+    for _ in 0..3 {
+        let conn = tls::connect(&client, addr, "a.test").await.unwrap();
+        resumed |= conn.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+        let mut s = Sender::new(conn).await.unwrap();
+        assert_eq!(s.get("a.test", "/").await.unwrap().0, StatusCode::OK);
+    }
+    assert!(resumed, "no handshake resumed a session");
+    let resumed_metric = "meshless_proxy_tls_handshakes_total{listener=\"web\",result=\"resumed\"}";
+    assert!(proxy_metric(&p, resumed_metric).await >= 1.0);
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_silent_client_is_closed_at_the_handshake_timeout_and_counted() {
+    let dir = TempDir::new("tls-timeout");
+    write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let yaml = tls_config(
+        &dir.0,
+        &endpoints_yaml(std::slice::from_ref(&b0)),
+        "      handshake_timeout: 200ms\n",
+    );
+    let (p, addr) = start(&yaml).await;
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The proxy closes it: the read ends (0 bytes or a reset), it never hangs.
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(common::DEADLINE, silent.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    eventually("the timeout counted", || async {
+        proxy_metric(
+            &p,
+            "meshless_proxy_tls_handshakes_total{listener=\"web\",result=\"timeout\"}",
+        )
+        .await
+            == 1.0
+    })
+    .await;
+    p.shutdown().await;
+}
+
+/// Clients keep connecting and sending while the certificate of `a.test`
+/// is replaced and the config reloaded: every request succeeds, a
+/// connection opened before the reload keeps working, and new handshakes
+/// get the new certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_reload_under_traffic() {
+    let dir = TempDir::new("tls-reload");
+    let certs = write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let yaml = tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "");
+    let file = dir.path("proxy.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let p = Proxy::start(ProxyConfig::load(&file).unwrap())
+        .await
+        .unwrap();
+    let addr = p.listener_addr("web").await.unwrap();
+    let client = tls::default_client();
+    let mut before = Sender::new(tls::connect(&client, addr, "a.test").await.unwrap())
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (stop, ok, failed, client) = (stop.clone(), ok.clone(), failed.clone(), client.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let result = match tls::connect(&client, addr, "a.test").await {
+                    Ok(conn) => match Sender::new(conn).await {
+                        Ok(mut s) => s.get("a.test", "/").await.map(|r| r.0),
+                        Err(e) => Err(e.to_string()),
+                    },
+                    Err(e) => Err(e.to_string()),
+                };
+                match result {
+                    Ok(StatusCode::OK) => ok.fetch_add(1, Ordering::Relaxed),
+                    other => {
+                        eprintln!("failed: {other:?}");
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    eventually("traffic before the reload", || async {
+        ok.load(Ordering::Relaxed) >= 20
+    })
+    .await;
+    let new_a = tls::write_cert(&dir.0, "a", &["a.test"]);
+    assert!(new_a != certs.a);
+    p.reload_from(&file).await.unwrap();
+    let seen_before = ok.load(Ordering::Relaxed);
+    eventually("traffic after the reload", || async {
+        ok.load(Ordering::Relaxed) >= seen_before + 20
+    })
+    .await;
+    // A client without a session to resume (a resumed session keeps the
+    // certificate of the handshake that made it, as TLS defines).
+    let fresh = tls::connect(&tls::default_client(), addr, "a.test")
+        .await
+        .unwrap();
+    assert!(
+        tls::leaf(&fresh) == new_a,
+        "a new handshake got the old certificate"
+    );
+    assert!(tls::leaf(&tls::connect(&client, addr, "b.test").await.unwrap()) == certs.b);
+    assert_eq!(before.get("a.test", "/").await.unwrap().0, StatusCode::OK);
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    p.shutdown().await;
+}
+
+/// Each bad file is refused with its path in the error, at start and on
+/// reload, and on reload the running certificates stay.
+#[tokio::test]
+async fn expired_mismatched_and_unreadable_files_are_refused() {
+    let dir = TempDir::new("tls-bad");
+    let certs = write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let yaml = tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "");
+    let file = dir.path("proxy.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let p = Proxy::start(ProxyConfig::load(&file).unwrap())
+        .await
+        .unwrap();
+    let addr = p.listener_addr("web").await.unwrap();
+    let good_a = (
+        std::fs::read_to_string(dir.path("a.pem")).unwrap(),
+        std::fs::read_to_string(dir.path("a.key")).unwrap(),
+    );
+    let other_key = std::fs::read_to_string(dir.path("b.key")).unwrap();
+    let a_pem = dir.path("a.pem").display().to_string();
+    let a_key = dir.path("a.key").display().to_string();
+    // What is spoiled, how, the file the error must name, and its reason.
+    type Spoil<'a> = (&'a str, Box<dyn Fn() + 'a>, &'a str, &'a str);
+    let bad: Vec<Spoil<'_>> = vec![
+        (
+            "expired",
+            Box::new(|| tls::write_expired_cert(&dir.0, "a", &["a.test"])),
+            &a_pem,
+            "expired",
+        ),
+        (
+            "mismatched key",
+            Box::new(|| tls::write_files(&dir.0, "a", &good_a.0, &other_key)),
+            &a_key,
+            "does not match",
+        ),
+        (
+            "missing certificate",
+            Box::new(|| std::fs::remove_file(dir.path("a.pem")).unwrap()),
+            &a_pem,
+            "cannot read",
+        ),
+        (
+            "not PEM",
+            Box::new(|| tls::write_files(&dir.0, "a", "hello\n", &good_a.1)),
+            &a_pem,
+            "no PEM certificate",
+        ),
+        (
+            "no key",
+            Box::new(|| tls::write_files(&dir.0, "a", &good_a.0, "")),
+            &a_key,
+            "no PEM private key",
+        ),
+    ];
+    let client = tls::default_client();
+    for (what, spoil, path, reason) in bad {
+        spoil();
+        let err = p.reload_from(&file).await.unwrap_err().to_string();
+        assert!(err.contains(path) && err.contains(reason), "{what}: {err}");
+        let start = Proxy::start(ProxyConfig::load(&file).unwrap()).await;
+        let err = start.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains(path) && err.contains(reason),
+            "{what} at start: {err}"
+        );
+        // The running certificates stay.
+        let conn = tls::connect(&client, addr, "a.test").await.unwrap();
+        assert!(
+            tls::leaf(&conn) == certs.a,
+            "{what}: the running certificate changed"
+        );
+        assert_eq!(
+            Sender::new(conn)
+                .await
+                .unwrap()
+                .get("a.test", "/")
+                .await
+                .unwrap()
+                .0,
+            StatusCode::OK
+        );
+        tls::write_files(&dir.0, "a", &good_a.0, &good_a.1);
+    }
+    assert!(proxy_metric(&p, "meshless_proxy_reloads_total{result=\"failure\"}").await >= 5.0);
+    p.shutdown().await;
+}
+
+#[test]
+fn tls_settings_are_validated_as_data() {
+    let dir = std::env::temp_dir();
+    for (extra, path) in [
+        ("      alpn: []\n", "listeners[0].tls.alpn"),
+        ("      alpn: [h2, h2]\n", "listeners[0].tls.alpn"),
+        (
+            "      handshake_timeout: 0s\n",
+            "listeners[0].tls.handshake_timeout",
+        ),
+        (
+            "      min_version: \"1.1\"\n",
+            "listeners[0].tls.min_version",
+        ),
+    ] {
+        let err = ProxyConfig::parse(
+            &tls_config(&dir, "      - { address: \"127.0.0.1:1\" }\n", extra),
+            "t.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(path), "{extra}: {err}");
+    }
+    let dup = tls_config(&dir, "      - { address: \"127.0.0.1:1\" }\n", "")
+        .replace("[a.test]", "[b.test]");
+    let err = ProxyConfig::parse(&dup, "t.yaml").unwrap_err().to_string();
+    assert!(
+        err.contains("listeners[0].tls.certificates[1].server_names[0]"),
+        "{err}"
+    );
+    let upper = tls_config(&dir, "      - { address: \"127.0.0.1:1\" }\n", "")
+        .replace("[a.test]", "[A.test]");
+    let err = ProxyConfig::parse(&upper, "t.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("server_names[0]"), "{err}");
+}
