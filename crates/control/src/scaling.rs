@@ -21,6 +21,7 @@ use crate::api::EndpointInput;
 use crate::autoscaler::Autoscaler;
 use crate::config::{ScalerConfig, ServiceScaling};
 use crate::kubernetes::{ScaleOutcome, ScaleTarget};
+use crate::metrics::ReadyLabels;
 use crate::process_scaler::{self, ProcessSpec};
 use crate::state::PlaneState;
 
@@ -90,7 +91,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         gone,
         drain,
     } = job;
-    let mut inst = match process_scaler::spawn(&spec, &id) {
+    let mut inst = match process_scaler::spawn(&spec, &id, &state.metrics.notify) {
         Ok(i) => i,
         Err(e) => {
             tracing::error!(service, instance = %id, error = %e, "instance failed to start");
@@ -108,9 +109,10 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
     put(&state, &service, &id, address, conditions(false, false));
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
-            Ok(took) => {
+            Ok(r) => {
                 state.metrics.instance_start.observe(spawned.elapsed().as_secs_f64());
-                tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = took.as_millis() as u64, "instance ready");
+                state.metrics.instances_ready.get_or_create(&ReadyLabels { via: r.via.label() }).inc();
+                tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
                 ready.store(true, Ordering::Relaxed);
                 put(&state, &service, &id, address, conditions(true, false));
             }

@@ -320,15 +320,16 @@ fn apply(state: &ProxyState, table: &mut Table, merge: &mut MergeWindow, delta: 
     for id in &delta.removed {
         entry.remove(&EndpointId::new(id.clone()));
     }
-    // Requests may be held for a service with no endpoints: never wait.
-    let empty = state
+    // Requests may be held for a service with no ready endpoint (a cold
+    // start: this delta may be the instance's readiness): never wait.
+    let none_ready = state
         .services
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get(&delta.service)
-        .is_none_or(Vec::is_empty);
+        .is_none_or(|eps| !eps.iter().any(|e| e.conditions.ready));
     let now = Instant::now();
-    if merge.admit(&delta.service, now, delta.reset || empty) {
+    if merge.admit(&delta.service, now, delta.reset || none_ready) {
         rebuild(state, table, &delta.service);
         merge.rebuilt(&delta.service, now);
     }

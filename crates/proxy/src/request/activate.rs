@@ -1,9 +1,12 @@
 //! Stage 3, activate: a request for a `service:` cluster with no ready
 //! endpoint (or none under its `container_concurrency`) is held in a
 //! bounded per-cluster queue while the control plane starts an instance.
-//! The proxy asks for one at once, probes each announced-but-not-ready
-//! instance's address itself every few milliseconds, and sends the request
-//! the moment one accepts — no extra hop, no wait for a readiness cycle.
+//! The proxy asks for one at once, and sends the request the moment an
+//! instance is ready: announced ready on the stream (the control plane
+//! forwards the instance's own `READY=1` at once), or accepting the
+//! proxy's own probe of an announced-but-not-ready address (waits from
+//! 200 µs doubling to `probe_interval`, [`ProbeBackoff`]) — no extra hop,
+//! no wait for a readiness cycle.
 //!
 //! Everything a held request raises is a guard: its place in the queue
 //! ([`Slot`]) and its turn as the service's prober ([`crate::state::ProbeTurn`]). A held
@@ -16,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use meshless_balance::InFlight;
+use meshless_model::probe_backoff::ProbeBackoff;
 use meshless_model::{Conditions, Endpoint};
 
 use crate::config::Activation;
@@ -185,6 +189,7 @@ pub async fn hold(
     let _ = state.activate.send(service.to_owned());
     let mut announced = false;
     let mut probed = false;
+    let mut backoff = ProbeBackoff::new(act.probe_interval);
     loop {
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
@@ -199,6 +204,7 @@ pub async fn hold(
         }
         if !announced && !starting(state, service).is_empty() {
             announced = true;
+            backoff.reset();
             phase(state, "announced", held);
         }
         if let Some(turn) = state.probing.turn(service) {
@@ -219,7 +225,7 @@ pub async fn hold(
         let remaining = act.queue_timeout.saturating_sub(held.elapsed());
         tokio::select! {
             _ = state.endpoints_changed.notified() => {}
-            _ = tokio::time::sleep(act.probe_interval.min(remaining)) => {}
+            _ = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
         }
     }
 }
