@@ -22,7 +22,8 @@ pub struct TraceParent {
 }
 
 fn hex_lc(s: &[u8]) -> bool {
-    s.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    s.iter()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
 fn field(s: &[u8]) -> Option<u128> {

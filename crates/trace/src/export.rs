@@ -62,10 +62,7 @@ impl TracingConfig {
             .parse()
             .map_err(|e| ("otlp_endpoint", format!("{e}")))?;
         if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err((
-                "otlp_endpoint",
-                "must be an http:// URL (OTLP/HTTP)".into(),
-            ));
+            return Err(("otlp_endpoint", "must be an http:// URL (OTLP/HTTP)".into()));
         }
         if self.max_queued == 0 || self.max_batch == 0 || self.flush_interval.is_zero() {
             return Err((
@@ -168,21 +165,23 @@ impl Export {
             .body(Full::new(Bytes::from(body)));
         let n = batch.len() as u64;
         let ok = match req {
-            Ok(req) => match tokio::time::timeout(Duration::from_secs(10), client.request(req)).await {
-                Ok(Ok(resp)) if resp.status().is_success() => true,
-                Ok(Ok(resp)) => {
-                    tracing::warn!(status = %resp.status(), spans = n, "OTLP export refused");
-                    false
+            Ok(req) => {
+                match tokio::time::timeout(Duration::from_secs(10), client.request(req)).await {
+                    Ok(Ok(resp)) if resp.status().is_success() => true,
+                    Ok(Ok(resp)) => {
+                        tracing::warn!(status = %resp.status(), spans = n, "OTLP export refused");
+                        false
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, spans = n, "OTLP export failed");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::warn!(spans = n, "OTLP export timed out");
+                        false
+                    }
                 }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, spans = n, "OTLP export failed");
-                    false
-                }
-                Err(_) => {
-                    tracing::warn!(spans = n, "OTLP export timed out");
-                    false
-                }
-            },
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "OTLP export request");
                 false

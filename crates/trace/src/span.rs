@@ -3,6 +3,7 @@
 //! ids as lowercase hex, enums as integers, 64-bit integers as strings).
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -29,11 +30,16 @@ pub struct Span {
     pub attributes: Vec<(&'static str, String)>,
 }
 
-/// The wall-clock time of `at` (an `Instant` in the past or now).
+/// The wall-clock time of `at`, from one anchor taken once per process:
+/// spans keep the order of their `Instant`s exactly (the wall clock may
+/// drift from the anchor over a long run; spans are short).
 pub fn wall(at: Instant) -> SystemTime {
-    SystemTime::now()
-        .checked_sub(at.elapsed())
-        .unwrap_or(UNIX_EPOCH)
+    static ANCHOR: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    let (mono, sys) = *ANCHOR.get_or_init(|| (Instant::now(), SystemTime::now()));
+    match at.checked_duration_since(mono) {
+        Some(after) => sys + after,
+        None => sys.checked_sub(mono - at).unwrap_or(UNIX_EPOCH),
+    }
 }
 
 fn nanos(t: SystemTime) -> String {
