@@ -273,7 +273,8 @@ async fn session(
                 // Tell the control plane at once, with the load that explains it.
                 let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
                 tx.send(load).await?;
-                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service })) };
+                let node = node.name.clone().unwrap_or_default();
+                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node })) };
                 tx.send(act).await?;
             }
             changed = watched.changed() => {

@@ -306,3 +306,43 @@ async fn traceparent_is_continued_or_started_for_every_request() {
     }
     p.shutdown().await;
 }
+
+/// `lazy_proxy` on node `node`.
+fn lazy_proxy_on(grpc: SocketAddr, node: &str) -> String {
+    format!("node: {{ name: {node} }}\n{}", lazy_proxy(grpc))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_instance_starts_on_the_node_that_asked_and_the_other_proxy_follows() {
+    let plane = ControlPlane::start(lazy_plane(&python_server("")))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let (a, addr_a) = proxy(&lazy_proxy_on(plane.grpc_addr(), "node-a")).await;
+    let (b, addr_b) = proxy(&lazy_proxy_on(plane.grpc_addr(), "node-b")).await;
+    eventually("both proxies subscribed", || async move {
+        metric(&plane_metrics(api).await, "meshless_control_subscribers") == Some(2.0)
+    })
+    .await;
+    // Proxy B asks: the instance is labelled with B's node.
+    let (status, _, _) = get(&client(), addr_b, "/", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, view) = api_call(
+        api,
+        http::Method::GET,
+        "/v1/services/demo/lazy",
+        serde_json::Value::Null,
+    )
+    .await;
+    let endpoints = view["endpoints"].as_array().cloned().unwrap_or_default();
+    assert_eq!(endpoints.len(), 1, "{view}");
+    assert_eq!(endpoints[0]["node"], "node-b", "{view}");
+    // Proxy A's requests follow it (no second instance: max_instances 1).
+    let (status, _, _) = get(&client(), addr_a, "/", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let addresses = cluster_addresses(&a, "lazy").await;
+    assert_eq!(addresses.len(), 1, "{addresses:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+    plane.shutdown().await;
+}
