@@ -19,6 +19,7 @@
 //! the standard health service and an echo service ([`grpc`]).
 
 pub mod grpc;
+pub mod sd_notify;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

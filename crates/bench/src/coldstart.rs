@@ -20,6 +20,7 @@ use meshless_proxy::{Proxy, ProxyConfig};
 use meshless_sim::progress::Progress;
 use serde::Serialize;
 
+use crate::spans::{Phase, Receiver};
 use crate::{BenchError, percentile};
 
 type Result<T> = std::result::Result<T, BenchError>;
@@ -51,7 +52,20 @@ pub struct ColdstartReport {
     pub burst_failures: usize,
     pub burst_instances_started: usize,
     pub burst_latency_ms_p99: f64,
+    /// The proxy's spans of the measured cold starts, phase by phase.
+    pub phases: Vec<Phase>,
 }
+
+/// The cold-start spans of the proxy, in the order of a cold start
+/// (each measured from its own start: see docs/control.md).
+const PHASES: [&str; 6] = [
+    "activation.sent",
+    "instance.announced",
+    "instance.ready",
+    "activation.held",
+    "upstream.response",
+    "proxy request",
+];
 
 fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
     vec![
@@ -102,7 +116,15 @@ async fn baseline(cmd: &[String]) -> Result<Duration> {
 }
 
 /// A control plane with service bench/cold at zero and a proxy in front.
-async fn stack(cmd: &[String], target: u32, max: u32) -> Result<(ControlPlane, Proxy, SocketAddr)> {
+async fn stack(
+    cmd: &[String],
+    target: u32,
+    max: u32,
+    otlp: Option<&str>,
+) -> Result<(ControlPlane, Proxy, SocketAddr)> {
+    let tracing = otlp.map_or_else(String::new, |url| {
+        format!("tracing: {{ otlp_endpoint: \"{url}\", flush_interval: 20ms }}\n")
+    });
     let cmd = serde_json::to_string(cmd).map_err(|e| BenchError::Failed(e.to_string()))?;
     let control = ControlConfig::parse(
         &format!(
@@ -113,7 +135,7 @@ async fn stack(cmd: &[String], target: u32, max: u32) -> Result<(ControlPlane, P
     let plane = ControlPlane::start(control).await?;
     let proxy = ProxyConfig::parse(
         &format!(
-            "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
+            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
             plane.grpc_addr()
         ),
         "bench",
@@ -161,6 +183,13 @@ impl fmt::Display for ColdstartReport {
             "\noverhead p50/p99/max      {:.1} / {:.1} / {:.1} ms",
             self.overhead_ms_p50, self.overhead_ms_p99, self.overhead_ms_max
         )?;
+        for p in &self.phases {
+            write!(
+                f,
+                "\nspan {:<20} p50/p99 {:.2} / {:.2} ms ({} spans)",
+                p.name, p.p50_ms, p.p99_ms, p.count
+            )?;
+        }
         if self.burst_requests > 0 {
             write!(
                 f,
@@ -190,10 +219,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut first = Vec::new();
     let mut base = Vec::new();
     let mut overhead = Vec::new();
+    let (receiver, otlp) = Receiver::start().await?;
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
         let b = baseline(&cmd).await?.as_secs_f64() * 1000.0;
-        let (plane, proxy, addr) = stack(&cmd, 10, 5).await?;
+        let (plane, proxy, addr) = stack(&cmd, 10, 5, Some(&otlp)).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
         let f = start.elapsed().as_secs_f64() * 1000.0;
@@ -210,9 +240,15 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         progress.update(run as u64 + 1);
     }
     progress.finish();
+    // Spans are exported in the background: give them a moment to arrive.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while receiver.count("proxy request") < args.runs && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let phases = receiver.phases(&PHASES);
     let (mut burst_latency, mut failures, mut started) = (Vec::new(), 0, 0);
     if args.burst > 0 {
-        let (plane, proxy, addr) = stack(&cmd, 10, 20).await?;
+        let (plane, proxy, addr) = stack(&cmd, 10, 20, None).await?;
         let mut tasks = Vec::with_capacity(args.burst);
         for _ in 0..args.burst {
             let client = client.clone();
@@ -253,5 +289,6 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         burst_failures: failures,
         burst_instances_started: started,
         burst_latency_ms_p99: percentile(&burst_latency, 0.99),
+        phases,
     })
 }

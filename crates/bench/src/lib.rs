@@ -9,6 +9,7 @@ pub mod coldstart;
 pub mod distribution;
 pub mod follower;
 mod process;
+pub mod spans;
 pub mod writes;
 
 pub use coldstart::{ColdstartReport, ColdstartSettings};

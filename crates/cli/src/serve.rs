@@ -161,6 +161,12 @@ pub fn backend(args: BackendArgs) -> Result<()> {
             startup_delay: args.startup_delay,
         })
         .await?;
+        // Whoever started us (systemd, the process scaler) learns it at once.
+        if let Some(path) = std::env::var_os("NOTIFY_SOCKET")
+            && let Err(e) = meshless_backend::sd_notify::notify_ready(std::path::Path::new(&path))
+        {
+            tracing::warn!(error = %e, "cannot send READY=1 to NOTIFY_SOCKET");
+        }
         tracing::info!(name = b.name(), address = %b.local_addr(), "backend listening");
         terminated().await?;
         b.stop().await;

@@ -53,6 +53,8 @@ pub struct Distributor {
     loads: Mutex<LoadTable>,
     /// Woken when a proxy asks to activate a service.
     activations: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Per service: the node of the proxy that last asked for an instance.
+    activation_nodes: Mutex<std::collections::HashMap<String, String>>,
     pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
     /// Random and non-zero, new on every start: versions are comparable
     /// only within one incarnation (a restarted plane may reuse them).
@@ -91,6 +93,7 @@ impl Distributor {
             resets: Mutex::new(std::collections::HashMap::new()),
             loads: Mutex::new(std::collections::HashMap::new()),
             activations: Mutex::new(std::collections::HashMap::new()),
+            activation_nodes: Mutex::new(std::collections::HashMap::new()),
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
             incarnation: new_incarnation(),
         }
@@ -108,6 +111,27 @@ impl Distributor {
                 (f + u64::from(*a), q + u64::from(*b))
             })
         })
+    }
+
+    /// A proxy on `node` holds requests for `service`: remembers the node
+    /// (the last asker wins; empty: none) and wakes the service's scaler.
+    pub fn request_activation(&self, service: &str, node: String) {
+        if !node.is_empty() {
+            self.activation_nodes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(service.to_owned(), node);
+        }
+        self.activation(service).notify_one();
+    }
+
+    /// The node of the last activation request for `service` not yet
+    /// taken by an instance start.
+    pub fn take_activation_node(&self, service: &str) -> Option<String> {
+        self.activation_nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(service)
     }
 
     /// The signal a proxy's activation request for `service` wakes.

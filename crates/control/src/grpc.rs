@@ -214,7 +214,9 @@ async fn serve_subscriber(
                     d.record_load(id, &load);
                 }
                 Ok(Some(ClientMessage { msg: Some(client_message::Msg::Activate(a)) })) => {
-                    d.activation(&a.service).notify_one();
+                    // Node-local activation: the node that holds the request.
+                    let node = if a.node.is_empty() { hello.node.clone() } else { a.node };
+                    d.request_activation(&a.service, node);
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(()),

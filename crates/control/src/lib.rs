@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod http;
 pub mod kubernetes;
 pub mod metrics;
+pub mod notify;
 pub mod plane;
 pub mod process_scaler;
 pub mod reconciler;

@@ -1,11 +1,21 @@
 //! Prometheus metrics of the control plane.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::kubernetes::KubernetesMetrics;
+use crate::notify::NotifyCounters;
+
+/// How an instance was seen ready: `notify` (`READY=1` on its
+/// notification socket) or `probe` (its port accepted a connection).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadyLabels {
+    pub via: &'static str,
+}
 
 /// Every control-plane metric.
 #[derive(Debug)]
@@ -27,6 +37,10 @@ pub struct ControlMetrics {
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
     pub activation_to_spawn: Histogram,
+    /// Instances seen ready, by how.
+    pub instances_ready: Family<ReadyLabels, Counter>,
+    /// Datagrams of the instances' notification sockets.
+    pub notify: NotifyCounters,
     /// The Kubernetes source (`meshless-kubernetes`).
     pub kubernetes: KubernetesMetrics,
 }
@@ -132,9 +146,28 @@ impl ControlMetrics {
             "Cold start, control side: from a proxy's activation request to the spawn",
             activation_to_spawn.clone(),
         );
+        let instances_ready = Family::<ReadyLabels, Counter>::default();
+        registry.register(
+            "instances_ready",
+            "Instances seen ready, by how: notify (READY=1 on NOTIFY_SOCKET) or probe (port accepted)",
+            instances_ready.clone(),
+        );
+        let notify = NotifyCounters::default();
+        registry.register(
+            "notify_ready",
+            "READY=1 datagrams received on instances' notification sockets",
+            notify.ready.clone(),
+        );
+        registry.register(
+            "notify_ignored",
+            "Datagrams on instances' notification sockets ignored because they do not parse",
+            notify.ignored.clone(),
+        );
         let kubernetes = KubernetesMetrics::default();
         kubernetes.register(&mut registry);
         Self {
+            instances_ready,
+            notify,
             registry,
             kubernetes,
             instance_start,

@@ -1,7 +1,10 @@
 //! The process scaler: runs one OS process per instance of a service, with
-//! its port in an environment variable; knows an instance is ready when its
-//! port accepts a connection (probed every few milliseconds); stops
-//! instances with SIGTERM, then SIGKILL after a grace period.
+//! its port in an environment variable; knows an instance is ready when it
+//! sends `READY=1` on the notification socket it is handed
+//! (`NOTIFY_SOCKET`, [`crate::notify`]) or, for one that never notifies,
+//! when its port accepts a connection (probed with a backoff from 200 µs to
+//! `probe_interval`), whichever comes first; stops instances with SIGTERM,
+//! then SIGKILL after a grace period.
 //!
 //! Driven by [`crate::scaling`], which registers the instances as endpoints
 //! and replaces those that exit on their own, with backoff.
@@ -12,8 +15,11 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use meshless_model::probe_backoff::ProbeBackoff;
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
+
+use crate::notify::{NotifyCounters, NotifySocket};
 
 /// How to run one instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,7 +43,12 @@ pub struct ProcessSpec {
         with = "meshless_model::serde_duration"
     )]
     pub stop_grace: Duration,
-    /// How often a starting instance's port is probed.
+    /// Hand each instance a notification socket in `NOTIFY_SOCKET`
+    /// (systemd's `READY=1` convention); the probe still runs beside it.
+    #[serde(default = "default_notify")]
+    pub notify: bool,
+    /// The longest wait between probes of a starting instance's port
+    /// (the waits start at 200 µs and double up to this).
     #[serde(
         default = "default_probe_interval",
         with = "meshless_model::serde_duration"
@@ -53,6 +64,9 @@ pub struct ProcessSpec {
 
 fn default_port_env() -> String {
     "PORT".into()
+}
+fn default_notify() -> bool {
+    true
 }
 fn default_stop_grace() -> Duration {
     Duration::from_secs(10)
@@ -89,6 +103,35 @@ pub struct Instance {
     pub address: SocketAddr,
     pub started: Instant,
     child: Child,
+    /// Its notification socket, kept for the instance's life.
+    notify: Option<NotifySocket>,
+}
+
+/// How an instance was seen ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// It sent `READY=1` on its notification socket.
+    Notify,
+    /// Its port accepted a connection.
+    Probe,
+}
+
+impl Via {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Via::Notify => "notify",
+            Via::Probe => "probe",
+        }
+    }
+}
+
+/// A started instance's readiness.
+#[derive(Debug, Clone, Copy)]
+pub struct Ready {
+    /// From spawn to ready.
+    pub took: Duration,
+    pub via: Via,
 }
 
 impl Instance {
@@ -110,8 +153,24 @@ fn free_port(host: IpAddr) -> Result<u16, ProcessError> {
         .map_err(ProcessError::Port)
 }
 
-/// Spawns one instance named `id`, on a free port of 127.0.0.1.
-pub fn spawn(spec: &ProcessSpec, id: &str) -> Result<Instance, ProcessError> {
+/// A notification socket for an instance, or none (disabled, or it
+/// cannot be bound: the probe alone then tells readiness).
+fn notify_socket(spec: &ProcessSpec, counters: &NotifyCounters) -> Option<NotifySocket> {
+    if !spec.notify {
+        return None;
+    }
+    NotifySocket::bind(counters.clone())
+        .inspect_err(|e| tracing::warn!(error = %e, "no notification socket; probing only"))
+        .ok()
+}
+
+/// Spawns one instance named `id`, on a free port of 127.0.0.1, with a
+/// notification socket when `spec.notify`. Call within a Tokio runtime.
+pub fn spawn(
+    spec: &ProcessSpec,
+    id: &str,
+    counters: &NotifyCounters,
+) -> Result<Instance, ProcessError> {
     let (program, args) = spec
         .command
         .split_first()
@@ -134,6 +193,11 @@ pub fn spawn(spec: &ProcessSpec, id: &str) -> Result<Instance, ProcessError> {
     if let Some(dir) = &spec.working_dir {
         cmd.current_dir(dir);
     }
+    let notify = notify_socket(spec, counters);
+    match &notify {
+        Some(n) => cmd.env("NOTIFY_SOCKET", n.path()),
+        None => cmd.env_remove("NOTIFY_SOCKET"),
+    };
     let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
         program: program.clone(),
         source,
@@ -143,23 +207,38 @@ pub fn spawn(spec: &ProcessSpec, id: &str) -> Result<Instance, ProcessError> {
         address: SocketAddr::new(host, port),
         started: Instant::now(),
         child,
+        notify,
     })
 }
 
-/// Probes the instance's port every `probe_interval` until it accepts a
-/// connection; fails at once if the process exits, or at `start_timeout`.
-/// Returns the time from spawn to the first accepted connection.
+/// Resolves when `notify` announced readiness; never without a socket.
+async fn notified(notify: Option<&mut NotifySocket>) {
+    match notify {
+        Some(n) => n.ready().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the instance to be ready: `READY=1` on its notification
+/// socket, or its port accepting a connection (probed with
+/// [`ProbeBackoff`] up to `probe_interval`), whichever comes first; fails
+/// at once if the process exits, or at `start_timeout`.
 pub async fn wait_ready(
     spec: &ProcessSpec,
     instance: &mut Instance,
-) -> Result<Duration, ProcessError> {
+) -> Result<Ready, ProcessError> {
     let deadline = instance.started + spec.start_timeout;
+    let mut backoff = ProbeBackoff::new(spec.probe_interval);
     loop {
         if tokio::net::TcpStream::connect(instance.address)
             .await
             .is_ok()
         {
-            return Ok(instance.started.elapsed());
+            let took = instance.started.elapsed();
+            return Ok(Ready {
+                took,
+                via: Via::Probe,
+            });
         }
         if let Ok(Some(status)) = instance.child.try_wait() {
             return Err(ProcessError::Exited {
@@ -173,7 +252,13 @@ pub async fn wait_ready(
                 timeout: spec.start_timeout,
             });
         }
-        tokio::time::sleep(spec.probe_interval).await;
+        tokio::select! {
+            () = notified(instance.notify.as_mut()) => {
+                let took = instance.started.elapsed();
+                return Ok(Ready { took, via: Via::Notify });
+            }
+            () = tokio::time::sleep(backoff.next_wait()) => {}
+        }
     }
 }
 
@@ -215,6 +300,7 @@ mod tests {
             working_dir: None,
             port_env: "PORT".into(),
             stop_grace: Duration::from_secs(2),
+            notify: true,
             probe_interval: Duration::from_millis(5),
             start_timeout: Duration::from_secs(10),
         }
@@ -223,9 +309,10 @@ mod tests {
     #[tokio::test]
     async fn starts_probes_and_stops_an_instance() {
         let spec = server_spec("time.sleep(0.2)");
-        let mut inst = spawn(&spec, "svc-0").expect("spawn");
-        let took = wait_ready(&spec, &mut inst).await.expect("ready");
-        assert!(took >= Duration::from_millis(200), "{took:?}");
+        let mut inst = spawn(&spec, "svc-0", &NotifyCounters::default()).expect("spawn");
+        let ready = wait_ready(&spec, &mut inst).await.expect("ready");
+        assert!(ready.took >= Duration::from_millis(200), "{ready:?}");
+        assert_eq!(ready.via, Via::Probe, "it never notifies");
         let addr = inst.address;
         assert!(
             stop(inst, Duration::from_secs(2)).await,
@@ -237,7 +324,7 @@ mod tests {
     #[tokio::test]
     async fn an_instance_that_exits_fails_at_once() {
         let spec = server_spec("raise SystemExit(3)");
-        let mut inst = spawn(&spec, "svc-1").expect("spawn");
+        let mut inst = spawn(&spec, "svc-1", &NotifyCounters::default()).expect("spawn");
         let err = wait_ready(&spec, &mut inst).await.expect_err("exits");
         assert!(matches!(err, ProcessError::Exited { .. }), "{err}");
     }
@@ -245,11 +332,61 @@ mod tests {
     #[tokio::test]
     async fn sigkill_follows_an_ignored_sigterm() {
         let spec = server_spec("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)");
-        let mut inst = spawn(&spec, "svc-2").expect("spawn");
+        let mut inst = spawn(&spec, "svc-2", &NotifyCounters::default()).expect("spawn");
         wait_ready(&spec, &mut inst).await.expect("ready");
         assert!(
             !stop(inst, Duration::from_millis(300)).await,
             "needed SIGKILL"
         );
+    }
+
+    /// Sends `datagrams` (Python bytes literals) to `NOTIFY_SOCKET`, then
+    /// sleeps for good: it never listens.
+    fn notifier_spec(datagrams: &str) -> ProcessSpec {
+        let mut spec = server_spec("");
+        spec.command = vec![
+            "python3".into(),
+            "-c".into(),
+            format!(
+                "import os, socket, time\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\nfor d in [{datagrams}]:\n    s.sendto(d, os.environ['NOTIFY_SOCKET'])\ntime.sleep(60)\n"
+            ),
+        ];
+        spec
+    }
+
+    #[tokio::test]
+    async fn ready_1_on_the_notification_socket_makes_an_instance_ready() {
+        // It never listens: only the notification can make it ready.
+        let spec = notifier_spec("b'STATUS=up', b'READY=1'");
+        let counters = NotifyCounters::default();
+        let mut inst = spawn(&spec, "svc-3", &counters).expect("spawn");
+        let ready = wait_ready(&spec, &mut inst).await.expect("ready");
+        assert_eq!(ready.via, Via::Notify);
+        assert_eq!(counters.ready.get(), 1);
+        stop(inst, Duration::from_secs(2)).await;
+    }
+
+    #[tokio::test]
+    async fn garbage_on_the_notification_socket_is_ignored_and_counted() {
+        let mut spec = notifier_spec("b'\\xff\\xfe', b'hello', b'READY=1'");
+        spec.start_timeout = Duration::from_secs(10);
+        let counters = NotifyCounters::default();
+        let mut inst = spawn(&spec, "svc-4", &counters).expect("spawn");
+        let ready = wait_ready(&spec, &mut inst).await.expect("ready");
+        assert_eq!(ready.via, Via::Notify);
+        assert_eq!((counters.ignored.get(), counters.ready.get()), (2, 1));
+        stop(inst, Duration::from_secs(2)).await;
+    }
+
+    #[tokio::test]
+    async fn without_notify_no_socket_is_handed_over() {
+        let mut spec = server_spec("assert 'NOTIFY_SOCKET' not in os.environ");
+        spec.notify = false;
+        let mut inst = spawn(&spec, "svc-5", &NotifyCounters::default()).expect("spawn");
+        let ready = wait_ready(&spec, &mut inst)
+            .await
+            .expect("ready: the probe");
+        assert_eq!(ready.via, Via::Probe);
+        stop(inst, Duration::from_secs(2)).await;
     }
 }

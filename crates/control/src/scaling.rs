@@ -21,6 +21,7 @@ use crate::api::EndpointInput;
 use crate::autoscaler::Autoscaler;
 use crate::config::{ScalerConfig, ServiceScaling};
 use crate::kubernetes::{ScaleOutcome, ScaleTarget};
+use crate::metrics::ReadyLabels;
 use crate::process_scaler::{self, ProcessSpec};
 use crate::state::PlaneState;
 
@@ -47,14 +48,21 @@ fn conditions(ready: bool, terminating: bool) -> Conditions {
     }
 }
 
-fn put(state: &PlaneState, service: &str, id: &str, address: std::net::SocketAddr, c: Conditions) {
+/// Where an instance is: its address and the node it is labelled with.
+#[derive(Debug, Clone)]
+struct Placed {
+    address: std::net::SocketAddr,
+    node: Option<String>,
+}
+
+fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions) {
     let input = EndpointInput {
         id: id.to_owned(),
-        addresses: vec![address.ip()],
-        port: address.port(),
+        addresses: vec![at.address.ip()],
+        port: at.address.port(),
         weight: 1,
         zone: None,
-        node: None,
+        node: at.node.clone(),
         conditions: c,
         ttl_seconds: None,
     };
@@ -77,6 +85,9 @@ struct InstanceJob {
     ready: Arc<AtomicBool>,
     gone: Arc<AtomicBool>,
     drain: Duration,
+    /// The node of the proxy whose activation request started it: the
+    /// process scaler runs it locally and labels its endpoint so.
+    node: Option<String>,
 }
 
 /// Runs one process instance for its whole life.
@@ -89,8 +100,9 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         ready,
         gone,
         drain,
+        node,
     } = job;
-    let mut inst = match process_scaler::spawn(&spec, &id) {
+    let mut inst = match process_scaler::spawn(&spec, &id, &state.metrics.notify) {
         Ok(i) => i,
         Err(e) => {
             tracing::error!(service, instance = %id, error = %e, "instance failed to start");
@@ -103,16 +115,18 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         }
     };
     let address = inst.address;
+    let at = Placed { address, node };
     let spawned = Instant::now();
     // Announced at once, not ready: proxies may probe it directly.
-    put(&state, &service, &id, address, conditions(false, false));
+    put(&state, &service, &id, &at, conditions(false, false));
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
-            Ok(took) => {
+            Ok(r) => {
                 state.metrics.instance_start.observe(spawned.elapsed().as_secs_f64());
-                tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = took.as_millis() as u64, "instance ready");
+                state.metrics.instances_ready.get_or_create(&ReadyLabels { via: r.via.label() }).inc();
+                tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
                 ready.store(true, Ordering::Relaxed);
-                put(&state, &service, &id, address, conditions(true, false));
+                put(&state, &service, &id, &at, conditions(true, false));
             }
             Err(e) => {
                 tracing::error!(service, instance = %id, error = %e, "instance failed to start");
@@ -138,7 +152,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         }
         _ = stop.changed() => {
             // Terminating: no new requests; in-flight ones get the drain period.
-            put(&state, &service, &id, address, conditions(false, true));
+            put(&state, &service, &id, &at, conditions(false, true));
             tokio::time::sleep(drain).await;
             remove(&state, &service, &id);
             // The delete takes a moment to reach every proxy, and one with
@@ -293,6 +307,7 @@ pub async fn run(
                             ready: Arc::clone(&m.ready),
                             gone: Arc::clone(&m.gone),
                             drain: cfg.drain_period,
+                            node: state.distributor.take_activation_node(&service),
                         };
                         tokio::spawn(run_instance(job, rx));
                         if let Some(t) = woken.take() {

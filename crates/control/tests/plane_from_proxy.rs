@@ -412,6 +412,7 @@ async fn the_webhook_scaler_is_told_the_desired_count() {
         }),
         client_message::Msg::Activate(v1::Activate {
             service: "demo/lazy".into(),
+            node: String::new(),
         }),
     ] {
         tx.send(ClientMessage { msg: Some(msg) })

@@ -7,6 +7,7 @@
 
 mod endpoint;
 pub mod field_error;
+pub mod probe_backoff;
 pub mod serde_duration;
 pub mod service_settings;
 pub mod subset;

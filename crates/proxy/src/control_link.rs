@@ -281,7 +281,8 @@ async fn session(
                 // Tell the control plane at once, with the load that explains it.
                 let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
                 tx.send(load).await?;
-                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service })) };
+                let node = node.name.clone().unwrap_or_default();
+                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node })) };
                 tx.send(act).await?;
             }
             changed = watched.changed() => {
@@ -338,15 +339,16 @@ fn apply(state: &ProxyState, table: &mut Table, merge: &mut MergeWindow, delta: 
     for id in &delta.removed {
         entry.endpoints.remove(&EndpointId::new(id.clone()));
     }
-    // Requests may be held for a service with no endpoints: never wait.
-    let empty = state
+    // Requests may be held for a service with no ready endpoint (a cold
+    // start: this delta may be the instance's readiness): never wait.
+    let none_ready = state
         .services
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get(&delta.service)
-        .is_none_or(|f| f.endpoints.is_empty());
+        .is_none_or(|f| !f.endpoints.iter().any(|e| e.conditions.ready));
     let now = Instant::now();
-    if merge.admit(&delta.service, now, delta.reset || empty) {
+    if merge.admit(&delta.service, now, delta.reset || none_ready) {
         rebuild(state, table, &delta.service);
         merge.rebuilt(&delta.service, now);
     }

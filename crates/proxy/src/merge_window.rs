@@ -33,7 +33,7 @@ impl MergeWindow {
     /// A change to `service` arrived at `now`: true when it must be
     /// rebuilt now (then call [`MergeWindow::rebuilt`]), false when it is
     /// merged into the rebuild due at the end of the window. `urgent`
-    /// (a reset, or a service with no endpoints that requests may be
+    /// (a reset, or a service with no ready endpoint that requests may be
     /// waiting on) always rebuilds now.
     pub fn admit(&mut self, service: &str, now: Instant, urgent: bool) -> bool {
         let quiet = self

@@ -105,6 +105,8 @@ impl Drop for OpenConnection {
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
+    /// Spans exported, dropped (queue full) and failed (`tracing:`).
+    pub trace: meshless_trace::TraceCounters,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<RouteLabels, Histogram>,
     pub local_replies: Family<LocalReplyLabels, Counter>,
@@ -261,10 +263,27 @@ impl Metrics {
         );
         let edge = crate::l4::metrics::EdgeMetrics::default();
         edge.register(&mut registry);
+        let trace = meshless_trace::TraceCounters::default();
+        registry.register(
+            "proxy_trace_spans_exported",
+            "Spans exported over OTLP",
+            trace.exported.clone(),
+        );
+        registry.register(
+            "proxy_trace_spans_dropped",
+            "Spans dropped because the export queue was full",
+            trace.dropped.clone(),
+        );
+        registry.register(
+            "proxy_trace_spans_failed",
+            "Spans in export requests that failed",
+            trace.failed.clone(),
+        );
         Self {
             registry,
             edge,
             tls_handshakes,
+            trace,
             downstream_connections,
             connections_at_limit,
             upgrades_refused,

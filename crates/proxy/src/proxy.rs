@@ -95,12 +95,18 @@ impl Proxy {
         let listener_configs = config.listeners.clone();
         let control = config.control.clone();
         let node = config.node.clone();
+        let metrics = Metrics::new();
+        let tracer = config.tracing.as_ref().and_then(|t| {
+            meshless_trace::Tracer::start(t, metrics.trace.clone())
+                .inspect_err(|e| tracing::error!(error = %e, "tracing: off"))
+                .ok()
+        });
         let snapshot = Snapshot::build(config, None, &Default::default())?;
         let watched = snapshot.watched_services();
         let (activate_tx, activate_rx) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ProxyState {
             snapshot: ArcSwap::from_pointee(snapshot),
-            metrics: Metrics::new(),
+            metrics,
             access_log: ArcSwap::from_pointee(access_log),
             ready: AtomicBool::new(false),
             services: std::sync::Mutex::new(Default::default()),
@@ -108,6 +114,7 @@ impl Proxy {
             endpoints_changed: tokio::sync::Notify::new(),
             activation_errors: std::sync::Mutex::new(Default::default()),
             probing: Default::default(),
+            tracer,
         });
         let tls = prepare_tls(&listener_configs, &HashMap::new())?;
         let mut listeners = HashMap::new();

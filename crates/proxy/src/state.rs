@@ -31,6 +31,8 @@ pub struct ProxyState {
         std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
     /// Per service: one held request probes at a time.
     pub probing: Probing,
+    /// The span exporter, when `tracing:` is set (fixed at start).
+    pub tracer: Option<meshless_trace::Tracer>,
 }
 
 impl ProxyState {

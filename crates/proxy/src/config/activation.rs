@@ -17,7 +17,8 @@ pub struct Activation {
     /// A held request waits at most this long, then 504.
     #[serde(default = "default_queue_timeout", with = "duration")]
     pub queue_timeout: Duration,
-    /// How often a starting instance's address is probed (TCP connect).
+    /// The longest wait between probes (TCP connect) of a starting
+    /// instance's address; the waits start at 200 µs and double up to it.
     #[serde(default = "default_probe_interval", with = "duration")]
     pub probe_interval: Duration,
     /// Hard limit of requests in flight per instance; 0 = none.

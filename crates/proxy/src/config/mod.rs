@@ -64,6 +64,10 @@ pub struct ProxyConfig {
     /// The control plane that serves `service:` clusters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<ControlLink>,
+    /// Spans exported over OTLP/HTTP (off when absent). Read at start;
+    /// a reload does not change it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<meshless_trace::TracingConfig>,
 }
 
 fn default_drain_timeout() -> Duration {
@@ -244,6 +248,9 @@ impl ProxyConfig {
     /// Checks what the types alone cannot: names, references, ranges.
     pub fn validate(&self) -> Result<(), FieldError> {
         let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
+        if let Some(Err((field, reason))) = self.tracing.as_ref().map(|t| t.check()) {
+            return err(format!("tracing.{field}"), &reason);
+        }
         let mut names = HashSet::new();
         let mut addresses = std::collections::HashMap::new();
         if self.admin.address.port() != 0

@@ -1,9 +1,12 @@
 //! Stage 3, activate: a request for a `service:` cluster with no ready
 //! endpoint (or none under its `container_concurrency`) is held in a
 //! bounded per-cluster queue while the control plane starts an instance.
-//! The proxy asks for one at once, probes each announced-but-not-ready
-//! instance's address itself every few milliseconds, and sends the request
-//! the moment one accepts — no extra hop, no wait for a readiness cycle.
+//! The proxy asks for one at once, and sends the request the moment an
+//! instance is ready: announced ready on the stream (the control plane
+//! forwards the instance's own `READY=1` at once), or accepting the
+//! proxy's own probe of an announced-but-not-ready address (waits from
+//! 200 µs doubling to `probe_interval`, [`ProbeBackoff`]) — no extra hop,
+//! no wait for a readiness cycle.
 //!
 //! Everything a held request raises is a guard: its place in the queue
 //! ([`Slot`]) and its turn as the service's prober ([`crate::state::ProbeTurn`]). A held
@@ -16,12 +19,14 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use meshless_balance::InFlight;
+use meshless_model::probe_backoff::ProbeBackoff;
 use meshless_model::{Conditions, Endpoint};
 
 use crate::config::Activation;
 use crate::metrics::{ActivationLabels, PhaseLabels};
 use crate::request::admit::{Gauge, Slot, overflow};
 use crate::request::respond::LocalReply;
+use crate::request::trace::RequestTrace;
 use crate::snapshot::UpstreamCluster;
 use crate::state::ProxyState;
 
@@ -164,28 +169,61 @@ fn refusal(
     None
 }
 
+/// The span of a hold, recorded when the hold ends however it ends (a
+/// client gone mid-hold drops it: `cancelled`).
+struct HeldSpan<'a> {
+    state: &'a ProxyState,
+    trace: &'a RequestTrace,
+    start: Instant,
+    result: &'static str,
+}
+
+impl Drop for HeldSpan<'_> {
+    fn drop(&mut self) {
+        let result = [("meshless.result", self.result)];
+        self.trace.child(
+            self.state,
+            "activation.held",
+            self.start,
+            Instant::now(),
+            &result,
+        );
+    }
+}
+
 /// Holds a request until `base`'s cluster can take it; returns that
 /// cluster (from the snapshot current then) or the reply that refuses it.
+/// With tracing on, records the phases as children of `trace`'s span.
 pub async fn hold(
     state: &ProxyState,
     base: &UpstreamCluster,
+    trace: &RequestTrace,
 ) -> Result<Arc<UpstreamCluster>, LocalReply> {
     let (Some(act), Some(service)) = (&base.config.activation, base.config.service.as_deref())
     else {
         return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
     };
     let held = Instant::now();
+    let mut span = HeldSpan {
+        state,
+        trace,
+        start: held,
+        result: "cancelled",
+    };
     let Some(_queued) = Slot::acquire(&base.counters, Gauge::Queued, u64::from(act.max_queued))
     else {
         count(state, "queue_full");
+        span.result = "queue_full";
         overflow(state, base, "max_queued");
         let text = format!("activation queue full ({} held)\n", act.max_queued);
         let reply = LocalReply::text(StatusCode::SERVICE_UNAVAILABLE, text, "queue_full");
         return Err(reply.retry_after(Some(1)));
     };
     let _ = state.activate.send(service.to_owned());
-    let mut announced = false;
+    trace.child(state, "activation.sent", held, Instant::now(), &[]);
+    let mut announced: Option<Instant> = None;
     let mut probed = false;
+    let mut backoff = ProbeBackoff::new(act.probe_interval);
     loop {
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
@@ -193,14 +231,30 @@ pub async fn hold(
         {
             phase(state, "ready", held);
             count(state, "sent");
+            let via = [(
+                "meshless.ready_via",
+                if probed { "probe" } else { "stream" },
+            )];
+            trace.child(
+                state,
+                "instance.ready",
+                announced.unwrap_or(held),
+                Instant::now(),
+                &via,
+            );
+            span.result = "sent";
             return Ok(Arc::clone(c));
         }
         if let Some(reply) = refusal(state, service, act, held) {
+            span.result = "refused";
             return Err(reply);
         }
-        if !announced && !starting(state, service).is_empty() {
-            announced = true;
+        if announced.is_none() && !starting(state, service).is_empty() {
+            let now = Instant::now();
+            announced = Some(now);
+            backoff.reset();
             phase(state, "announced", held);
+            trace.child(state, "instance.announced", held, now, &[]);
         }
         if let Some(turn) = state.probing.turn(service) {
             let timeout = act.probe_interval.max(Duration::from_millis(50));
@@ -220,20 +274,29 @@ pub async fn hold(
         let remaining = act.queue_timeout.saturating_sub(held.elapsed());
         tokio::select! {
             _ = state.endpoints_changed.notified() => {}
-            _ = tokio::time::sleep(act.probe_interval.min(remaining)) => {}
+            _ = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
         }
     }
 }
 
 /// Records the cold-start timeline of a held request whose response
-/// headers arrived.
+/// headers arrived: `(held, released)` are when the hold began and ended.
 pub fn answered(
     state: &ProxyState,
-    held: Instant,
+    (held, released): (Instant, Instant),
     record: &crate::request::body::Completion,
     status: u16,
 ) {
     phase(state, "response", held);
+    let status_text = status.to_string();
+    let attributes = [("http.response.status_code", status_text.as_str())];
+    record.trace.child(
+        state,
+        "upstream.response",
+        released,
+        Instant::now(),
+        &attributes,
+    );
     tracing::info!(
         cluster = %record.cluster,
         endpoint = %record.endpoint,

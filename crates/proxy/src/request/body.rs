@@ -81,6 +81,8 @@ pub struct Completion {
     /// The request is gRPC: local replies and a deadline cut answer with a
     /// `grpc-status`, and the one in the response's trailers is the outcome.
     pub grpc: bool,
+    /// The request's trace context (always; spans only with `tracing:`).
+    pub trace: crate::request::trace::RequestTrace,
 }
 
 impl Completion {
@@ -107,6 +109,7 @@ impl Completion {
             bytes: 0,
             deadline: None,
             grpc: crate::request::grpc::is_grpc(&parts.headers),
+            trace: crate::request::trace::RequestTrace::from_headers(&parts.headers),
         }
     }
 
@@ -171,6 +174,17 @@ impl Drop for Completion {
         }
         drop(self.active.take());
         let elapsed = self.started.elapsed();
+        if self.state.tracer.is_some() {
+            let attributes = vec![
+                ("http.request.method", self.method.to_string()),
+                ("url.path", self.uri.path().to_owned()),
+                ("http.response.status_code", self.status.to_string()),
+                ("meshless.cluster", self.cluster.to_string()),
+                ("meshless.endpoint", self.endpoint.to_string()),
+                ("meshless.request_id", self.request_id.clone()),
+            ];
+            self.trace.request(&self.state, self.started, attributes);
+        }
         let metrics = &self.state.metrics;
         metrics
             .requests

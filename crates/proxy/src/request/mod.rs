@@ -28,6 +28,7 @@ pub mod replay;
 pub mod respond;
 pub mod route;
 pub mod screen;
+pub mod trace;
 pub mod tunnel;
 
 use std::net::SocketAddr;
@@ -161,7 +162,12 @@ pub async fn handle(
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
     };
     // Made once, moved into the last attempt (cloned only for retries).
-    let upstream_headers = headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
+    let mut upstream_headers =
+        headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
+    upstream_headers.insert(
+        meshless_trace::context::TRACEPARENT,
+        record.trace.context.header_value(),
+    );
     let exchange = Exchange {
         state,
         snapshot: &snapshot,
@@ -233,6 +239,7 @@ impl Exchange<'_> {
         let mut next = body.attempt();
         let mut cluster = Arc::clone(base);
         let mut held: Option<Instant> = None;
+        let mut released: Option<Instant> = None;
         let mut retry: Option<Slot> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
@@ -242,8 +249,9 @@ impl Exchange<'_> {
                     ctx.key = None;
                 }
                 drop(picked);
-                cluster = activate::hold(self.state, base).await?;
+                cluster = activate::hold(self.state, base, &record.trace).await?;
                 held.get_or_insert(record.started);
+                released = Some(Instant::now());
                 continue;
             }
             let Some(mut guard) = picked else {
@@ -276,8 +284,13 @@ impl Exchange<'_> {
                     }
                     if retry.is_none() {
                         guard.set_outcome(status);
-                        if let Some(at) = held {
-                            activate::answered(self.state, at, record, resp.status().as_u16());
+                        if let (Some(at), Some(free)) = (held, released) {
+                            activate::answered(
+                                self.state,
+                                (at, free),
+                                record,
+                                resp.status().as_u16(),
+                            );
                         }
                         return Ok((resp, guard, lease));
                     }

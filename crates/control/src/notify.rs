@@ -1,0 +1,204 @@
+//! The receiving side of the systemd notification protocol
+//! (`sd_notify(3)`): the process scaler binds one Unix datagram socket per
+//! instance and hands its path to the instance in `NOTIFY_SOCKET`; the
+//! instance sends `READY=1` once it can take requests. Readiness is then
+//! pushed, not polled: the scaler marks the endpoint ready the moment the
+//! datagram arrives.
+//!
+//! A datagram is a newline-separated list of `KEY=VALUE` assignments
+//! (UTF-8; keys non-empty, `A-Z`, `0-9` and `_`). One that is not is
+//! ignored and counted; assignments other than `READY=1` (`STATUS=`,
+//! `MAINPID=`, ...) are valid and have no effect. The socket lives as long
+//! as the instance (an instance may notify after the probe saw it), and
+//! its file is removed when the [`NotifySocket`] is dropped.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::net::UnixDatagram;
+use tokio::sync::watch;
+
+/// The largest datagram read; systemd reads at most 4096 bytes per message
+/// too. A longer one is truncated and then fails to parse or is seen by
+/// its first part only.
+const MAX_DATAGRAM: usize = 4096;
+
+/// What one datagram says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// Valid, and one of its assignments is `READY=1`.
+    Ready,
+    /// Valid assignments, none of them `READY=1`.
+    Other,
+    /// Not a list of assignments: ignored and counted.
+    Invalid,
+}
+
+fn valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Parses one datagram of the notification protocol.
+pub fn parse(datagram: &[u8]) -> Message {
+    let Ok(text) = std::str::from_utf8(datagram) else {
+        return Message::Invalid;
+    };
+    let mut ready = false;
+    let mut any = false;
+    for line in text.split('\n').filter(|l| !l.is_empty()) {
+        let Some((key, value)) = line.split_once('=') else {
+            return Message::Invalid;
+        };
+        if !valid_key(key) {
+            return Message::Invalid;
+        }
+        any = true;
+        ready |= key == "READY" && value == "1";
+    }
+    match (any, ready) {
+        (false, _) => Message::Invalid,
+        (true, true) => Message::Ready,
+        (true, false) => Message::Other,
+    }
+}
+
+/// Counters of the notification sockets (clones of registered metrics).
+#[derive(Debug, Clone, Default)]
+pub struct NotifyCounters {
+    /// `READY=1` datagrams received.
+    pub ready: Counter,
+    /// Datagrams ignored because they do not parse.
+    pub ignored: Counter,
+}
+
+/// One instance's notification socket, read by a background task.
+#[derive(Debug)]
+pub struct NotifySocket {
+    path: PathBuf,
+    ready: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Distinguishes the sockets of one process.
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+impl NotifySocket {
+    /// Binds a fresh socket in the temporary directory. Call within a
+    /// Tokio runtime.
+    pub fn bind(counters: NotifyCounters) -> std::io::Result<Self> {
+        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "meshless-notify-{}-{serial}.sock",
+            std::process::id()
+        ));
+        // A file left by a crashed earlier process with our pid.
+        let _ = std::fs::remove_file(&path);
+        let socket = UnixDatagram::bind(&path)?;
+        let (tx, ready) = watch::channel(false);
+        let task = tokio::spawn(read(socket, tx, counters));
+        Ok(Self { path, ready, task })
+    }
+
+    /// The path handed to the instance in `NOTIFY_SOCKET`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Resolves once the instance sent `READY=1` (never if it does not).
+    pub async fn ready(&mut self) {
+        if self.ready.wait_for(|r| *r).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for NotifySocket {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn read(socket: UnixDatagram, ready: watch::Sender<bool>, counters: NotifyCounters) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let Ok(n) = socket.recv(&mut buf).await else {
+            return;
+        };
+        match parse(&buf[..n]) {
+            Message::Ready => {
+                counters.ready.inc();
+                ready.send_replace(true);
+            }
+            Message::Other => {}
+            Message::Invalid => {
+                counters.ignored.inc();
+                tracing::debug!(bytes = n, "notify socket: datagram ignored");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn messages_of_the_protocol() {
+        assert_eq!(parse(b"READY=1"), Message::Ready);
+        assert_eq!(parse(b"STATUS=listening\nREADY=1\n"), Message::Ready);
+        assert_eq!(parse(b"READY=0"), Message::Other);
+        assert_eq!(parse(b"STATUS=starting"), Message::Other);
+        assert_eq!(parse(b""), Message::Invalid);
+        assert_eq!(parse(b"\xff\xfeREADY=1"), Message::Invalid);
+        assert_eq!(parse(b"hello"), Message::Invalid);
+        assert_eq!(parse(b"ready=1"), Message::Invalid);
+        assert_eq!(parse(b"=1"), Message::Invalid);
+    }
+
+    fn assignment() -> impl Strategy<Value = String> {
+        ("[A-Z_][A-Z0-9_]{0,8}", "[ -~]{0,12}").prop_map(|(k, v)| format!("{k}={v}"))
+    }
+
+    proptest! {
+        /// sd_notify(3): a newline-separated list of assignments; it
+        /// announces readiness exactly when one of them is `READY=1`.
+        #[test]
+        fn a_list_of_assignments_is_ready_iff_it_holds_ready_1(
+            lines in prop::collection::vec(assignment(), 1..6),
+        ) {
+            let text = lines.join("\n");
+            let expected = if lines.iter().any(|l| l == "READY=1") { Message::Ready } else { Message::Other };
+            prop_assert_eq!(parse(text.as_bytes()), expected);
+        }
+
+        #[test]
+        fn any_bytes_parse_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = parse(&bytes);
+        }
+    }
+
+    #[tokio::test]
+    async fn ready_arrives_and_garbage_is_counted() {
+        let counters = NotifyCounters::default();
+        let mut socket = NotifySocket::bind(counters.clone()).expect("bind");
+        let path = socket.path().to_owned();
+        let sender = UnixDatagram::unbound().expect("unbound");
+        sender.send_to(b"\xff\x00junk", &path).await.expect("send");
+        sender
+            .send_to(b"STATUS=warming up", &path)
+            .await
+            .expect("send");
+        sender.send_to(b"READY=1", &path).await.expect("send");
+        socket.ready().await;
+        // Datagrams are read in order: the garbage was counted first.
+        assert_eq!((counters.ready.get(), counters.ignored.get()), (1, 1));
+        drop(socket);
+        assert!(!path.exists(), "the socket file is removed");
+    }
+}
