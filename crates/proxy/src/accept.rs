@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use tokio::net::TcpStream;
 
 use crate::deny;
-use crate::l4::metrics::{DenyLabels, ProxyProtocolLabels};
+use crate::edge_metrics::{DenyLabels, ProxyProtocolLabels};
 use crate::limits::ListenerSettings;
 use crate::proxy_protocol::{self, Refused};
 use crate::request::Downstream;

@@ -18,9 +18,9 @@ pub struct ListenerSettings {
     pub trace: TracePolicy,
     pub paths: PathSettings,
     pub forwarding: Forwarding,
-    pub protocol: crate::config::ListenerProtocol,
+    pub protocol: crate::protocol::ListenerProtocol,
     /// Where flows go, on a `tcp` listener.
-    pub tcp: Option<crate::l4::TcpProxy>,
+    pub tcp: Option<crate::protocol::TcpProxy>,
     /// Deny rules, checked at accept.
     pub deny: Vec<crate::deny::DenyRule>,
     /// PROXY protocol accepted from trusted peers.

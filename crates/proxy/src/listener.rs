@@ -12,9 +12,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::ListenerProtocol;
 use crate::connection::Drain;
 use crate::limits::ListenerSettings;
+use crate::protocol::ListenerProtocol;
 use crate::request::Downstream;
 use crate::sockopt::SocketOptions;
 use crate::state::ProxyState;

@@ -127,7 +127,7 @@ pub struct Metrics {
     pub upgrades_refused: Family<ListenerLabels, Counter>,
     pub access_log_dropped: Counter,
     /// Deny rules, PROXY protocol and TCP flows.
-    pub edge: crate::l4::metrics::EdgeMetrics,
+    pub edge: crate::edge_metrics::EdgeMetrics,
     pub tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
@@ -261,7 +261,7 @@ impl Metrics {
             "Downstream TLS handshakes, by listener and result (full, resumed, failed, timeout)",
             tls_handshakes.clone(),
         );
-        let edge = crate::l4::metrics::EdgeMetrics::default();
+        let edge = crate::edge_metrics::EdgeMetrics::default();
         edge.register(&mut registry);
         let trace = meshless_trace::TraceCounters::default();
         registry.register(

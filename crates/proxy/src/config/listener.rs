@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use super::route::RouteConfig;
+use crate::protocol::ListenerProtocol;
 
 /// One listening port.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,7 +27,7 @@ pub struct ListenerConfig {
     pub default_cluster: Option<String>,
     /// Where flows go (`tcp` listeners only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp: Option<crate::l4::TcpProxy>,
+    pub tcp: Option<crate::protocol::TcpProxy>,
     /// Deny rules checked on every accepted connection, first match wins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<crate::deny::DenyRule>,
@@ -77,17 +78,6 @@ impl ListenerConfig {
             socket: self.socket.clone(),
         }
     }
-}
-
-/// Listener protocols.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ListenerProtocol {
-    /// HTTP/1.1 and HTTP/2 with prior knowledge, cleartext.
-    #[default]
-    Http,
-    /// Raw TCP: each connection a flow to one endpoint of `tcp.cluster`.
-    Tcp,
 }
 
 /// Checks what depends on the listener's protocol, its deny rules, PROXY

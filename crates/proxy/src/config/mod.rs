@@ -23,11 +23,12 @@ use serde::{Deserialize, Serialize};
 
 use meshless_model::serde_duration as duration;
 
+pub use crate::protocol::{FlowKey, ListenerProtocol, TcpProxy};
 pub use activation::{Activation, Fallback};
 pub use balancer::{BalancerYaml, HashKey, LocalityYaml};
 pub use cluster::{ClusterConfig, EndpointConfig};
 pub use control::ControlLink;
-pub use listener::{ListenerConfig, ListenerProtocol};
+pub use listener::ListenerConfig;
 pub use pool::{ConnectionPool, UpstreamTls};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{

@@ -8,7 +8,7 @@ use meshless_balance::{InFlight, Outcome, PickContext, hash_key};
 use tokio::net::TcpStream;
 
 use crate::config::NodeConfig;
-use crate::l4::metrics::ConnectLabels;
+use crate::edge_metrics::ConnectLabels;
 use crate::snapshot::UpstreamCluster;
 use crate::state::ProxyState;
 

@@ -17,17 +17,14 @@
 //! [`InFlight`]: meshless_balance::InFlight
 
 pub mod connect;
-pub mod metrics;
+
 pub mod pipe;
 pub mod tracking;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use meshless_balance::{Outcome, hash_key};
-use meshless_model::serde_duration as duration;
-use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -41,47 +38,7 @@ use pipe::{Activity, Metered};
 /// bulk flow for 32 KiB per open flow).
 const BUFFER: usize = 16 * 1024;
 
-/// `listeners[].tcp:` where a `protocol: tcp` listener sends its flows
-/// (Envoy's `tcp_proxy` filter; HAProxy's `mode tcp` frontend).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TcpProxy {
-    /// The cluster flows go to.
-    pub cluster: String,
-    /// The hash key of a flow for hash policies (`maglev`, `ring_hash`).
-    #[serde(default)]
-    pub flow_key: FlowKey,
-    /// A flow with no byte in either direction for this long is closed
-    /// (Envoy's `tcp_proxy.idle_timeout`, 1h; HAProxy `timeout client`/
-    /// `timeout server`); `0s` = never.
-    #[serde(default = "default_idle_timeout", with = "duration")]
-    pub idle_timeout: Duration,
-    /// Endpoints tried before the client's connection is closed: a failed
-    /// connect is counted against the endpoint (outlier detection) and the
-    /// next one tried (HAProxy's `retries 3` with `option redispatch`;
-    /// Envoy's `max_connect_attempts`).
-    #[serde(default = "default_connect_attempts")]
-    pub connect_attempts: u32,
-}
-
-fn default_idle_timeout() -> Duration {
-    Duration::from_secs(3600)
-}
-fn default_connect_attempts() -> u32 {
-    3
-}
-
-/// What identifies a flow for hashing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FlowKey {
-    /// The client's IP address: every connection of a client goes to one
-    /// endpoint.
-    #[default]
-    SourceIp,
-    /// The client's IP address and port: connections spread, each pinned.
-    SourceIpPort,
-}
+pub use crate::protocol::{FlowKey, TcpProxy};
 
 impl FlowKey {
     /// The hash of `client` under this key: xxh3 of the address bytes (16
