@@ -42,26 +42,6 @@ async fn proxy_with(grpc: SocketAddr, extra: &str) -> (Proxy, SocketAddr) {
     (p, addr)
 }
 
-/// The proxy's `cart` cluster as `/clusters` shows it.
-async fn cart(p: &Proxy) -> serde_json::Value {
-    let (_, body) = send(
-        &client(),
-        http::Method::GET,
-        &format!("http://{}/clusters", p.admin_addr()),
-        "",
-    )
-    .await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let all = v
-        .as_array()
-        .cloned()
-        .or_else(|| v["clusters"].as_array().cloned())
-        .unwrap_or_default();
-    all.into_iter()
-        .find(|c| c["name"] == "cart")
-        .unwrap_or_default()
-}
-
 /// The backend answering a GET with `x-user: user`.
 async fn backend_for(client: &TestClient, addr: SocketAddr, user: &str) -> String {
     let req = Request::get(format!("http://{addr}/"))
@@ -94,7 +74,7 @@ async fn annotations_set_the_policy_and_a_bad_value_keeps_the_last_good_one() {
     let (own, _) = proxy_with(grpc, "    balancer: { policy: least_request }\n").await;
     wait_holds(&proxy, &[&a, &b, &c], "the three pods").await;
     eventually("the annotation's policy reaches the proxy", || async {
-        let c = cart(&proxy).await;
+        let c = cart_cluster(&proxy).await;
         c["policy"] == "ring_hash" && c["hash_key"]["header"] == "x-user"
     })
     .await;
@@ -114,7 +94,7 @@ async fn annotations_set_the_policy_and_a_bad_value_keeps_the_last_good_one() {
 
     // The proxy whose file has a balancer block keeps its own policy.
     wait_holds(&own, &[&a, &b, &c], "the other proxy's pods").await;
-    let own_cart = cart(&own).await;
+    let own_cart = cart_cluster(&own).await;
     assert_eq!(own_cart["policy"], "least_request", "{own_cart}");
     assert!(own_cart["hash_key"].is_null(), "{own_cart}");
 
@@ -132,7 +112,7 @@ async fn annotations_set_the_policy_and_a_bad_value_keeps_the_last_good_one() {
     .await;
     fake.delete::<k8s_openapi::api::discovery::v1::EndpointSlice>("shop", "cart-c");
     wait_holds(&proxy, &[&a, &b], "a change after the bad annotation").await;
-    assert_eq!(cart(&proxy).await["policy"], "ring_hash");
+    assert_eq!(cart_cluster(&proxy).await["policy"], "ring_hash");
     let kept = cluster
         .plane
         .state
@@ -146,7 +126,7 @@ async fn annotations_set_the_policy_and_a_bad_value_keeps_the_last_good_one() {
     // Fixed, and the hash key dropped: round robin over both pods.
     fake.apply(&annotated(&[("policy", "round_robin")]));
     eventually("the new policy reaches the proxy", || async {
-        let c = cart(&proxy).await;
+        let c = cart_cluster(&proxy).await;
         c["policy"] == "round_robin" && c["hash_key"].is_null()
     })
     .await;
@@ -159,7 +139,7 @@ async fn annotations_set_the_policy_and_a_bad_value_keeps_the_last_good_one() {
     // No annotation at all: the proxy's defaults again.
     fake.apply(&service("shop", "cart", &[("http", 80)]));
     eventually("the settings are cleared", || async {
-        cart(&proxy).await["policy"] == "round_robin"
+        cart_cluster(&proxy).await["policy"] == "round_robin"
             && cluster
                 .plane
                 .state

@@ -217,8 +217,8 @@ pub async fn answering(client: &TestClient, addr: SocketAddr, n: usize) -> Optio
     Some(seen)
 }
 
-/// Endpoint addresses the proxy's cluster `cart` holds, from `/clusters`.
-pub async fn cluster_addresses(p: &Proxy) -> Vec<String> {
+/// The proxy's cluster `cart` as `/clusters` shows it (null when absent).
+pub async fn cart_cluster(p: &Proxy) -> serde_json::Value {
     let (_, body) = send(
         &client(),
         http::Method::GET,
@@ -232,10 +232,20 @@ pub async fn cluster_addresses(p: &Proxy) -> Vec<String> {
         .cloned()
         .or_else(|| v["clusters"].as_array().cloned())
         .unwrap_or_default();
-    let mut out: Vec<String> = clusters
+    clusters
+        .into_iter()
+        .find(|c| c["name"] == "cart")
+        .unwrap_or_default()
+}
+
+/// Endpoint addresses the proxy's cluster `cart` holds, from `/clusters`.
+pub async fn cluster_addresses(p: &Proxy) -> Vec<String> {
+    let cart = cart_cluster(p).await;
+    let mut out: Vec<String> = cart["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
         .iter()
-        .filter(|c| c["name"] == "cart")
-        .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
         .filter_map(|e| e["address"].as_str().map(str::to_owned))
         .collect();
     out.sort();
