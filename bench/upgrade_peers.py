@@ -4,10 +4,15 @@
 and nginx (`nginx -s reload`), in one run, each in front of the same
 `meshless backend`. HTTP/1.1 keep-alive clients (asyncio, no retries) send
 requests throughout; a request is failed when its connection is refused,
-reset or closed before its whole response. Loopback only.
+reset or closed before its whole response. Long-lived TCP flows (each
+FLOW_SECONDS of echoed messages) go through each proxy's TCP listener
+(meshless `protocol: tcp`, HAProxy `mode tcp`, nginx `stream`) to an echo
+server of this script; a flow is broken when it is reset, closed or an
+echo differs before it ends. Loopback only.
 
 Usage: python3 bench/upgrade_peers.py   (after cargo build --release -p meshless)
 Env: RELOADS (20), CLIENTS (16), INTERVAL seconds between reloads (0.5),
+FLOWS (8 concurrent TCP flows), FLOW_SECONDS (3),
 MESHLESS (target/release/meshless)."""
 
 import asyncio
@@ -25,7 +30,12 @@ INTERVAL = float(os.environ.get("INTERVAL", "0.5"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 BASE = int(os.environ.get("BASE_PORT", "28100"))
 BACKEND = BASE
+FLOWS = int(os.environ.get("FLOWS", "8"))
+FLOW_SECONDS = float(os.environ.get("FLOW_SECONDS", "3"))
 PORTS = {"meshless": BASE + 1, "haproxy": BASE + 2, "nginx": BASE + 3}
+ECHO = BASE + 4
+TCP_PORTS = {"meshless": BASE + 5, "haproxy": BASE + 6, "nginx": BASE + 7}
+NGINX_STREAM = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
 MESHLESS_CONF = """admin: {{ address: "127.0.0.1:{admin}" }}
 drain_timeout: 10s
@@ -33,9 +43,16 @@ listeners:
   - name: web
     address: "127.0.0.1:{port}"
     routes: [ {{ cluster: b }} ]
+  - name: flows
+    address: "127.0.0.1:{tcp_port}"
+    protocol: tcp
+    tcp: {{ cluster: echo, flow_key: source_ip_port }}
 clusters:
   - name: b
     endpoints: [ {{ address: "127.0.0.1:{backend}" }} ]
+  - name: echo
+    balancer: {{ policy: maglev }}
+    endpoints: [ {{ address: "127.0.0.1:{echo}" }} ]
 """
 
 HAPROXY_CONF = """global
@@ -51,9 +68,16 @@ frontend fe
   default_backend be
 backend be
   server s1 127.0.0.1:{backend}
+frontend fe_tcp
+  mode tcp
+  bind 127.0.0.1:{tcp_port}
+  default_backend be_tcp
+backend be_tcp
+  mode tcp
+  server e1 127.0.0.1:{echo}
 """
 
-NGINX_CONF = """worker_processes 1; daemon on; pid {dir}/nginx.pid; error_log {dir}/nginx.err;
+NGINX_CONF = """{load_stream}worker_processes 1; daemon on; pid {dir}/nginx.pid; error_log {dir}/nginx.err;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
@@ -61,6 +85,8 @@ http {{
   server {{ listen 127.0.0.1:{port};
     location / {{ proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
 }}
+{stream}"""
+NGINX_STREAM_CONF = """stream {{ server {{ listen 127.0.0.1:{tcp_port}; proxy_pass 127.0.0.1:{echo}; }} }}
 """
 
 
@@ -83,6 +109,44 @@ class Stats:
         self.refused = 0
         self.bad_status = 0
         self.closed_by_server = 0
+        self.flows_ok = 0
+        self.flows_broken = 0
+
+
+async def echo(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    writer.close()
+
+
+async def flow(port, stats, stop):
+    """Long-lived TCP flows one after another: 64-byte messages every
+    20 ms for FLOW_SECONDS, each echo checked, then a clean close."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            stats.refused += 1
+            await asyncio.sleep(0.01)
+            continue
+        end, i = time.time() + FLOW_SECONDS, 0
+        try:
+            while time.time() < end:
+                msg = f"flow message {i:08d} ".ljust(64, "x").encode()
+                writer.write(msg)
+                await writer.drain()
+                if await reader.readexactly(len(msg)) != msg:
+                    raise ValueError("echo differs")
+                i += 1
+                await asyncio.sleep(0.02)
+            stats.flows_ok += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            stats.flows_broken += 1
+        writer.close()
 
 
 async def client(port, stats, stop):
@@ -127,7 +191,8 @@ class Meshless:
         self.sock = os.path.join(workdir, "upgrade.sock")
         self.log = open(os.path.join(workdir, "meshless.log"), "w+")
         with open(self.conf, "w") as f:
-            f.write(MESHLESS_CONF.format(port=PORTS["meshless"], backend=BACKEND, admin=BASE + 91))
+            f.write(MESHLESS_CONF.format(port=PORTS["meshless"], backend=BACKEND, admin=BASE + 91,
+                                         tcp_port=TCP_PORTS["meshless"], echo=ECHO))
         self.procs = []
 
     def _spawn(self, takeover):
@@ -167,7 +232,8 @@ class HAProxy:
         self.conf = os.path.join(workdir, "haproxy.cfg")
         self.pid = os.path.join(workdir, "haproxy.pid")
         with open(self.conf, "w") as f:
-            f.write(HAPROXY_CONF.format(dir=workdir, port=PORTS["haproxy"], backend=BACKEND))
+            f.write(HAPROXY_CONF.format(dir=workdir, port=PORTS["haproxy"], backend=BACKEND,
+                                        tcp_port=TCP_PORTS["haproxy"], echo=ECHO))
 
     def start(self):
         subprocess.run(["haproxy", "-D", "-f", self.conf, "-p", self.pid], check=True)
@@ -192,7 +258,11 @@ class Nginx:
         self.dir = workdir
         self.conf = os.path.join(workdir, "nginx.conf")
         with open(self.conf, "w") as f:
-            f.write(NGINX_CONF.format(dir=workdir, port=PORTS["nginx"], backend=BACKEND))
+            stream = os.path.exists(NGINX_STREAM)
+            f.write(NGINX_CONF.format(
+                dir=workdir, port=PORTS["nginx"], backend=BACKEND,
+                load_stream=f"load_module {NGINX_STREAM};\n" if stream else "",
+                stream=NGINX_STREAM_CONF.format(tcp_port=TCP_PORTS["nginx"], echo=ECHO) if stream else ""))
 
     def start(self):
         subprocess.run(["nginx", "-c", self.conf, "-p", self.dir], check=True)
@@ -206,9 +276,16 @@ class Nginx:
         time.sleep(0.5)
 
 
+def has_flows(name):
+    return name != "nginx" or os.path.exists(NGINX_STREAM)
+
+
 async def measure(name, server):
     stats, stop = Stats(), asyncio.Event()
+    echo_server = await asyncio.start_server(echo, "127.0.0.1", ECHO)
     tasks = [asyncio.create_task(client(PORTS[name], stats, stop)) for _ in range(CLIENTS)]
+    if has_flows(name):
+        tasks += [asyncio.create_task(flow(TCP_PORTS[name], stats, stop)) for _ in range(FLOWS)]
     await asyncio.sleep(1.0)
     start = time.time()
     for n in range(1, RELOADS + 1):
@@ -217,6 +294,7 @@ async def measure(name, server):
     await asyncio.sleep(1.0)
     stop.set()
     await asyncio.gather(*tasks)
+    echo_server.close()
     return stats, time.time() - start
 
 
@@ -243,11 +321,13 @@ def main():
     finally:
         backend.send_signal(signal.SIGTERM)
         backend.wait()
-    print(f"{RELOADS} reloads, one every ~{INTERVAL}s, {CLIENTS} HTTP/1.1 keep-alive clients\n")
-    print("| proxy | requests ok | failed (reset/closed mid-request) | refused | non-200 | closed politely (`connection: close`) | seconds |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"{RELOADS} reloads, one every ~{INTERVAL}s, {CLIENTS} HTTP/1.1 keep-alive clients, "
+          f"{FLOWS} concurrent TCP flows of {FLOW_SECONDS}s\n")
+    print("| proxy | requests ok | failed (reset/closed mid-request) | refused | non-200 | closed politely (`connection: close`) | flows ok | flows broken | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, s, secs in rows:
-        print(f"| {name} | {s.ok} | {s.failed} | {s.refused} | {s.bad_status} | {s.closed_by_server} | {secs:.1f} |")
+        flows = (s.flows_ok, s.flows_broken) if has_flows(name) else ("n/a", "n/a")
+        print(f"| {name} | {s.ok} | {s.failed} | {s.refused} | {s.bad_status} | {s.closed_by_server} | {flows[0]} | {flows[1]} | {secs:.1f} |")
     shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -1,7 +1,9 @@
 //! Binary upgrade under load: 20 hand-overs in a row between proxies (each
 //! takes the previous one's listening sockets over a Unix socket, then the
-//! previous one drains), while HTTP/1 keep-alive clients, TLS keep-alive
-//! clients and streaming tunnels run: no request fails, no tunnel breaks.
+//! previous one drains), while HTTP/1 and HTTP/2 keep-alive clients, TLS
+//! keep-alive clients, streaming tunnels and long-lived TCP flows through
+//! an L4 (`protocol: tcp`) listener run: no request fails, no tunnel or
+//! flow breaks.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::tls::{self, Sender, TempDir};
-use common::{backends, client, endpoints_yaml, eventually, get};
+use common::{backends, client, endpoints_yaml, eventually, get, h2_client};
 use http::StatusCode;
 use meshless_proxy::{Proxy, ProxyConfig, handoff};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,7 +23,7 @@ fn config(dir: &Path, endpoints: &str) -> ProxyConfig {
     let pem = dir.join("a.pem").display().to_string();
     let key = dir.join("a.key").display().to_string();
     let yaml = format!(
-        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 30s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n  - name: web-tls\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n    tls:\n      default_certificate: {{ certificate: \"{pem}\", key: \"{key}\" }}\nclusters:\n  - name: c\n    endpoints:\n{endpoints}"
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 30s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n  - name: web-tls\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n    tls:\n      default_certificate: {{ certificate: \"{pem}\", key: \"{key}\" }}\n  - name: l4\n    address: \"127.0.0.1:0\"\n    protocol: tcp\n    tcp: {{ cluster: t, flow_key: source_ip_port }}\nclusters:\n  - name: c\n    endpoints:\n{endpoints}  - name: t\n    balancer: {{ policy: maglev }}\n    endpoints:\n{endpoints}"
     );
     ProxyConfig::parse(&yaml, "upgrade.yaml").unwrap()
 }
@@ -60,6 +62,10 @@ struct Tally {
     failed: AtomicU64,
     tunnels: AtomicU64,
     tunnels_failed: AtomicU64,
+    flows: AtomicU64,
+    flows_failed: AtomicU64,
+    /// HTTP/2 requests refused by a GOAWAY before processing, sent again.
+    refused: AtomicU64,
 }
 
 impl Tally {
@@ -73,8 +79,11 @@ impl Tally {
     }
 }
 
-/// One tunnel: 30 echoed messages 10 ms apart, then a clean close.
-async fn tunnel(addr: std::net::SocketAddr) -> Result<(), String> {
+/// One tunnel: an upgrade to the backend's echo, then `messages` echoed
+/// messages 10 ms apart, then a clean close. Through an HTTP listener it
+/// is an upgraded request; through the `tcp` listener the same bytes are
+/// one L4 flow the proxy only copies.
+async fn tunnel(addr: std::net::SocketAddr, messages: u32) -> Result<(), String> {
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -94,7 +103,7 @@ async fn tunnel(addr: std::net::SocketAddr) -> Result<(), String> {
     if !head.starts_with(b"HTTP/1.1 101") {
         return Err(String::from_utf8_lossy(&head).into_owned());
     }
-    for i in 0..30u32 {
+    for i in 0..messages {
         let msg = format!("message {i:04}");
         s.write_all(msg.as_bytes())
             .await
@@ -111,20 +120,73 @@ async fn tunnel(addr: std::net::SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `e` says the server refused the request with GOAWAY before
+/// processing it: RFC 9113 section 6.8 makes such a request safe to send
+/// again, and HTTP/2 clients do; hyper's client reports it instead.
+fn refused_by_goaway(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// One GET of `/` over `http`, sent again (up to 3 times) when refused
+/// by a GOAWAY; the status, or what went wrong.
+async fn get_retrying_refused(
+    http: &common::TestClient,
+    addr: std::net::SocketAddr,
+    tally: &Tally,
+) -> Result<StatusCode, String> {
+    use http_body_util::BodyExt;
+    for _ in 0..3 {
+        let req = http::Request::get(format!("http://{addr}/"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        match http.request(req).await {
+            Ok(resp) => {
+                let status = resp.status();
+                resp.into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| format!("body: {e}"))?;
+                return Ok(status);
+            }
+            Err(e) if refused_by_goaway(&e) => {
+                tally.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => return Err(format!("{e:?}")),
+        }
+    }
+    Err("refused three times".into())
+}
+
+/// The listeners under load.
+#[derive(Clone, Copy)]
+struct Addrs {
+    web: std::net::SocketAddr,
+    web_tls: std::net::SocketAddr,
+    l4: std::net::SocketAddr,
+}
+
 fn spawn_load(
     stop: &Arc<AtomicBool>,
     tally: &Arc<Tally>,
-    web: std::net::SocketAddr,
-    web_tls: std::net::SocketAddr,
+    addrs: Addrs,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let Addrs { web, web_tls, l4 } = addrs;
     let mut tasks = Vec::new();
-    let http = client();
-    for _ in 0..3 {
-        let (stop, tally, http) = (stop.clone(), tally.clone(), http.clone());
+    // Three HTTP/1.1 keep-alive clients and two HTTP/2 (prior knowledge)
+    // clients, each on a pooled connection.
+    for http in [client(), client(), client(), h2_client(), h2_client()] {
+        let (stop, tally) = (stop.clone(), tally.clone());
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let (status, _, _) = get(&http, web, "/", &[]).await;
-                tally.count(status == StatusCode::OK, &format!("http {status}"));
+                let r = get_retrying_refused(&http, web, &tally).await;
+                tally.count(r == Ok(StatusCode::OK), &format!("http {r:?}"));
             }
         }));
     }
@@ -152,10 +214,11 @@ fn spawn_load(
             }
         }));
     }
-    let (stop, tally) = (stop.clone(), tally.clone());
+    let (stop_tunnels, tunnels) = (stop.clone(), tally.clone());
     tasks.push(tokio::spawn(async move {
+        let (stop, tally) = (stop_tunnels, tunnels);
         while !stop.load(Ordering::Relaxed) {
-            let r = tunnel(web).await;
+            let r = tunnel(web, 30).await;
             if let Err(e) = &r {
                 eprintln!("tunnel failed: {e}");
                 tally.tunnels_failed.fetch_add(1, Ordering::Relaxed);
@@ -163,11 +226,26 @@ fn spawn_load(
             tally.tunnels.fetch_add(1, Ordering::Relaxed);
         }
     }));
+    // Long-lived L4 flows: 150 messages 10 ms apart (1.5 s or more each),
+    // so every flow spans several hand-overs and stays on the generation
+    // that accepted it until it closes.
+    for _ in 0..3 {
+        let (stop, tally) = (stop.clone(), tally.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = tunnel(l4, 150).await {
+                    eprintln!("flow failed: {e}");
+                    tally.flows_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                tally.flows.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
     tasks
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel() {
+async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel_or_flow() {
     let dir = TempDir::new("upgrade");
     tls::write_cert(&dir.0, "a", &["a.test"]);
     let bs = backends(2).await;
@@ -176,6 +254,7 @@ async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel() {
     let first = Proxy::start(config(&dir.0, &endpoints)).await.unwrap();
     let web = first.listener_addr("web").await.unwrap();
     let web_tls = first.listener_addr("web-tls").await.unwrap();
+    let l4 = first.listener_addr("l4").await.unwrap();
     let admin = first.admin_addr();
     let mut generations = vec![tokio::spawn(serve_upgrades(
         first,
@@ -183,7 +262,7 @@ async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel() {
     ))];
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
-    let load = spawn_load(&stop, &tally, web, web_tls);
+    let load = spawn_load(&stop, &tally, Addrs { web, web_tls, l4 });
     for round in 0..20 {
         let before = tally.ok.load(Ordering::Relaxed);
         eventually("requests between upgrades", || async {
@@ -193,6 +272,7 @@ async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel() {
         let (proxy, listener) = take_over(config(&dir.0, &endpoints), &socket).await;
         assert_eq!(proxy.listener_addr("web").await, Some(web), "round {round}");
         assert_eq!(proxy.listener_addr("web-tls").await, Some(web_tls));
+        assert_eq!(proxy.listener_addr("l4").await, Some(l4));
         assert_eq!(proxy.admin_addr(), admin);
         generations.push(tokio::spawn(serve_upgrades(proxy, listener)));
     }
@@ -206,10 +286,22 @@ async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel() {
         tally.tunnels.load(Ordering::Relaxed) > tunnels
     })
     .await;
+    let flows = tally.flows.load(Ordering::Relaxed);
+    eventually("a flow after the last upgrade", || async {
+        tally.flows.load(Ordering::Relaxed) > flows
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     for t in load {
         t.await.unwrap();
     }
+    eprintln!(
+        "requests ok {} (refused by GOAWAY and sent again {}), tunnels {}, flows {}",
+        tally.ok.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+        tally.tunnels.load(Ordering::Relaxed),
+        tally.flows.load(Ordering::Relaxed)
+    );
     assert_eq!(tally.failed.load(Ordering::Relaxed), 0, "failed requests");
     assert_eq!(
         tally.tunnels_failed.load(Ordering::Relaxed),
@@ -217,6 +309,12 @@ async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel() {
         "broken tunnels"
     );
     assert!(tally.tunnels.load(Ordering::Relaxed) >= 2);
+    assert_eq!(
+        tally.flows_failed.load(Ordering::Relaxed),
+        0,
+        "broken flows"
+    );
+    assert!(tally.flows.load(Ordering::Relaxed) >= 3);
     // The admin server moved too: the newest generation answers.
     let (status, _, _) = get(&client(), admin, "/ready", &[]).await;
     assert_eq!(status, StatusCode::OK);
