@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from peers_common import wait_port
 
 N = int(os.environ.get("N", "20000"))
 TOP = int(os.environ.get("TOP", "0"))
@@ -58,16 +59,6 @@ clusters:
     endpoints: [{{ address: "127.0.0.1:{backend}" }}]
     circuit_breakers: {{ max_connections: 100000, max_pending: 100000, max_requests: 100000 }}
 """
-
-
-def wait_port(port, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port} did not open")
 
 
 def h2load(args, n):
@@ -155,12 +146,12 @@ def main():
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proxy = None
     try:
-        wait_port(BACKEND)
+        wait_port(BACKEND, 60)
         proxy = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/cg.out.%p",
              MESHLESS, "proxy", "--threads", "1", "--config", f"{workdir}/meshless.yaml"],
             stdout=subprocess.DEVNULL, stderr=open(f"{workdir}/valgrind.log", "w"))
-        wait_port(PROXY)
+        wait_port(PROXY, 60)
         print(f"{MESHLESS}")
         for scenario in SCENARIOS:
             measure(proxy.pid, workdir, scenario)

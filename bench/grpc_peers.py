@@ -5,17 +5,16 @@ measured from /proc over the same run. Loopback only."""
 
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from peers_common import cpu_seconds, spawn, stop
 
 DURATION = int(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
-TICKS = os.sysconf("SC_CLK_TCK")
 BACKEND, HAPROXY, PROXY, ADMIN = 18100, 18101, 18102, 18103
 PORTS = {"direct": BACKEND, "haproxy": HAPROXY, "meshless": PROXY}
 TARGETS = ["direct", "haproxy", "meshless"]
@@ -54,43 +53,6 @@ clusters:
     endpoints: [{{ address: "127.0.0.1:{BACKEND}" }}]
     circuit_breakers: {{ max_connections: 100000, max_pending: 100000, max_requests: 100000 }}
 """
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def wait_port(port, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
-
-
-def spawn(cmd, port, log):
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    try:
-        wait_port(port)
-    except RuntimeError:
-        proc.kill()
-        sys.exit(f"{cmd[0]} did not start:\n" + open(log).read())
-    return proc
-
-
-def stop(proc):
-    if proc is None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def start(name, workdir):

@@ -25,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from peers_common import cpu_seconds, wait_port
 
 DURATION = float(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 FLOWS = int(os.environ.get("FLOWS", "8"))
 CONCURRENCY = int(os.environ.get("CONCURRENCY", "32"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
-TICKS = os.sysconf("SC_CLK_TCK")
 BACKENDS = (28100, 28101)
 PORTS = {"haproxy": 28201, "meshless": 28203}
 CHUNK = b"x" * (256 * 1024)
@@ -84,22 +84,6 @@ async def serve_backend():
 
     servers = [await asyncio.start_server(conn, "127.0.0.1", p, backlog=4096) for p in BACKENDS]
     await asyncio.gather(*(s.serve_forever() for s in servers))
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def wait_port(port, timeout=10):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
 
 
 def start(name, workdir):

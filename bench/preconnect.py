@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from peers_common import wait_port
 
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 ROUNDS = int(os.environ.get("ROUNDS", "20"))
@@ -58,16 +59,6 @@ clusters:
     endpoints: [{{ address: "127.0.0.1:{backend}" }}]
     connection_pool: {{ preconnect_ratio: {ratio} }}
 {tls}"""
-
-
-def wait_port(port, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.02)
-    raise RuntimeError(f"port {port} did not open")
 
 
 def certificates(d):
@@ -120,7 +111,7 @@ def round_with(ratio, d):
     p = subprocess.Popen([MESHLESS, "proxy", "--threads", "1", "--config", conf],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_port(PROXY)
+        wait_port(PROXY, 30)
         return asyncio.run(ramp())
     finally:
         p.terminate()
@@ -138,7 +129,7 @@ def main():
             f.write(NGINX.format(dir=d, port=BACKEND, ssl=ssl, certs=certs))
         nginx = subprocess.Popen(["nginx", "-c", os.path.join(d, "nginx.conf")])
         try:
-            wait_port(BACKEND)
+            wait_port(BACKEND, 30)
             results = {r: [] for r in RATIOS}
             for _ in range(ROUNDS):
                 for r in RATIOS:  # interleaved: both see the same machine load

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from peers_common import cpu_seconds, status_kb, tree, wait_port, stop
 
 DURATION = int(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -19,7 +20,6 @@ REPEATS = int(os.environ.get("REPEATS", "3"))
 # and HAProxy reserves two per connection, so the default stays under that.
 IDLE_CONNECTIONS = int(os.environ.get("IDLE_CONNECTIONS", "9000"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
-TICKS = os.sysconf("SC_CLK_TCK")
 
 BACKEND = 18000
 PORTS = {"direct": (18000, 18010), "haproxy": (18001, 18011), "nginx": (18002, 18012), "meshless": (18003, 18003)}
@@ -81,47 +81,6 @@ clusters:
 """
 
 
-def cpu_seconds(pids):
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime + stime
-        except FileNotFoundError:
-            pass
-    return total / TICKS
-
-
-def status_kb(pids, key):
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith(key + ":"):
-                        total += int(line.split()[1])
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def tree(pid):
-    """The process and its children (nginx master + worker)."""
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [pid] + [int(p) for p in out]
-
-
-def wait_port(port, timeout=10):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
-
-
 def start(name, workdir):
     if name == "direct":
         return None
@@ -145,17 +104,6 @@ def start(name, workdir):
         proc.kill()
         sys.exit(f"{name} did not start:\n" + open(f"{workdir}/{name}.log").read())
     return proc
-
-
-def stop(proc):
-    if proc is None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def wrk(port, connections, close=False):

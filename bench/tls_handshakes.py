@@ -18,14 +18,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+from peers_common import wait_port, tree, cpu_seconds
 
 DURATION = int(os.environ.get("DURATION", "10"))
 CONNECTIONS = int(os.environ.get("CONNECTIONS", "32"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
-TICKS = os.sysconf("SC_CLK_TCK")
 BASE = int(os.environ.get("BASE_PORT", "28200"))
 BACKEND = BASE
 PORTS = {"meshless": BASE + 1, "haproxy": BASE + 2, "nginx": BASE + 3}
@@ -70,34 +69,6 @@ http {{
     location / {{ proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
 }}
 """
-
-
-def wait_port(port, timeout=10.0):
-    import socket
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
-
-
-def tree(pid):
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [pid] + [p for c in out.split() for p in tree(int(c))]
-
-
-def cpu_seconds(pids):
-    total = 0
-    for pid in pids:
-        try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (FileNotFoundError, IndexError):
-            pass
-    return total / TICKS
 
 
 def make_cert(d):

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from peers_common import wait_port
 
 RELOADS = int(os.environ.get("RELOADS", "20"))
 CLIENTS = int(os.environ.get("CLIENTS", "16"))
@@ -88,18 +89,6 @@ http {{
 {stream}"""
 NGINX_STREAM_CONF = """stream {{ server {{ listen 127.0.0.1:{tcp_port}; proxy_pass 127.0.0.1:{echo}; }} }}
 """
-
-
-def wait_port(port, timeout=10.0):
-    import socket
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
 
 
 class Stats:

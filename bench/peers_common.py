@@ -1,0 +1,86 @@
+"""What the side-by-side benchmark scripts share: starting and stopping
+the processes under test, waiting for their ports, and reading their CPU
+time and memory from /proc. Loopback only. Imported by the scripts in
+this folder (`python3 bench/NAME.py` puts this folder on the path)."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import os
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def wait_port(port, timeout=10.0):
+    """Returns once 127.0.0.1:`port` accepts a connection; raises
+    RuntimeError after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def spawn(cmd, port, log_path, timeout=20.0):
+    """Starts `cmd` with stderr to `log_path` and waits for `port`; exits
+    the script with the log when it does not open."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
+    try:
+        wait_port(port, timeout)
+    except RuntimeError:
+        proc.kill()
+        sys.exit(f"{cmd[0]} did not start:\n" + open(log_path).read())
+    return proc
+
+
+def stop(proc):
+    """SIGTERM, then SIGKILL after 15 s; `None` is nothing to stop."""
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def tree(pid):
+    """`pid` and all its descendants (nginx's master and workers)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [pid] + [p for c in out.split() for p in tree(int(c))]
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds of the processes (a pid or a list);
+    processes already gone count 0."""
+    if isinstance(pids, int):
+        pids = [pids]
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        except (FileNotFoundError, IndexError):
+            pass
+    return total / TICKS
+
+
+def status_kb(pids, key):
+    """The sum of a /proc/PID/status field in kB (`VmRSS`, `VmHWM`)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith(key + ":"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
