@@ -2,12 +2,14 @@
 """TLS handshakes per second: meshless, HAProxy and nginx terminating TLS
 with the same certificate (ECDSA P-256, made here with openssl), each in
 front of the same `meshless backend`, one worker thread each. The load is
-wrk over https with `Connection: close`, so every request is a new TCP
-connection and a new TLS handshake; the proxy's CPU time per 1,000
-handshakes comes from /proc. Loopback only.
+PARALLEL `openssl s_time -www /` clients, each connection a new TCP
+connection, a TLS handshake and one HTTP/1.0 request: `-new` makes every
+handshake a full one (no resumption), `-reuse` resumes the first
+session. The proxy's CPU time per handshake comes from /proc. Loopback
+only.
 
 Usage: python3 bench/tls_handshakes.py   (after cargo build --release -p meshless)
-Env: DURATION seconds per run (10), CONNECTIONS (32), REPEATS (3),
+Env: DURATION seconds per run (10), PARALLEL clients (4), REPEATS (3),
 MESHLESS (target/release/meshless)."""
 
 import os
@@ -22,7 +24,7 @@ import urllib.request
 from peers_common import wait_port, tree, cpu_seconds
 
 DURATION = int(os.environ.get("DURATION", "10"))
-CONNECTIONS = int(os.environ.get("CONNECTIONS", "32"))
+PARALLEL = int(os.environ.get("PARALLEL", "4"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 BASE = int(os.environ.get("BASE_PORT", "28200"))
@@ -44,7 +46,7 @@ clusters:
 
 HAPROXY_CONF = """global
   nbthread 1
-  maxconn 10000
+  maxconn 4096
 defaults
   mode http
   timeout connect 5s
@@ -59,11 +61,11 @@ backend be
 """
 
 NGINX_CONF = """worker_processes 1; daemon off; pid {dir}/nginx.pid; error_log {dir}/nginx.err;
-events {{ worker_connections 10000; }}
+events {{ worker_connections 4096; }}
 http {{
   access_log off;
   upstream b {{ server 127.0.0.1:{backend}; keepalive 32; }}
-  server {{ listen 127.0.0.1:{port} ssl; http2 on;
+  server {{ listen 127.0.0.1:{port} ssl http2;
     ssl_certificate {dir}/cert.pem; ssl_certificate_key {dir}/key.pem;
     ssl_protocols TLSv1.2 TLSv1.3;
     location / {{ proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
@@ -99,13 +101,19 @@ def start(name, d):
     return proc
 
 
-def wrk(port):
-    out = subprocess.run(["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{DURATION}s", "-H", "Connection: close",
-                          f"https://127.0.0.1:{port}/"], capture_output=True, text=True).stdout
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    errors = re.search(r"Socket errors: (.*)", out)
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return rate, (errors.group(1) if errors else "none"), int(non2xx.group(1)) if non2xx else 0
+def s_time(port, mode):
+    """PARALLEL `openssl s_time -MODE` clients for DURATION seconds: the
+    connections they completed, in total."""
+    cmd = ["openssl", "s_time", "-connect", f"127.0.0.1:{port}", f"-{mode}",
+           "-time", str(DURATION), "-www", "/"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for _ in range(PARALLEL)]
+    total = 0
+    for p in procs:
+        out, _ = p.communicate()
+        m = re.search(r"(\d+) connections in [\d.]+s;", out)
+        total += int(m.group(1)) if m else 0
+    return total
 
 
 def meshless_handshakes():
@@ -126,31 +134,33 @@ def main():
         for name in ("meshless", "haproxy", "nginx"):
             proc = start(name, d)
             pids = tree(proc.pid)
-            runs = []
             try:
-                wrk(PORTS[name])  # warm-up
-                for _ in range(REPEATS):
-                    cpu0 = cpu_seconds(pids)
-                    rate, errors, non2xx = wrk(PORTS[name])
-                    cpu = cpu_seconds(pids) - cpu0
-                    runs.append((rate, cpu / (rate * DURATION) * 1000, errors, non2xx))
-                extra = meshless_handshakes() if name == "meshless" else {}
+                s_time(PORTS[name], "new")  # warm-up
+                for mode in ("new", "reuse"):
+                    runs = []
+                    for _ in range(REPEATS):
+                        cpu0 = cpu_seconds(pids)
+                        done = s_time(PORTS[name], mode)
+                        cpu = cpu_seconds(pids) - cpu0
+                        runs.append((done / DURATION, cpu * 1e6 / max(done, 1)))
+                    results[(name, mode)] = runs
+                if name == "meshless":
+                    results["meshless_handshakes"] = meshless_handshakes()
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
-            results[name] = (runs, extra)
     finally:
         backend.send_signal(signal.SIGTERM)
         backend.wait()
-    print(f"wrk -t1 -c{CONNECTIONS} -d{DURATION}s -H 'Connection: close' https://...; median of {REPEATS}\n")
-    print("| proxy | handshakes/s (median) | runs | proxy CPU ms per 1,000 handshakes | socket errors | non-2xx |")
-    print("|---|---|---|---|---|---|")
-    for name, (runs, extra) in results.items():
+    print(f"{PARALLEL} x openssl s_time -new|-reuse -time {DURATION} -www /; ECDSA P-256; median of {REPEATS}\n")
+    print("| proxy | handshakes | per second (median) | runs | proxy CPU µs per handshake (median) |")
+    print("|---|---|---|---|---|")
+    for (name, mode), runs in ((k, v) for k, v in results.items() if isinstance(k, tuple)):
         rates = [r[0] for r in runs]
         cpu = statistics.median(r[1] for r in runs)
-        print(f"| {name} | {statistics.median(rates):.0f} | {', '.join(f'{r:.0f}' for r in rates)} | {cpu:.1f} | {runs[-1][2]} | {sum(r[3] for r in runs)} |")
-    if results.get("meshless", (None, {}))[1]:
-        print(f"\nmeshless handshakes by result: {results['meshless'][1]}")
+        kind = "full" if mode == "new" else "resumed"
+        print(f"| {name} | {kind} | {statistics.median(rates):.0f} | {', '.join(f'{r:.0f}' for r in rates)} | {cpu:.0f} |")
+    print(f"\nmeshless handshakes by result: {results.get('meshless_handshakes')}")
     shutil.rmtree(d, ignore_errors=True)
 
 
