@@ -6,6 +6,8 @@
 #
 #   bench/proxy-peers.sh                 # everything
 #   DURATION=3 REPEATS=1 bench/proxy-peers.sh   # a quick look
+#   BASELINE=/tmp/meshless-old bench/proxy-peers.sh   # an older build beside, same run
+#   ONLY=ka32,h2 PEERS=haproxy,meshless,baseline  # a subset of scenarios and targets
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

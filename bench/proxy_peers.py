@@ -20,9 +20,13 @@ REPEATS = int(os.environ.get("REPEATS", "3"))
 # and HAProxy reserves two per connection, so the default stays under that.
 IDLE_CONNECTIONS = int(os.environ.get("IDLE_CONNECTIONS", "9000"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
+# An older meshless binary to compare in the same run (target "baseline"),
+# e.g. a release build of the commit before a change.
+BASELINE = os.environ.get("BASELINE")
 
 BACKEND = 18000
-PORTS = {"direct": (18000, 18010), "haproxy": (18001, 18011), "nginx": (18002, 18012), "meshless": (18003, 18003)}
+PORTS = {"direct": (18000, 18010), "haproxy": (18001, 18011), "nginx": (18002, 18012), "meshless": (18003, 18003),
+         "baseline": (18005, 18005)}
 
 BACKEND_CONF = """
 worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
@@ -67,11 +71,11 @@ http {{
 """
 
 MESHLESS_CONF = """
-admin: { address: "127.0.0.1:18004" }
+admin: { address: "127.0.0.1:ADMIN_PORT" }
 access_log: "off"
 listeners:
   - name: bench
-    address: 127.0.0.1:18003
+    address: 127.0.0.1:LISTEN_PORT
     max_connections: 20000
     routes: [{ cluster: backend }]
 clusters:
@@ -93,9 +97,15 @@ def start(name, workdir):
         open(path, "w").write(NGINX_CONF.format(dir=workdir))
         cmd = ["nginx", "-c", path, "-p", workdir]
     else:
-        path = f"{workdir}/meshless.yaml"
-        open(path, "w").write(MESHLESS_CONF)
-        cmd = [MESHLESS, "proxy", "--threads", "1", "--config", path]
+        path = f"{workdir}/{name}.yaml"
+        conf = MESHLESS_CONF.replace("LISTEN_PORT", str(PORTS[name][0]))
+        conf = conf.replace("ADMIN_PORT", str(PORTS[name][0] + 1))
+        if BASELINE:
+            # Older binaries may not know the field: the same config for both.
+            conf = conf.replace("    max_connections: 20000\n", "")
+        open(path, "w").write(conf)
+        binary = BASELINE if name == "baseline" else MESHLESS
+        cmd = [binary, "proxy", "--threads", "1", "--config", path]
     log = open(f"{workdir}/{name}.log", "w")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
     try:
@@ -196,7 +206,7 @@ SCENARIOS = [
     ("h2", "HTTP/2, 4 connections x 32 streams"),
     ("idle", f"{IDLE_CONNECTIONS} idle keep-alive connections"),
 ]
-TARGETS = ["direct", "haproxy", "nginx", "meshless"]
+TARGETS = ["direct", "haproxy", "nginx", "meshless"] + (["baseline"] if BASELINE else [])
 # A subset, for a quick look: ONLY=idle,ka32 PEERS=haproxy,meshless.
 if os.environ.get("ONLY"):
     SCENARIOS = [s for s in SCENARIOS if s[0] in os.environ["ONLY"].split(",")]
@@ -250,8 +260,9 @@ def main():
                 rs = results.get((name, scenario), [])
                 rows[name] = med([r["bytes_per_conn"] for r in rs])
                 print(f"| {name} | {fmt(rows[name], 0)} | {sum(r['failed'] for r in rs)} |")
-            if "meshless" in rows and rows.get("haproxy"):
-                print(f"| meshless / haproxy | {fmt(rows['meshless'] / rows['haproxy'], 2)} | |")
+            for mine in ("meshless", "baseline"):
+                if mine in rows and rows.get("haproxy"):
+                    print(f"| {mine} / haproxy | {fmt(rows[mine] / rows['haproxy'], 2)} | |")
             print()
             continue
         latency = "mean latency (ms)" if scenario == "h2" else "p50 / p99 latency (ms)"
@@ -265,13 +276,14 @@ def main():
             agg[name] = a
             lat = fmt(a["p50"], 3) if scenario == "h2" else f"{fmt(a['p50'], 3)} / {fmt(a['p99'], 3)}"
             print(f"| {name} | {fmt(a['rps'], 0)} | {lat} | {fmt(a['cpu_us'])} | {fmt(a['rss_mb'])} | {a['failed']} |")
-        if "meshless" not in agg or "haproxy" not in agg:
-            print()
-            continue
-        m, h = agg["meshless"], agg["haproxy"]
-        r = lambda k: fmt(m[k] / h[k], 2) if h[k] else "-"
-        lat = r("p50") if scenario == "h2" else f"{r('p50')} / {r('p99')}"
-        print(f"| meshless / haproxy | {r('rps')} | {lat} | {r('cpu_us')} | {r('rss_mb')} | |\n")
+        for mine in ("meshless", "baseline"):
+            if mine not in agg or "haproxy" not in agg:
+                continue
+            m, h = agg[mine], agg["haproxy"]
+            r = lambda k: fmt(m[k] / h[k], 2) if h[k] else "-"
+            lat = r("p50") if scenario == "h2" else f"{r('p50')} / {r('p99')}"
+            print(f"| {mine} / haproxy | {r('rps')} | {lat} | {r('cpu_us')} | {r('rss_mb')} | |")
+        print()
 
 
 if __name__ == "__main__":

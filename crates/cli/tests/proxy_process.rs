@@ -114,17 +114,20 @@ fn write_config(
     path
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("meshless-test-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A fresh directory, removed when dropped.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("meshless-test-{name}-"))
+        .tempdir()
+        .expect("temp dir")
 }
 
 #[test]
 fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
-    let dir = temp_dir("check");
+    let tmp = temp_dir("check");
+    let dir = tmp.path();
     let [a, b, c] = free_ports();
-    let path = write_config(&dir, a, b, c, "v1");
+    let path = write_config(dir, a, b, c, "v1");
     let out = meshless()
         .args(["proxy", "--check", "--config"])
         .arg(&path)
@@ -172,9 +175,10 @@ fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
 #[test]
 fn sighup_and_watch_reload_and_sigterm_drains() {
     let (_backend, backend) = start_backend("app-1");
-    let dir = temp_dir("reload");
+    let tmp = temp_dir("reload");
+    let dir = tmp.path();
     let [listen, admin] = free_ports();
-    let path = write_config(&dir, listen, admin, backend, "v1");
+    let path = write_config(dir, listen, admin, backend, "v1");
     let child = meshless()
         .args(["proxy", "--watch", "--threads", "2", "--config"])
         .arg(&path)
@@ -190,7 +194,7 @@ fn sighup_and_watch_reload_and_sigterm_drains() {
     assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
 
     // SIGHUP with a new file.
-    write_config(&dir, listen, admin, backend, "v2");
+    write_config(dir, listen, admin, backend, "v2");
     signal(&proxy.0, "-HUP");
     wait_until("SIGHUP reload", || {
         http_get(listen, "/gone").is_ok_and(|r| r.1 == "v2")
@@ -206,7 +210,7 @@ fn sighup_and_watch_reload_and_sigterm_drains() {
     assert_eq!(http_get(listen, "/gone").expect("get").1, "v2");
 
     // --watch picks up a change without a signal.
-    write_config(&dir, listen, admin, backend, "v3");
+    write_config(dir, listen, admin, backend, "v3");
     wait_until("watch reload", || {
         http_get(listen, "/gone").is_ok_and(|r| r.1 == "v3")
     });
@@ -277,9 +281,10 @@ fn demo_serves_round_robin_affinity_and_admin() {
 #[test]
 fn sighup_reloads_without_watch_and_sigint_drains() {
     let (_backend, backend) = start_backend("app-1");
-    let dir = temp_dir("sighup");
+    let tmp = temp_dir("sighup");
+    let dir = tmp.path();
     let [listen, admin] = free_ports();
-    let path = write_config(&dir, listen, admin, backend, "v1");
+    let path = write_config(dir, listen, admin, backend, "v1");
     let child = meshless()
         .args(["proxy", "--threads", "2", "--config"])
         .arg(&path)
@@ -292,7 +297,7 @@ fn sighup_reloads_without_watch_and_sigint_drains() {
         matches!(http_get(admin, "/ready"), Ok((200, _)))
     });
     assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
-    write_config(&dir, listen, admin, backend, "v2");
+    write_config(dir, listen, admin, backend, "v2");
     signal(&proxy.0, "-HUP");
     wait_until("SIGHUP reload without --watch", || {
         http_get(listen, "/gone").is_ok_and(|r| r.1 == "v2")
@@ -316,7 +321,8 @@ fn sighup_reloads_without_watch_and_sigint_drains() {
 /// proxy follows a registration made through the API.
 #[test]
 fn up_runs_control_plane_proxy_and_backends_from_one_file() {
-    let dir = temp_dir("up");
+    let tmp = temp_dir("up");
+    let dir = tmp.path();
     let [api, grpc, admin, web, b1, b2] = free_ports();
     let stack = format!(
         "control:\n  api_address: \"{api}\"\n  grpc_address: \"{grpc}\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\n  - {{ name: two, listen: \"{b2}\" }}\nproxy:\n  admin: {{ address: \"{admin}\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",

@@ -168,9 +168,11 @@ async fn malformed_and_truncated_json_is_400_naming_the_problem() {
 
 #[tokio::test]
 async fn one_token_guards_the_api_and_the_stream_but_not_ready_or_metrics() {
-    let dir = std::env::temp_dir().join(format!("meshless-api-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let token_file = dir.join("token");
+    let dir = tempfile::Builder::new()
+        .prefix("meshless-api-token-")
+        .tempdir()
+        .expect("dir");
+    let token_file = dir.path().join("token");
     std::fs::write(&token_file, "s3cret\n").expect("token");
     let (plane, open) = start(&format!("token_file: \"{}\"\n", token_file.display())).await;
     open.ready().await.expect("ready needs no token");

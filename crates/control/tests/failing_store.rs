@@ -3,7 +3,6 @@
 //! and disk never diverge; once the store works again the same work goes
 //! through, and a restart finds exactly what memory held.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,10 +31,12 @@ impl Storage for Flaky {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("meshless-flaky-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory for a store, removed when dropped.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("meshless-flaky-{name}-"))
+        .tempdir()
+        .expect("temp dir")
 }
 
 fn spec() -> ServiceSpec {
@@ -65,9 +66,10 @@ fn view(r: &Registry) -> serde_json::Value {
 
 #[test]
 fn failed_writes_change_nothing_in_memory_and_succeed_later() {
-    let dir = temp_dir("writes");
+    let tmp = temp_dir("writes");
+    let dir = tmp.path();
     let fail = Arc::new(AtomicBool::new(false));
-    let mut r = open(&dir, &fail, 4);
+    let mut r = open(dir, &fail, 4);
     r.put_service(spec()).expect("service");
     r.put_endpoints("shop/cart", (0..10).map(input).collect())
         .expect("endpoints");
@@ -97,16 +99,16 @@ fn failed_writes_change_nothing_in_memory_and_succeed_later() {
     assert_eq!(changes.created.len(), 3, "10 endpoints in slices of 4");
     let live = view(&r);
     drop(r);
-    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 4).expect("registry");
+    let r = Registry::open(Some(Store::open(dir).expect("reopen")), 4).expect("registry");
     assert_eq!(view(&r), live, "disk holds what memory held");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn a_failed_compaction_keeps_memory_and_is_retried() {
-    let dir = temp_dir("compact");
+    let tmp = temp_dir("compact");
+    let dir = tmp.path();
     let fail = Arc::new(AtomicBool::new(false));
-    let mut r = open(&dir, &fail, 10);
+    let mut r = open(dir, &fail, 10);
     r.put_service(spec()).expect("service");
     r.put_endpoints("shop/cart", (0..30).map(input).collect())
         .expect("endpoints");
@@ -145,16 +147,16 @@ fn a_failed_compaction_keeps_memory_and_is_retried() {
     );
     let live = view(&r);
     drop(r);
-    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 10).expect("registry");
+    let r = Registry::open(Some(Store::open(dir).expect("reopen")), 10).expect("registry");
     assert_eq!(view(&r), live, "disk holds what memory held");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn a_restart_settles_slices_left_behind_and_stores_them() {
-    let dir = temp_dir("settle");
+    let tmp = temp_dir("settle");
+    let dir = tmp.path();
     let fail = Arc::new(AtomicBool::new(false));
-    let mut r = open(&dir, &fail, 4);
+    let mut r = open(dir, &fail, 4);
     r.put_service(spec()).expect("service");
     r.put_endpoints("shop/cart", (0..6).map(input).collect())
         .expect("endpoints");
@@ -162,14 +164,14 @@ fn a_restart_settles_slices_left_behind_and_stores_them() {
     fail.store(true, Ordering::SeqCst);
     assert!(r.reconcile("shop/cart").is_err());
     drop(r);
-    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 4).expect("registry");
+    let r = Registry::open(Some(Store::open(dir).expect("reopen")), 4).expect("registry");
     let settled = view(&r);
     let v = r.view("shop/cart").expect("view");
     assert!(v.endpoints.iter().all(|e| e.slice.is_some()), "{settled}");
     assert_eq!(v.slices.iter().map(|s| s.endpoints.len()).sum::<usize>(), 6);
     let version = r.version();
     drop(r);
-    let store = Store::open(&dir).expect("reopen");
+    let store = Store::open(dir).expect("reopen");
     let stored: usize = store
         .load()
         .expect("load")
@@ -179,8 +181,7 @@ fn a_restart_settles_slices_left_behind_and_stores_them() {
         .sum();
     assert_eq!(stored, 6, "the settled slices were stored");
     drop(store);
-    let r = Registry::open(Some(Store::open(&dir).expect("reopen")), 4).expect("registry");
+    let r = Registry::open(Some(Store::open(dir).expect("reopen")), 4).expect("registry");
     assert_eq!(view(&r), settled);
     assert_eq!(r.version(), version, "nothing left to settle: no write");
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -110,9 +110,11 @@ async fn writer(api: ApiClient, w: usize, count: Arc<Mutex<usize>>) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_write_survives_kill_9() {
-    let dir = std::env::temp_dir().join(format!("meshless-kill9-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-kill9-")
+        .tempdir()
+        .expect("dir");
+    let dir = tmp.path().to_path_buf();
     let child = Command::new(std::env::current_exe().expect("exe"))
         .args([
             "--exact",

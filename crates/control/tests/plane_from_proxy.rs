@@ -236,8 +236,11 @@ async fn registration_is_validated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_a_restart() {
-    let dir = std::env::temp_dir().join(format!("meshless-plane-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-plane-")
+        .tempdir()
+        .expect("dir");
+    let dir = tmp.path().to_path_buf();
     let plane = ControlPlane::start(control_config(Some(dir.clone())))
         .await
         .expect("plane");
@@ -278,9 +281,11 @@ async fn state_survives_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_guards_the_api_and_the_stream() {
-    let dir = std::env::temp_dir().join(format!("meshless-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let token = dir.join("token");
+    let dir = tempfile::Builder::new()
+        .prefix("meshless-token-")
+        .tempdir()
+        .expect("dir");
+    let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").expect("token");
     let mut cfg = control_config(None);
     cfg.token_file = Some(token.clone());

@@ -1,17 +1,17 @@
 //! Registry validation and persistence across a restart.
 
-use std::path::PathBuf;
-
 use meshless_control::registry::{
     EndpointInput, Registry, RegistryError, ServicePort, ServiceSpec,
 };
 use meshless_control::store::Store;
 use meshless_model::EndpointId;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("meshless-reg-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory for a store, removed when dropped.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("meshless-reg-{name}-"))
+        .tempdir()
+        .expect("temp dir")
 }
 
 fn spec() -> ServiceSpec {
@@ -65,9 +65,10 @@ fn writes_are_validated_and_nothing_is_stored_on_error() {
 
 #[test]
 fn restart_restores_services_endpoints_slices_and_versions() {
-    let dir = temp_dir("restart");
+    let tmp = temp_dir("restart");
+    let dir = tmp.path();
     let (version, before) = {
-        let mut r = Registry::open(Some(Store::open(&dir).expect("store")), 10).expect("registry");
+        let mut r = Registry::open(Some(Store::open(dir).expect("store")), 10).expect("registry");
         r.put_service(spec()).expect("service");
         r.put_endpoints("shop/cart", (0..35).map(input).collect())
             .expect("endpoints");
@@ -78,7 +79,7 @@ fn restart_restores_services_endpoints_slices_and_versions() {
         let view = serde_json::to_value(r.view("shop/cart").expect("view")).expect("json");
         (r.version(), view)
     };
-    let mut r = Registry::open(Some(Store::open(&dir).expect("store")), 10).expect("registry");
+    let mut r = Registry::open(Some(Store::open(dir).expect("store")), 10).expect("registry");
     assert_eq!(r.version(), version);
     let after = serde_json::to_value(r.view("shop/cart").expect("view")).expect("json");
     assert_eq!(before, after, "services, endpoints and slices come back");
@@ -87,7 +88,6 @@ fn restart_restores_services_endpoints_slices_and_versions() {
         .put_endpoints("shop/cart", vec![input(99)])
         .expect("write after restart");
     assert!(v > version, "versions keep increasing");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A service's settings reach the delta when they change (and only then),
@@ -95,7 +95,8 @@ fn restart_restores_services_endpoints_slices_and_versions() {
 /// survive a restart.
 #[test]
 fn settings_travel_with_deltas_and_survive_a_restart() {
-    let dir = temp_dir("settings");
+    let tmp = temp_dir("settings");
+    let dir = tmp.path();
     let with = |policy: &str| {
         let mut s = spec();
         s.settings = serde_json::from_value(serde_json::json!({
@@ -105,7 +106,7 @@ fn settings_travel_with_deltas_and_survive_a_restart() {
         s
     };
     {
-        let mut r = Registry::open(Some(Store::open(&dir).expect("store")), 100).expect("registry");
+        let mut r = Registry::open(Some(Store::open(dir).expect("store")), 100).expect("registry");
         r.put_service(with("maglev")).expect("service");
         let (delta, _) = r.reconcile("shop/cart").expect("ok").expect("a delta");
         let s = delta.settings.expect("new settings travel");
@@ -132,7 +133,7 @@ fn settings_travel_with_deltas_and_survive_a_restart() {
         );
         assert_eq!(r.version(), v, "nothing stored");
     }
-    let r = Registry::open(Some(Store::open(&dir).expect("store")), 100).expect("reopen");
+    let r = Registry::open(Some(Store::open(dir).expect("store")), 100).expect("reopen");
     let s = r.settings("shop/cart").expect("service");
     assert_eq!(s.policy.as_deref(), Some("ring_hash"));
     assert_eq!(

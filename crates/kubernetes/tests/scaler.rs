@@ -85,7 +85,7 @@ fn the_kubernetes_scaler_needs_the_kubernetes_section() {
 async fn the_first_request_scales_a_deployment_from_zero() {
     let fake = fake_with_lazy().await;
     let dir = temp_dir("scale");
-    let kubeconfig = dir.join("kubeconfig");
+    let kubeconfig = dir.path().join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig).unwrap();
     let (stop_pods, pods_stopped) = watch::channel(false);
     let workload = Workload {
@@ -144,7 +144,7 @@ async fn the_first_request_scales_a_deployment_from_zero() {
 async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
     let fake = fake_with_lazy().await;
     let dir = temp_dir("leader");
-    let kubeconfig = dir.join("kubeconfig");
+    let kubeconfig = dir.path().join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig).unwrap();
     let (a, _stop_a, tasks_a) = plane(&control_yaml(&kubeconfig, "cp-a")).await;
     eventually("cp-a leads", || async { is_leader(&a) }).await;

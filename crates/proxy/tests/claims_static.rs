@@ -61,8 +61,11 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_stream_is_dropped_and_resumed_by_version_and_a_restart_costs_nothing() {
-    let dir = std::env::temp_dir().join(format!("meshless-claims-static-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-claims-static-")
+        .tempdir()
+        .expect("dir");
+    let dir = tmp.path().to_path_buf();
     let plane = ControlPlane::start(plane_config(Some(dir.clone())))
         .await
         .expect("plane");

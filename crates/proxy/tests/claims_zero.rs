@@ -20,9 +20,11 @@ const MAX_INSTANCES: usize = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_at_zero_is_held_up_to_the_queue_bound_and_the_rest_shed() {
-    let dir = std::env::temp_dir().join(format!("meshless-claims-zero-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-claims-zero-")
+        .tempdir()
+        .expect("dir");
+    let dir = tmp.path().to_path_buf();
     let gate = dir.join("go");
     // An instance that binds only once the gate file exists.
     let server = format!(

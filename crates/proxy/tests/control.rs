@@ -487,9 +487,11 @@ async fn held_requests_time_out_and_the_queue_is_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_configured_with_the_token_gets_endpoints() {
-    let dir = std::env::temp_dir().join(format!("meshless-ptoken-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let token = dir.join("token");
+    let dir = tempfile::Builder::new()
+        .prefix("meshless-ptoken-")
+        .tempdir()
+        .expect("dir");
+    let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").expect("token");
     let mut cfg = control_config(None);
     cfg.token_file = Some(token.clone());

@@ -126,8 +126,11 @@ async fn proxy_protocol_carries_the_client_through_l4_to_l7() {
     for g in &gs {
         g.open();
     }
-    let log = std::env::temp_dir().join(format!("meshless-edge-{}.log", std::process::id()));
-    let _ = std::fs::remove_file(&log);
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-edge-")
+        .tempdir()
+        .unwrap();
+    let log = tmp.path().join("access.log");
     let l7_yaml = format!(
         "admin: {{ address: \"127.0.0.1:0\" }}\naccess_log: \"{}\"\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    proxy_protocol: {{ trusted: [127.0.0.1/32] }}\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    balancer: {{ policy: maglev, hash_key: client_address, table_size: 1021 }}\n    endpoints:\n{}",
         log.display(),

@@ -209,9 +209,11 @@ async fn cancellation_storm_leaves_every_gauge_at_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_request_bodies_eject_nothing() {
     let bs = backends(3).await;
-    let dir = std::env::temp_dir().join(format!("meshless-faults-{}", fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("access.log");
+    let dir = tempfile::Builder::new()
+        .prefix("meshless-faults-")
+        .tempdir()
+        .unwrap();
+    let log = dir.path().join("access.log");
     let extra = "    outlier_detection: { consecutive_5xx: 2, consecutive_gateway_errors: 2 }\n";
     let yaml = format!("access_log: \"{}\"\n{}", log.display(), config(&bs, extra));
     let (p, addr) = proxy(&yaml).await;

@@ -617,8 +617,11 @@ async fn locality_keeps_traffic_in_the_proxy_zone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_writes_one_json_line_per_request() {
     let bs = backends(1).await;
-    let path = std::env::temp_dir().join(format!("meshless-access-{}.log", std::process::id()));
-    let _ = std::fs::remove_file(&path);
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-access-")
+        .tempdir()
+        .expect("temp dir");
+    let path = tmp.path().join("access.log");
     let yaml = config(&bs, "").replacen(
         "drain_timeout: 5s\n",
         &format!("drain_timeout: 5s\naccess_log: \"{}\"\n", path.display()),

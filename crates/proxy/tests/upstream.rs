@@ -328,12 +328,13 @@ fn pki(name: &str, alpn: &[&[u8]]) -> (String, Arc<rustls::ServerConfig>) {
     (ca.pem(), Arc::new(cfg))
 }
 
-fn ca_file(dir: &str, pem: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("meshless-up-{}-{dir}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("ca.pem");
+/// `pem` written as `ca.pem` in a fresh directory (removed when the
+/// returned guard drops), and its path.
+fn ca_file(dir: &str, pem: &str) -> (common::tls::TempDir, std::path::PathBuf) {
+    let dir = common::tls::TempDir::new(&format!("up-{dir}"));
+    let path = dir.path("ca.pem");
     std::fs::write(&path, pem).unwrap();
-    path
+    (dir, path)
 }
 
 fn tls_yaml(ca: &std::path::Path, name: &str, alpn: bool) -> String {
@@ -347,7 +348,7 @@ fn tls_yaml(ca: &std::path::Path, name: &str, alpn: bool) -> String {
 async fn tls_to_an_upstream_sends_sni_and_checks_the_ca() {
     let (ca, server) = pki("backend.test", &[]);
     let up = Upstream::start(100, Some(server)).await;
-    let ca = ca_file("ok", &ca);
+    let (_ca_dir, ca) = ca_file("ok", &ca);
     let (p, addr) = proxy_to(&[up.addr], &tls_yaml(&ca, "backend.test", false)).await;
     let c = client();
     for _ in 0..3 {
@@ -366,7 +367,7 @@ async fn tls_with_a_wrong_ca_or_name_is_refused_with_the_reason() {
     let (_, server) = pki("backend.test", &[]);
     let (other_ca, _) = pki("backend.test", &[]);
     let up = Upstream::start(100, Some(server)).await;
-    let ca = ca_file("wrong", &other_ca);
+    let (_ca_dir, ca) = ca_file("wrong", &other_ca);
     let (p, addr) = proxy_to(&[up.addr], &tls_yaml(&ca, "backend.test", false)).await;
     let (status, _, body) = get(&client(), addr, "/", &[]).await;
     assert_eq!(status, 503);
@@ -376,7 +377,7 @@ async fn tls_with_a_wrong_ca_or_name_is_refused_with_the_reason() {
 
     let (ca, server) = pki("backend.test", &[]);
     let up = Upstream::start(100, Some(server)).await;
-    let ca = ca_file("name", &ca);
+    let (_ca_dir, ca) = ca_file("name", &ca);
     let (p, addr) = proxy_to(&[up.addr], &tls_yaml(&ca, "other.test", false)).await;
     let (status, _, body) = get(&client(), addr, "/", &[]).await;
     assert_eq!(status, 503);
@@ -388,7 +389,7 @@ async fn tls_with_a_wrong_ca_or_name_is_refused_with_the_reason() {
 async fn tls_with_alpn_h2_multiplexes_one_connection() {
     let (ca, server) = pki("backend.test", &[b"h2"]);
     let up = Upstream::start(100, Some(server)).await;
-    let ca = ca_file("h2", &ca);
+    let (_ca_dir, ca) = ca_file("h2", &ca);
     let extra = format!(
         "    upstream_protocol: http2\n{}",
         tls_yaml(&ca, "backend.test", true)
@@ -411,7 +412,7 @@ async fn tls_with_alpn_h2_multiplexes_one_connection() {
     // An endpoint that does not agree to h2 is refused, with the reason.
     let (ca, server) = pki("backend.test", &[b"http/1.1"]);
     let up = Upstream::start(100, Some(server)).await;
-    let ca = ca_file("noh2", &ca);
+    let (_ca_dir, ca) = ca_file("noh2", &ca);
     let extra = format!(
         "    upstream_protocol: http2\n{}",
         tls_yaml(&ca, "backend.test", true)

@@ -4,7 +4,6 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -39,15 +38,12 @@ where
     }
 }
 
-/// A directory of its own under the system temp dir.
-pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "meshless-kube-{name}-{}-{:?}",
-        std::process::id(),
-        Instant::now()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of its own under the system temp dir, removed on drop.
+pub fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("meshless-kube-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// The fake, a control plane watching it, and the source's stop switch.
@@ -55,7 +51,8 @@ pub struct Cluster {
     pub fake: FakeApiServer,
     pub plane: ControlPlane,
     pub stop: watch::Sender<bool>,
-    pub dir: PathBuf,
+    /// Holds the kubeconfig; removed when the cluster is dropped.
+    pub dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -67,7 +64,7 @@ impl Cluster {
             .unwrap();
         setup(&fake);
         let dir = temp_dir(name);
-        let kubeconfig = dir.join("kubeconfig");
+        let kubeconfig = dir.path().join("kubeconfig");
         fake.write_kubeconfig(&kubeconfig).unwrap();
         let source = KubernetesSource {
             kubeconfig: Some(kubeconfig),
