@@ -304,6 +304,9 @@ impl ProxyConfig {
                 crate::limits::validate_upgrades(&r.upgrades).at(&route)?;
             }
         }
+        if let Some(link) = &self.control {
+            link.validate_peer(&self.listeners)?;
+        }
         let mut cluster_names = HashSet::new();
         for (i, c) in self.clusters.iter().enumerate() {
             let at = format!("clusters[{i}]");

@@ -114,7 +114,7 @@ async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
     )
 }
 
-fn count(state: &ProxyState, result: &'static str) {
+pub(crate) fn count(state: &ProxyState, result: &'static str) {
     state
         .metrics
         .activations
