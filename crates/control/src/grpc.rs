@@ -53,7 +53,17 @@ pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watc
             Err(Status::unauthenticated(crate::state::UNAUTHENTICATED))
         }
     });
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Deltas are small writes that must leave at once: no Nagle delay
+    // behind an unacknowledged segment (tonic sets TCP_NODELAY only on
+    // sockets it accepts itself).
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |s| {
+            s.inspect(|s| {
+                let _ = s.set_nodelay(true);
+            })
+        },
+    );
     let result = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))

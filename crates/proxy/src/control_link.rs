@@ -197,6 +197,7 @@ async fn session(
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
         .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .connect()
         .await?;
