@@ -111,6 +111,8 @@ pub async fn forward(
     let (result, outcome) = match sent {
         Ok(Ok((resp, lease))) => {
             record.forwarded = counted;
+            record.attempts = 1;
+            record.endpoint = std::sync::Arc::from(format!("peer:{}", target.address));
             let status = resp.status().as_u16().to_string();
             crate::request::activate::count(&state, "forwarded");
             span(&state, record, target, started, &status);
