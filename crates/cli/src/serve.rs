@@ -1,7 +1,7 @@
 //! `meshless proxy`, `control`, `up`, `backend`, `demo` and `fake-kube`:
 //! the commands that run servers until told to stop.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -279,6 +279,10 @@ struct Stack {
     proxy: ProxyConfig,
     #[serde(default)]
     backends: Vec<StackBackend>,
+    /// The proxy had no `control:` of its own: it dials this file's control
+    /// plane at the address that plane actually bound (port 0 allowed).
+    #[serde(skip)]
+    proxy_follows_plane: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -320,6 +324,7 @@ impl Stack {
             .validate()
             .map_err(|e| anyhow::anyhow!("{file}: {}", e.at("control")))?;
         if stack.proxy.control.is_none() {
+            stack.proxy_follows_plane = true;
             stack.proxy.control = Some(ControlLink::new(stack.control.grpc_address.to_string()));
         }
         stack
@@ -327,6 +332,20 @@ impl Stack {
             .validate()
             .map_err(|e| anyhow::anyhow!("{file}: {}", e.at("proxy")))?;
         Ok(stack)
+    }
+}
+
+/// Where a client on this machine reaches a server bound to `bound`: its
+/// port, and loopback when it bound every address (`0.0.0.0`, `::`).
+fn dial_address(bound: SocketAddr) -> SocketAddr {
+    match bound.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from((Ipv4Addr::LOCALHOST, bound.port()))
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::from((Ipv6Addr::LOCALHOST, bound.port()))
+        }
+        _ => bound,
     }
 }
 
@@ -349,13 +368,17 @@ pub fn up(args: UpArgs) -> Result<()> {
     }
     let Stack {
         control,
-        proxy,
+        mut proxy,
         backends: wanted,
+        proxy_follows_plane,
     } = stack;
     runtime(None)?.block_on(async {
         let backends = start_backends(&wanted).await?;
         let plane = ControlPlane::start(control).await?;
         let kube = crate::kubernetes::KubeSide::start(&plane).await?;
+        if proxy_follows_plane && let Some(link) = proxy.control.as_mut() {
+            link.address = dial_address(plane.grpc_addr()).to_string();
+        }
         let proxy = Proxy::start(proxy).await?;
         println!(
             "meshless up: control plane API http://{} (gRPC {}), proxy admin http://{}",

@@ -363,6 +363,34 @@ fn up_runs_control_plane_proxy_and_backends_from_one_file() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `meshless up` with the control plane on port 0: the proxy dials the
+/// port the plane bound, not port 0, and serves the file's endpoint.
+#[test]
+fn up_proxy_follows_a_control_plane_bound_to_port_zero() {
+    let dir = temp_dir("up-port-zero");
+    let [web, b1] = free_ports();
+    let stack = format!(
+        "control:\n  api_address: \"127.0.0.1:0\"\n  grpc_address: \"127.0.0.1:0\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\nproxy:\n  admin: {{ address: \"127.0.0.1:0\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",
+        b1.port()
+    );
+    let path = dir.join("stack.yaml");
+    std::fs::write(&path, stack).expect("write");
+    let child = meshless()
+        .args(["up", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn up");
+    let mut up = Running(child);
+    wait_until("the endpoint from the control plane", || {
+        http_get(web, "/").is_ok_and(|r| r.1 == "one\n")
+    });
+    signal(&up.0, "-TERM");
+    assert!(up.0.wait().expect("wait").success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The shipped examples stay valid.
 #[test]
 fn examples_are_valid() {

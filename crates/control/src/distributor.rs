@@ -56,6 +56,8 @@ pub struct Distributor {
     /// Per service: the node of the proxy that last asked for an instance.
     activation_nodes: Mutex<std::collections::HashMap<String, String>>,
     pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
+    /// Ahead-of-time placement of the services at zero.
+    pub placements: crate::placement::Placements,
     /// Random and non-zero, new on every start: versions are comparable
     /// only within one incarnation (a restarted plane may reuse them).
     pub(crate) incarnation: u64,
@@ -95,6 +97,7 @@ impl Distributor {
             activations: Mutex::new(std::collections::HashMap::new()),
             activation_nodes: Mutex::new(std::collections::HashMap::new()),
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
+            placements: crate::placement::Placements::default(),
             incarnation: new_incarnation(),
         }
     }
@@ -143,7 +146,13 @@ impl Distributor {
         Arc::clone(a.entry(service.to_owned()).or_default())
     }
 
-    pub(crate) fn record_load(&self, subscriber: u64, load: &v1::Load) {
+    /// Records the load report of `subscriber`, a proxy on `node`.
+    pub(crate) fn record_load(&self, subscriber: u64, node: &str, load: &v1::Load) {
+        for s in &load.services {
+            if s.in_flight > 0 || s.queued > 0 {
+                self.placements.record_activity(&s.service, node);
+            }
+        }
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
         for s in &load.services {
             loads
@@ -154,6 +163,7 @@ impl Distributor {
     }
 
     pub(crate) fn forget_subscriber(&self, subscriber: u64) {
+        self.placements.leave(subscriber);
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
         for per in loads.values_mut() {
             per.remove(&subscriber);
@@ -372,9 +382,9 @@ mod tests {
                 queued,
             }],
         };
-        d.record_load(1, &load(3, 1));
-        d.record_load(2, &load(4, 0));
-        d.record_load(1, &load(5, 2));
+        d.record_load(1, "n1", &load(3, 1));
+        d.record_load(2, "n2", &load(4, 0));
+        d.record_load(1, "n1", &load(5, 2));
         assert_eq!(d.load("ns/a"), (9, 2), "the latest report per subscriber");
         d.forget_subscriber(1);
         assert_eq!(d.load("ns/a"), (4, 0));

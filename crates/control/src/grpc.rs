@@ -1,9 +1,10 @@
 //! The distribution stream's gRPC side: the server with its bearer-token
 //! interceptor, and one task per subscriber that sends a snapshot (or a
 //! replay from its resume version), then deltas from the shared broadcast
-//! ring and heartbeats, and reads its load reports and activations.
+//! ring, heartbeats and the placements of the services at zero, and reads
+//! its load reports and activations.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::distributor::Distributor;
+use crate::placement::Peer;
 use crate::state::PlaneState;
 
 /// How often an idle stream carries a heartbeat.
@@ -51,7 +53,17 @@ pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watc
             Err(Status::unauthenticated(crate::state::UNAUTHENTICATED))
         }
     });
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Deltas are small writes that must leave at once: no Nagle delay
+    // behind an unacknowledged segment (tonic sets TCP_NODELAY only on
+    // sockets it accepts itself).
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |s| {
+            s.inspect(|s| {
+                let _ = s.set_nodelay(true);
+            })
+        },
+    );
     let result = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -150,6 +162,7 @@ async fn serve_subscriber(
     if *closing.borrow() {
         return Ok(());
     }
+    d.placements.join(id, &hello.node, &hello.peer_address);
     let mut watched: BTreeSet<String> = hello.services.into_iter().collect();
     // Subscribe before reading state, so no delta falls between the two.
     let mut rx = d.tx.subscribe();
@@ -179,6 +192,8 @@ async fn serve_subscriber(
             v
         }
     };
+    let mut placed = PlacementsSent::new(d);
+    placed.send_changes(d, &out, &watched).await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
     loop {
@@ -208,10 +223,11 @@ async fn serve_subscriber(
                     let added: Vec<String> = next.difference(&watched).cloned().collect();
                     watched = next;
                     send_resets(d, &out, &added).await?;
+                    placed.send_changes(d, &out, &watched).await?;
                 }
                 Ok(Some(ClientMessage { msg: Some(client_message::Msg::Ack(_)) })) => {}
                 Ok(Some(ClientMessage { msg: Some(client_message::Msg::Load(load)) })) => {
-                    d.record_load(id, &load);
+                    d.record_load(id, &hello.node, &load);
                 }
                 Ok(Some(ClientMessage { msg: Some(client_message::Msg::Activate(a)) })) => {
                     // Node-local activation: the node that holds the request.
@@ -222,6 +238,9 @@ async fn serve_subscriber(
                 Ok(None) => return Ok(()),
                 Err(s) => return Err(StreamEnd::Inbound(s)),
             },
+            Ok(()) = placed.changed.changed() => {
+                placed.send_changes(d, &out, &watched).await?;
+            }
             _ = closing.changed() => return Ok(()),
             _ = heartbeat.tick() => {
                 let hb = ServerMessage {
@@ -230,5 +249,65 @@ async fn serve_subscriber(
                 send(d, &out, hb, 0).await?;
             }
         }
+    }
+}
+
+/// What one subscriber was last told of the placements of the services it
+/// watches; it is sent what differs (an empty node: withdrawn).
+struct PlacementsSent {
+    changed: watch::Receiver<u64>,
+    sent: BTreeMap<String, Peer>,
+}
+
+impl PlacementsSent {
+    fn new(d: &Distributor) -> Self {
+        Self {
+            changed: d.placements.changed(),
+            sent: BTreeMap::new(),
+        }
+    }
+
+    async fn send_changes(
+        &mut self,
+        d: &Distributor,
+        out: &mpsc::Sender<Result<ServerMessage, Status>>,
+        watched: &BTreeSet<String>,
+    ) -> Result<(), StreamEnd> {
+        self.changed.mark_unchanged();
+        let mut now = d.placements.current();
+        now.retain(|s, _| watched.contains(s));
+        let withdrawn: Vec<String> = self
+            .sent
+            .keys()
+            .filter(|s| !now.contains_key(*s))
+            .cloned()
+            .collect();
+        for service in withdrawn {
+            self.sent.remove(&service);
+            let gone = v1::Placement {
+                service,
+                ..Default::default()
+            };
+            send(d, out, placement_msg(gone), 0).await?;
+        }
+        for (service, peer) in now {
+            if self.sent.get(&service) == Some(&peer) {
+                continue;
+            }
+            let msg = v1::Placement {
+                service: service.clone(),
+                node: peer.node.clone(),
+                address: peer.address.clone(),
+            };
+            self.sent.insert(service, peer);
+            send(d, out, placement_msg(msg), 0).await?;
+        }
+        Ok(())
+    }
+}
+
+fn placement_msg(p: v1::Placement) -> ServerMessage {
+    ServerMessage {
+        msg: Some(server_message::Msg::Placement(p)),
     }
 }

@@ -13,6 +13,7 @@ pub mod http;
 pub mod kubernetes;
 pub mod metrics;
 pub mod notify;
+pub mod placement;
 pub mod plane;
 pub mod process_scaler;
 pub mod reconciler;

@@ -331,7 +331,12 @@ pub async fn run(
                 }
             }
         }
+        // Ahead-of-time placement: a node is chosen for the next instance
+        // while there is none.
+        let at_zero = instances.is_empty() && registered(&state, &service) == 0;
+        state.distributor.placements.set_at_zero(&service, at_zero);
     }
+    state.distributor.placements.set_at_zero(&service, false);
     for m in instances {
         let _ = m.stop.send(true);
     }

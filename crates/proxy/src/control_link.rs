@@ -77,7 +77,13 @@ fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
     for c in snap.clusters.values() {
         if let Some(s) = &c.config.service {
             let e = per.entry(s.as_str()).or_default();
-            e.0 += c.counters.active_requests.load(Ordering::Relaxed);
+            // Forwarded requests are the chosen node's proxy's load.
+            let forwarded = c.counters.forwarded.load(Ordering::Relaxed);
+            e.0 += c
+                .counters
+                .active_requests
+                .load(Ordering::Relaxed)
+                .saturating_sub(forwarded);
             e.1 += c.counters.queued.load(Ordering::Relaxed);
         }
     }
@@ -191,6 +197,7 @@ async fn session(
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
         .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .connect()
         .await?;
@@ -213,11 +220,18 @@ async fn session(
             services,
             resume_version: resume.version,
             resume_incarnation: resume.incarnation,
+            peer_address: state
+                .peer_address
+                .get()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
         })),
     };
     tx.send(hello).await?;
     let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
     tracing::info!(control = %uri, resume_version = resume.version, "control plane stream open");
+    // This stream sends the placements that hold now.
+    state.placements.clear();
     // Measured from the last message received, not from the last turn of
     // the loop: the load report wakes the loop every second.
     let silence = tokio::time::sleep(SILENCE);
@@ -269,6 +283,9 @@ async fn session(
                         // may be younger, or older with other changes, and
                         // versions of another incarnation say nothing.
                         *resume = Resume { version: done.version, incarnation: done.incarnation };
+                    }
+                    Some(server_message::Msg::Placement(p)) => {
+                        state.placements.set(&p.service, &p.node, &p.address);
                     }
                     Some(server_message::Msg::Heartbeat(_)) | None => {}
                 }

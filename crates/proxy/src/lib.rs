@@ -16,6 +16,7 @@ pub mod limits;
 pub mod listener;
 pub mod merge_window;
 pub mod metrics;
+pub mod placement;
 pub mod protocol;
 pub mod proxy;
 pub mod proxy_protocol;

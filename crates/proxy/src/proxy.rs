@@ -115,6 +115,8 @@ impl Proxy {
             activation_errors: std::sync::Mutex::new(Default::default()),
             probing: Default::default(),
             tracer,
+            placements: Default::default(),
+            peer_address: Default::default(),
         });
         let tls = prepare_tls(&listener_configs, &HashMap::new())?;
         let mut listeners = HashMap::new();
@@ -149,6 +151,13 @@ impl Proxy {
             tokio::spawn(crate::health::run(Arc::clone(&state), stopped.clone())),
         ];
         if let Some(link) = control {
+            let peer = link.peer_listener.as_ref().and_then(|name| {
+                let bound = listeners.get(name).map(|h| h.local_addr);
+                link.peer_address.or(bound)
+            });
+            if let Some(addr) = peer {
+                let _ = state.peer_address.set(addr);
+            }
             let token = match &link.token_file {
                 Some(p) => Some(
                     std::fs::read_to_string(p)

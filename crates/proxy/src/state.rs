@@ -33,6 +33,11 @@ pub struct ProxyState {
     pub probing: Probing,
     /// The span exporter, when `tracing:` is set (fixed at start).
     pub tracer: Option<meshless_trace::Tracer>,
+    /// Ahead-of-time placements of services at zero, from the control plane.
+    pub placements: crate::placement::Placements,
+    /// Where this proxy takes forwarded requests (`control.peer_listener`),
+    /// set once its listener is bound.
+    pub peer_address: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl ProxyState {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use meshless_model::FieldError;
 use meshless_model::serde_duration as duration;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,17 @@ pub struct ControlLink {
     /// once. `0s` rebuilds on every delta.
     #[serde(default = "default_update_merge_window", with = "duration")]
     pub update_merge_window: Duration,
+    /// Ahead-of-time placement: the (plain `http`) listener where this
+    /// proxy takes requests forwarded by the proxies of other nodes for a
+    /// service at zero placed on its node. Absent: it takes none (it still
+    /// forwards to the proxies that do).
+    #[serde(default)]
+    pub peer_listener: Option<String>,
+    /// The address other proxies reach `peer_listener` at, `IP:port`.
+    /// Absent: the address the listener bound (required when that is
+    /// `0.0.0.0` or `::`).
+    #[serde(default)]
+    pub peer_address: Option<std::net::SocketAddr>,
 }
 
 impl ControlLink {
@@ -36,6 +48,42 @@ impl ControlLink {
             address: address.into(),
             token_file: None,
             update_merge_window: default_update_merge_window(),
+            peer_listener: None,
+            peer_address: None,
         }
+    }
+
+    /// Checks `peer_listener` names a plain HTTP listener of `listeners`,
+    /// and that other proxies can be told where it is.
+    pub fn validate_peer(&self, listeners: &[super::ListenerConfig]) -> Result<(), FieldError> {
+        let Some(name) = &self.peer_listener else {
+            if self.peer_address.is_some() {
+                return Err(FieldError::new(
+                    "control.peer_address",
+                    "needs control.peer_listener",
+                ));
+            }
+            return Ok(());
+        };
+        let at = "control.peer_listener";
+        let Some(l) = listeners.iter().find(|l| &l.name == name) else {
+            return Err(FieldError::new(at, format!("no listener named {name:?}")));
+        };
+        if l.protocol != crate::protocol::ListenerProtocol::Http || l.tls.is_some() {
+            return Err(FieldError::new(
+                at,
+                "must be a plain `http` listener (no tls): peers forward cleartext HTTP",
+            ));
+        }
+        if self.peer_address.is_none() && l.address.ip().is_unspecified() {
+            return Err(FieldError::new(
+                "control.peer_address",
+                format!(
+                    "required: listener {name:?} binds {}, which other proxies cannot dial",
+                    l.address
+                ),
+            ));
+        }
+        Ok(())
     }
 }

@@ -304,6 +304,9 @@ impl ProxyConfig {
                 crate::limits::validate_upgrades(&r.upgrades).at(&route)?;
             }
         }
+        if let Some(link) = &self.control {
+            link.validate_peer(&self.listeners)?;
+        }
         let mut cluster_names = HashSet::new();
         for (i, c) in self.clusters.iter().enumerate() {
             let at = format!("clusters[{i}]");
@@ -424,6 +427,32 @@ clusters:
         ProxyConfig::parse(text, "proxy.yaml")
             .expect_err("invalid")
             .to_string()
+    }
+
+    #[test]
+    fn a_peer_listener_must_be_a_plain_http_listener_other_proxies_can_dial() {
+        let with =
+            |control: &str| format!("control: {{ address: \"127.0.0.1:9401\"{control} }}\n{GOOD}");
+        let ok = ProxyConfig::parse(&with(", peer_listener: web"), "proxy.yaml").expect("valid");
+        assert_eq!(ok.control.and_then(|c| c.peer_listener), Some("web".into()));
+        let e = invalid(&with(", peer_listener: nope"));
+        assert!(
+            e.contains("control.peer_listener: no listener named"),
+            "{e}"
+        );
+        let e = invalid(&with(", peer_address: \"10.0.0.1:80\""));
+        assert!(
+            e.contains("control.peer_address: needs control.peer_listener"),
+            "{e}"
+        );
+        let any = with(", peer_listener: web").replace("127.0.0.1:8080", "0.0.0.0:8080");
+        let e = invalid(&any);
+        assert!(e.contains("control.peer_address: required"), "{e}");
+        let named = any.replace(
+            "peer_listener: web",
+            "peer_listener: web, peer_address: \"10.0.0.1:8080\"",
+        );
+        ProxyConfig::parse(&named, "proxy.yaml").expect("an address to announce");
     }
 
     #[test]

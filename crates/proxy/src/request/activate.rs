@@ -114,7 +114,7 @@ async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
     )
 }
 
-fn count(state: &ProxyState, result: &'static str) {
+pub(crate) fn count(state: &ProxyState, result: &'static str) {
     state
         .metrics
         .activations
@@ -225,6 +225,13 @@ pub async fn hold(
     let mut probed = false;
     let mut backoff = ProbeBackoff::new(act.probe_interval);
     loop {
+        // Registered before the checks below: a change that lands between
+        // them and the wait still wakes this request (`notify_waiters`
+        // wakes only registered waiters; a change missed here would wait
+        // for the probe backoff, up to `probe_interval`).
+        let changed = state.endpoints_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
             && has_capacity(c, act.container_concurrency)
@@ -273,8 +280,8 @@ pub async fn hold(
         }
         let remaining = act.queue_timeout.saturating_sub(held.elapsed());
         tokio::select! {
-            _ = state.endpoints_changed.notified() => {}
-            _ = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
+            () = &mut changed => {}
+            () = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
         }
     }
 }

@@ -23,6 +23,8 @@ pub enum Gauge {
     Retries,
     /// `queued`: held for activation (`max_queued`).
     Queued,
+    /// `forwarded`: sent to a peer proxy, until the response body ends.
+    Forwarded,
 }
 
 impl Gauge {
@@ -32,6 +34,7 @@ impl Gauge {
             Gauge::Pending => &c.pending,
             Gauge::Retries => &c.active_retries,
             Gauge::Queued => &c.queued,
+            Gauge::Forwarded => &c.forwarded,
         }
     }
 }

@@ -68,6 +68,9 @@ pub struct Completion {
     /// The upstream connection, until the response body ends (then it
     /// goes back to its pool).
     pub upstream: Option<Lease>,
+    /// Counted as forwarded to a peer proxy (ahead-of-time placement),
+    /// until the response body ends.
+    pub forwarded: Option<Slot>,
     /// Set when the client's request body failed.
     pub fault: ClientFault,
     /// The client's IP address, for the access log.
@@ -103,6 +106,7 @@ impl Completion {
             guard: None,
             active: None,
             upstream: None,
+            forwarded: None,
             fault: ClientFault::default(),
             client: None,
             end: End::Aborted,

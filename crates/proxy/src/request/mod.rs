@@ -24,6 +24,7 @@ pub mod downstream;
 pub mod grpc;
 pub mod headers;
 pub mod path;
+pub mod peer;
 pub mod replay;
 pub mod respond;
 pub mod route;
@@ -179,7 +180,7 @@ pub async fn handle(
     let sent = Box::pin(exchange.forward(&routed, body, upstream_headers, &mut record)).await;
     Ok(match sent {
         Ok((resp, guard, lease)) => {
-            record.guard = Some(guard);
+            record.guard = guard;
             record.upstream = Some(lease);
             respond::proxied(resp, upgrade, record, &downstream)
         }
@@ -217,14 +218,15 @@ struct Exchange<'a> {
 
 impl Exchange<'_> {
     /// Activation, attempts and retries, until a response to stream or a
-    /// local reply. Returns the response with its endpoint's guard.
+    /// local reply. Returns the response with its endpoint's guard (none
+    /// when a peer proxy answered: the endpoint is its).
     async fn forward(
         &self,
         routed: &route::Routed,
         body: Incoming,
         headers: http::HeaderMap,
         record: &mut Completion,
-    ) -> Result<(Response<Incoming>, InFlight, Lease), LocalReply> {
+    ) -> Result<(Response<Incoming>, Option<InFlight>, Lease), LocalReply> {
         let mut headers = Some(headers);
         let base = &routed.cluster;
         let node = &self.snapshot.config.node;
@@ -241,6 +243,7 @@ impl Exchange<'_> {
         let mut held: Option<Instant> = None;
         let mut released: Option<Instant> = None;
         let mut retry: Option<Slot> = None;
+        let mut peer_tried = false;
         loop {
             let picked = policy.pick(&cluster, &ctx);
             if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
@@ -249,6 +252,20 @@ impl Exchange<'_> {
                     ctx.key = None;
                 }
                 drop(picked);
+                if !std::mem::replace(&mut peer_tried, true)
+                    && let Some(h) = headers.as_ref()
+                    && let Some(target) = peer::target(self.state, base, h, node.name.as_deref())
+                {
+                    let limit = self.peer_limit(base);
+                    let h = h.clone();
+                    match peer::forward(base, &target, self.parts, h, &mut next, limit, record)
+                        .await
+                    {
+                        peer::Forwarded::Answered(resp, lease) => return Ok((resp, None, lease)),
+                        peer::Forwarded::Failed(reply) => return Err(reply),
+                        peer::Forwarded::Unreachable => {}
+                    }
+                }
                 cluster = activate::hold(self.state, base, &record.trace).await?;
                 held.get_or_insert(record.started);
                 released = Some(Instant::now());
@@ -292,7 +309,7 @@ impl Exchange<'_> {
                                 resp.status().as_u16(),
                             );
                         }
-                        return Ok((resp, guard, lease));
+                        return Ok((resp, Some(guard), lease));
                     }
                     guard.finish(status);
                 }
@@ -310,6 +327,19 @@ impl Exchange<'_> {
                 }
             }
         }
+    }
+
+    /// How long a request forwarded to a peer proxy may wait for its
+    /// response headers: that proxy's hold (`activation.queue_timeout`),
+    /// then the request (`timeouts.request`).
+    fn peer_limit(&self, cluster: &UpstreamCluster) -> std::time::Duration {
+        let hold = cluster
+            .config
+            .activation
+            .as_ref()
+            .map(|a| a.queue_timeout)
+            .unwrap_or_default();
+        hold + cluster.config.timeouts.request
     }
 
     /// A retry's body and retry-budget slot: no slot when the body can no

@@ -42,6 +42,9 @@ pub struct ClusterCounters {
     pub active_retries: AtomicU64,
     /// Requests held waiting for an instance (activation).
     pub queued: AtomicU64,
+    /// Of `active_requests`, those forwarded to the chosen node's proxy
+    /// (ahead-of-time placement): that proxy reports them as its load.
+    pub forwarded: AtomicU64,
 }
 
 /// Settings that require a new pool when they change.

@@ -233,10 +233,21 @@ impl EndpointPool {
     /// again on the next one, as hyper-util's pool does.
     pub async fn send(
         self: &Arc<Self>,
-        mut req: Request<UpstreamBody>,
+        req: Request<UpstreamBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
+        self.send_once_connected(|| req).await
+    }
+
+    /// As [`EndpointPool::send`], the request made by `make` only once a
+    /// connection is there: when none can be had, `make` is never called
+    /// (a body it would take stays with the caller).
+    pub async fn send_once_connected(
+        self: &Arc<Self>,
+        make: impl FnOnce() -> Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, Lease), SendError> {
+        let (mut lease, mut fresh) = self.checkout().await.map_err(SendError::Connect)?;
+        let mut req = make();
         loop {
-            let (mut lease, fresh) = self.checkout().await.map_err(SendError::Connect)?;
             match lease.send(req).await {
                 Ok(resp) => return Ok((resp, lease)),
                 Err(mut e) => {
@@ -247,6 +258,7 @@ impl EndpointPool {
                     }
                 }
             }
+            (lease, fresh) = self.checkout().await.map_err(SendError::Connect)?;
         }
     }
 

@@ -1,0 +1,286 @@
+//! Ahead-of-time placement: for an autoscaled service at zero instances,
+//! the node where its next instance will start, chosen before the first
+//! request and announced to every proxy, so the proxies on other nodes
+//! forward that service's first requests to the chosen node's proxy and
+//! the activation is local there.
+//!
+//! Rule ([`choose`], pure): the node of the proxy that last reported
+//! requests for the service, if that proxy is still connected and announced
+//! a peer address; else the node with the highest rendezvous hash
+//! (`xxh3(service, node)`) among the connected proxies that announced one.
+//! A choice is kept while the service stays at zero and its node has a
+//! connected proxy: proxies joining do not move it; it is dropped when the
+//! service gets an instance, and made again when the node's last proxy
+//! leaves.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+/// A proxy that takes forwarded requests: its node and its peer address
+/// (`host:port` of the listener other proxies forward to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub node: String,
+    pub address: String,
+}
+
+/// The node for `service`'s next instance among `nodes` (node -> peer
+/// address): `last_active` when it is among them, else the highest
+/// `xxh3(service \0 node)`. `None` when `nodes` is empty.
+pub fn choose(
+    service: &str,
+    last_active: Option<&str>,
+    nodes: &BTreeMap<String, String>,
+) -> Option<Peer> {
+    let node = match last_active.filter(|n| nodes.contains_key(*n)) {
+        Some(n) => n,
+        None => nodes
+            .keys()
+            .max_by_key(|n| rendezvous(service, n))?
+            .as_str(),
+    };
+    nodes.get(node).map(|address| Peer {
+        node: node.to_owned(),
+        address: address.clone(),
+    })
+}
+
+/// The rendezvous (highest random weight) score of `node` for `service`;
+/// the node name breaks the (unlikely) tie so the choice is total.
+fn rendezvous<'a>(service: &str, node: &'a str) -> (u64, &'a str) {
+    let mut key = Vec::with_capacity(service.len() + node.len() + 1);
+    key.extend_from_slice(service.as_bytes());
+    key.push(0);
+    key.extend_from_slice(node.as_bytes());
+    (xxhash_rust::xxh3::xxh3_64(&key), node)
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Connected proxies that announced a peer address, by subscriber id.
+    peers: HashMap<u64, Peer>,
+    /// Autoscaled services at zero instances now.
+    at_zero: BTreeSet<String>,
+    /// Per service: the node of the proxy that last reported requests.
+    last_active: HashMap<String, String>,
+    /// The current choice per service at zero.
+    chosen: BTreeMap<String, Peer>,
+}
+
+impl Inner {
+    /// Node -> peer address of the connected proxies (the lowest
+    /// subscriber id's address when a node has several proxies).
+    fn nodes(&self) -> BTreeMap<String, String> {
+        let mut ids: Vec<(&u64, &Peer)> = self.peers.iter().collect();
+        ids.sort_by_key(|(id, _)| **id);
+        let mut nodes = BTreeMap::new();
+        for (_, p) in ids {
+            nodes
+                .entry(p.node.clone())
+                .or_insert_with(|| p.address.clone());
+        }
+        nodes
+    }
+
+    /// Drops choices that no longer hold and makes the missing ones; true
+    /// if anything changed.
+    fn settle(&mut self) -> bool {
+        let nodes = self.nodes();
+        let before = self.chosen.clone();
+        let at_zero = &self.at_zero;
+        self.chosen
+            .retain(|s, p| at_zero.contains(s) && nodes.get(&p.node) == Some(&p.address));
+        for service in &self.at_zero {
+            if !self.chosen.contains_key(service) {
+                let last = self.last_active.get(service).map(String::as_str);
+                if let Some(p) = choose(service, last, &nodes) {
+                    self.chosen.insert(service.clone(), p);
+                }
+            }
+        }
+        self.chosen != before
+    }
+}
+
+/// The placements of the services at zero, and who takes forwarded
+/// requests. Subscribers watch [`Placements::changed`] and send what
+/// differs from what they sent.
+#[derive(Debug)]
+pub struct Placements {
+    inner: Mutex<Inner>,
+    /// Bumped on every change of the choices.
+    generation: watch::Sender<u64>,
+}
+
+impl Default for Placements {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            generation: watch::channel(0).0,
+        }
+    }
+}
+
+impl Placements {
+    fn update(&self, f: impl FnOnce(&mut Inner) -> bool) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let touched = f(&mut inner);
+        if touched && inner.settle() {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// A proxy connected on `node`, taking forwarded requests at `address`
+    /// (either empty: it takes none).
+    pub fn join(&self, subscriber: u64, node: &str, address: &str) {
+        if node.is_empty() || address.is_empty() {
+            return;
+        }
+        let peer = Peer {
+            node: node.to_owned(),
+            address: address.to_owned(),
+        };
+        self.update(|i| i.peers.insert(subscriber, peer).is_none());
+    }
+
+    /// A proxy's stream ended.
+    pub fn leave(&self, subscriber: u64) {
+        self.update(|i| i.peers.remove(&subscriber).is_some());
+    }
+
+    /// The proxy on `node` reported requests for `service`.
+    pub fn record_activity(&self, service: &str, node: &str) {
+        if node.is_empty() {
+            return;
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if inner.last_active.get(service).map(String::as_str) != Some(node) {
+            inner
+                .last_active
+                .insert(service.to_owned(), node.to_owned());
+        }
+    }
+
+    /// Whether `service` has no instance now (its scaling loop says).
+    pub fn set_at_zero(&self, service: &str, at_zero: bool) {
+        self.update(|i| {
+            if at_zero {
+                i.at_zero.insert(service.to_owned())
+            } else {
+                i.at_zero.remove(service)
+            }
+        });
+    }
+
+    /// The current choices.
+    pub fn current(&self) -> BTreeMap<String, Peer> {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .chosen
+            .clone()
+    }
+
+    /// Changes whenever the choices change.
+    pub fn changed(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn nodes(names: &[String]) -> BTreeMap<String, String> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), format!("10.0.0.{i}:80")))
+            .collect()
+    }
+
+    fn names() -> impl Strategy<Value = Vec<String>> {
+        proptest::collection::btree_set("[a-z]{1,6}", 1..8).prop_map(|s| s.into_iter().collect())
+    }
+
+    proptest! {
+        /// The choice is one of the nodes, and the same for any order of
+        /// the same nodes (a set, not a list).
+        #[test]
+        fn the_choice_is_a_known_node(service in "[a-z]{1,8}/[a-z]{1,8}", ns in names()) {
+            let set = nodes(&ns);
+            let p = choose(&service, None, &set).expect("a node");
+            prop_assert_eq!(set.get(&p.node), Some(&p.address));
+        }
+
+        /// Rendezvous stability: removing a node that was not chosen keeps
+        /// the choice; adding a node either keeps it or picks the new node.
+        #[test]
+        fn only_the_changed_node_moves_the_choice(
+            service in "[a-z]{1,8}/[a-z]{1,8}",
+            ns in names(),
+            extra in "[A-Z]{1,6}",
+        ) {
+            let set = nodes(&ns);
+            let first = choose(&service, None, &set).expect("a node").node;
+            let mut grown = set.clone();
+            grown.insert(extra.clone(), "10.1.0.1:80".into());
+            let after = choose(&service, None, &grown).expect("a node").node;
+            prop_assert!(after == first || after == extra);
+            for gone in ns.iter().filter(|n| **n != first) {
+                let mut shrunk = set.clone();
+                shrunk.remove(gone);
+                prop_assert_eq!(&choose(&service, None, &shrunk).expect("a node").node, &first);
+            }
+        }
+
+        /// The node that last had requests wins while it is connected.
+        #[test]
+        fn the_last_active_node_wins(service in "[a-z]{1,8}", ns in names(), pick in any::<prop::sample::Index>()) {
+            let set = nodes(&ns);
+            let active = &ns[pick.index(ns.len())];
+            prop_assert_eq!(&choose(&service, Some(active), &set).expect("a node").node, active);
+            prop_assert!(choose(&service, Some("not-connected"), &set).is_some());
+        }
+    }
+
+    #[test]
+    fn no_nodes_no_choice() {
+        assert_eq!(choose("ns/a", Some("x"), &BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn a_choice_is_kept_until_the_service_scales_or_its_node_leaves() {
+        let p = Placements::default();
+        let mut changed = p.changed();
+        p.set_at_zero("ns/a", true);
+        assert!(p.current().is_empty(), "no proxy yet: no choice");
+        p.join(1, "n1", "10.0.0.1:80");
+        assert_eq!(p.current()["ns/a"].node, "n1");
+        assert!(changed.has_changed().expect("open"));
+        changed.mark_unchanged();
+        // Another proxy joins and reports requests: the choice stays.
+        p.join(2, "n2", "10.0.0.2:80");
+        p.record_activity("ns/a", "n2");
+        assert_eq!(p.current()["ns/a"].node, "n1");
+        assert!(!changed.has_changed().expect("open"));
+        // The chosen node leaves: the node with the last requests takes it.
+        p.leave(1);
+        assert_eq!(p.current()["ns/a"].node, "n2");
+        // An instance starts: no placement; back at zero, chosen again.
+        p.set_at_zero("ns/a", false);
+        assert!(p.current().is_empty());
+        p.join(3, "n1", "10.0.0.1:80");
+        p.record_activity("ns/a", "n1");
+        p.set_at_zero("ns/a", true);
+        assert_eq!(p.current()["ns/a"].node, "n1", "the last active node");
+        // A proxy without a peer address takes no forwarded requests.
+        p.leave(2);
+        p.leave(3);
+        p.join(4, "n4", "");
+        assert!(p.current().is_empty());
+    }
+}

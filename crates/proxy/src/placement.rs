@@ -1,0 +1,166 @@
+//! Ahead-of-time placement, the proxy's side: per service at zero, the node
+//! the control plane chose for its next instance and that node's proxy (as
+//! received on the stream), with one connection pool to those proxies.
+//! A request this proxy would hold for such a service is forwarded there
+//! instead when the chosen node is not this proxy's (see
+//! `request/peer.rs`), so the instance starts on the chosen node.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use http::HeaderName;
+
+use crate::config::UpstreamProtocol;
+use crate::upstream::{ClusterCounters, EndpointPool, Pool, Settings};
+
+/// Set on a request forwarded to a peer proxy, to this proxy's node name:
+/// a request carrying it is never forwarded again (one hop only).
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-meshless-forwarded-by");
+
+/// Connections to peer proxies open at once, at most.
+const MAX_PEER_CONNECTIONS: u32 = 1024;
+/// TCP connect to a peer proxy: past this, the request is held locally.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The chosen node's proxy for one service.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub node: String,
+    pub address: SocketAddr,
+    /// Connections to it (kept while a placement or a request holds it).
+    pub pool: Arc<EndpointPool>,
+}
+
+/// The placements received, by service.
+#[derive(Debug)]
+pub struct Placements {
+    pool: Pool,
+    by_service: Mutex<HashMap<String, Target>>,
+}
+
+impl Default for Placements {
+    fn default() -> Self {
+        let counters = Arc::new(ClusterCounters::default());
+        counters
+            .max_connections
+            .store(MAX_PEER_CONNECTIONS, Ordering::Relaxed);
+        let settings = Settings {
+            protocol: UpstreamProtocol::Http1,
+            connect: PEER_CONNECT_TIMEOUT,
+            idle: Duration::from_secs(60),
+            max_idle: 16,
+            preconnect_milli: 1000,
+            tls: None,
+        };
+        Self {
+            pool: Pool::new(settings, counters),
+            by_service: Mutex::default(),
+        }
+    }
+}
+
+impl Placements {
+    /// `service` is placed on `node`, whose proxy is at `address`; an empty
+    /// node (or an address that does not parse) withdraws it.
+    pub fn set(&self, service: &str, node: &str, address: &str) {
+        let mut map = self
+            .by_service
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let parsed = address.parse::<SocketAddr>();
+        match parsed {
+            Ok(address) if !node.is_empty() => {
+                let kept = map
+                    .get(service)
+                    .filter(|t| t.address == address)
+                    .map(|t| Arc::clone(&t.pool));
+                let Some(pool) = kept.or_else(|| self.pool.endpoints(&[address]).pop()) else {
+                    return;
+                };
+                let target = Target {
+                    node: node.to_owned(),
+                    address,
+                    pool,
+                };
+                map.insert(service.to_owned(), target);
+            }
+            Err(e) if !node.is_empty() => {
+                tracing::warn!(service, node, address, error = %e, "placement skipped: bad peer address");
+                map.remove(service);
+            }
+            _ => {
+                map.remove(service);
+            }
+        }
+    }
+
+    /// Forgets every placement (a new stream sends the current ones).
+    pub fn clear(&self) {
+        self.by_service
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Where to forward `service`'s held requests from a proxy on
+    /// `own_node` (at `own_address`, if it takes forwarded requests):
+    /// `None` when it is not placed, or placed on this proxy.
+    pub fn target(
+        &self,
+        service: &str,
+        own_node: Option<&str>,
+        own_address: Option<SocketAddr>,
+    ) -> Option<Target> {
+        let map = self
+            .by_service
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.get(service)
+            .filter(|t| own_node != Some(t.node.as_str()) && own_address != Some(t.address))
+            .cloned()
+    }
+
+    /// The placements now, as (service, node, address), sorted.
+    pub fn list(&self) -> Vec<(String, String, SocketAddr)> {
+        let map = self
+            .by_service
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut v: Vec<_> = map
+            .iter()
+            .map(|(s, t)| (s.clone(), t.node.clone(), t.address))
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_placement_on_this_node_or_address_is_not_a_target() {
+        let p = Placements::default();
+        p.set("ns/a", "n2", "127.0.0.1:9000");
+        p.set("ns/b", "n1", "127.0.0.1:9001");
+        let own: SocketAddr = "127.0.0.1:9001".parse().expect("addr");
+        assert_eq!(
+            p.target("ns/a", Some("n1"), Some(own)).map(|t| t.node),
+            Some("n2".into())
+        );
+        assert!(p.target("ns/b", Some("n1"), None).is_none(), "own node");
+        assert!(p.target("ns/b", None, Some(own)).is_none(), "own address");
+        assert!(p.target("ns/c", Some("n1"), None).is_none(), "not placed");
+        p.set("ns/a", "", "");
+        assert!(p.target("ns/a", Some("n1"), None).is_none(), "withdrawn");
+        p.set("ns/a", "n2", "not an address");
+        assert!(p.target("ns/a", Some("n1"), None).is_none(), "unusable");
+        assert_eq!(p.list().len(), 1);
+        p.clear();
+        assert!(p.list().is_empty());
+    }
+}

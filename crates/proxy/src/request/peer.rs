@@ -1,0 +1,168 @@
+//! Ahead-of-time placement on the request path: a request this proxy would
+//! hold for a service at zero that the control plane placed on another
+//! node goes to that node's proxy instead, which holds it and activates
+//! the service locally. One hop only: the forwarded request carries
+//! [`FORWARDED_BY`], and a request carrying it is never forwarded again.
+//!
+//! Fallback: when no connection to the chosen proxy can be had (it is
+//! gone, or unreachable within the connect timeout), nothing was sent, the
+//! body is untouched, and the request is held here as without placement:
+//! this proxy asks for the instance itself.
+
+use std::time::{Duration, Instant};
+
+use http::header::HOST;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::placement::{FORWARDED_BY, Target};
+use crate::request::admit::{Gauge, Slot};
+use crate::request::body::Completion;
+use crate::request::respond::LocalReply;
+use crate::snapshot::UpstreamCluster;
+use crate::state::ProxyState;
+use crate::upstream::{ConnectError, Lease, SendError, UpstreamBody};
+
+/// How a forwarded request ended.
+#[derive(Debug)]
+pub enum Forwarded {
+    /// The chosen proxy answered (whatever the status).
+    Answered(Response<Incoming>, Lease),
+    /// No connection: nothing was sent; hold the request here.
+    Unreachable,
+    /// Sent, then failed: the reply to give.
+    Failed(LocalReply),
+}
+
+/// The proxy to forward to instead of holding for `cluster`'s service: a
+/// placement on another node, and a request no proxy forwarded yet.
+pub fn target(
+    state: &ProxyState,
+    cluster: &UpstreamCluster,
+    headers: &HeaderMap,
+    node: Option<&str>,
+) -> Option<Target> {
+    cluster.config.activation.as_ref()?;
+    let service = cluster.config.service.as_deref()?;
+    if headers.contains_key(FORWARDED_BY) {
+        return None;
+    }
+    state
+        .placements
+        .target(service, node, state.peer_address.get().copied())
+}
+
+/// The request for the peer proxy: the downstream request's method, path
+/// and (already forwarded) headers, its host kept, marked as forwarded by
+/// `node`.
+fn build(
+    parts: &http::request::Parts,
+    mut headers: HeaderMap,
+    node: &str,
+    body: UpstreamBody,
+) -> Request<UpstreamBody> {
+    if !headers.contains_key(HOST)
+        && let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        headers.insert(HOST, host);
+    }
+    let marker = HeaderValue::from_str(node).unwrap_or_else(|_| HeaderValue::from_static("-"));
+    headers.insert(FORWARDED_BY, marker);
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |p| Uri::from(p.clone()));
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = path;
+    *req.headers_mut() = headers;
+    req
+}
+
+/// Sends the request to `target` and waits up to `limit` for its response
+/// headers. `body` is taken only once a connection is there.
+pub async fn forward(
+    cluster: &UpstreamCluster,
+    target: &Target,
+    parts: &http::request::Parts,
+    headers: HeaderMap,
+    body: &mut Option<UpstreamBody>,
+    limit: Duration,
+    record: &mut Completion,
+) -> Forwarded {
+    let state = std::sync::Arc::clone(&record.state);
+    let node = state.snapshot.load().config.node.name.clone();
+    let started = Instant::now();
+    // Counted by the chosen proxy, not in this proxy's load report.
+    let counted = Slot::acquire(&cluster.counters, Gauge::Forwarded, u64::MAX);
+    let exchange = target.pool.send_once_connected(|| {
+        let b = body.take().unwrap_or_else(|| {
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed()
+        });
+        build(parts, headers, node.as_deref().unwrap_or_default(), b)
+    });
+    let sent = tokio::time::timeout(limit, exchange).await;
+    let (result, outcome) = match sent {
+        Ok(Ok((resp, lease))) => {
+            record.forwarded = counted;
+            record.attempts = 1;
+            record.endpoint = std::sync::Arc::from(format!("peer:{}", target.address));
+            let status = resp.status().as_u16().to_string();
+            crate::request::activate::count(&state, "forwarded");
+            span(&state, record, target, started, &status);
+            return Forwarded::Answered(resp, lease);
+        }
+        Ok(Err(SendError::Connect(ConnectError::Connect | ConnectError::Limit))) => {
+            (Forwarded::Unreachable, "unreachable")
+        }
+        Ok(Err(_)) if record.fault.is_set() => (
+            Forwarded::Failed(crate::request::attempt::Failure::ClientBody.reply()),
+            "client_error",
+        ),
+        Ok(Err(_)) => (
+            Forwarded::Failed(LocalReply::text(
+                StatusCode::BAD_GATEWAY,
+                "the chosen node's proxy failed\n",
+                "peer_failed",
+            )),
+            "failed",
+        ),
+        // Still connecting when the time ran out: nothing sent.
+        Err(_) if body.is_some() => (Forwarded::Unreachable, "unreachable"),
+        Err(_) => (
+            Forwarded::Failed(LocalReply::text(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the chosen node's proxy did not answer in time\n",
+                "peer_timeout",
+            )),
+            "timeout",
+        ),
+    };
+    if matches!(result, Forwarded::Unreachable) {
+        tracing::warn!(peer = %target.address, node = %target.node, "chosen node's proxy unreachable; activating here");
+    }
+    span(&state, record, target, started, outcome);
+    result
+}
+
+fn span(state: &ProxyState, record: &Completion, target: &Target, started: Instant, result: &str) {
+    let address = target.address.to_string();
+    let attributes = [
+        ("meshless.peer.node", target.node.as_str()),
+        ("meshless.peer.address", address.as_str()),
+        ("meshless.result", result),
+    ];
+    record.trace.child(
+        state,
+        "activation.forwarded",
+        started,
+        Instant::now(),
+        &attributes,
+    );
+}

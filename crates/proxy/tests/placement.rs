@@ -1,0 +1,195 @@
+//! Ahead-of-time placement through real sockets: one control plane with a
+//! service at zero (process scaler), two proxies on different nodes that
+//! take forwarded requests. The control plane places the service on one
+//! node before any request; a request to the other proxy is forwarded to
+//! the chosen node's proxy, which activates locally; with the chosen
+//! proxy unreachable, the other proxy activates itself.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::*;
+use http::StatusCode;
+use meshless_control::config::ControlConfig;
+use meshless_control::plane::ControlPlane;
+use meshless_proxy::Proxy;
+
+/// A control plane with `demo/lazy` at zero, one instance at most, each a
+/// Python HTTP server on `$PORT`.
+fn lazy_plane() -> ControlConfig {
+    let command = "[python3, -c, \"import http.server as h, os\\nh.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()\"]";
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 1\n      target_concurrency: 10\n      tick: 100ms\n      scaler:\n        process:\n          command: {command}\n          start_timeout: 20s\n          stop_grace: 2s\n"
+    );
+    ControlConfig::parse(&yaml, "control.yaml").expect("valid control config")
+}
+
+/// A proxy on `node` following `demo/lazy`; `peer` is the YAML of its
+/// peer settings inside `control:` (empty: it takes no forwarded requests).
+fn lazy_proxy(grpc: SocketAddr, node: &str, peer: &str) -> String {
+    format!(
+        "node: {{ name: {node} }}\nadmin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\"{peer} }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\nclusters:\n  - name: lazy\n    service: demo/lazy\n    activation: {{ queue_timeout: 20s }}\n"
+    )
+}
+
+/// Waits until `p` has a placement for `demo/lazy`; returns its node.
+async fn placed_node(p: &Proxy) -> String {
+    eventually("a placement for demo/lazy", || async {
+        !p.state().placements.list().is_empty()
+    })
+    .await;
+    p.state().placements.list()[0].1.clone()
+}
+
+/// The nodes of `demo/lazy`'s endpoints, from the registration API.
+async fn instance_nodes(api: SocketAddr) -> Vec<String> {
+    let (_, view) = api_call(
+        api,
+        http::Method::GET,
+        "/v1/services/demo/lazy",
+        serde_json::Value::Null,
+    )
+    .await;
+    view["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["node"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn activations(result: &str) -> String {
+    format!("meshless_proxy_activations_total{{result=\"{result}\"}}")
+}
+
+/// Two proxies that both take forwarded requests, on `node-a` and
+/// `node-b`; returns them as (chosen, other) with the other's listener.
+async fn two_proxies(grpc: SocketAddr) -> (Proxy, Proxy, SocketAddr) {
+    let peer = ", peer_listener: web";
+    let (a, _) = proxy(&lazy_proxy(grpc, "node-a", peer)).await;
+    let (b, addr_b) = proxy(&lazy_proxy(grpc, "node-b", peer)).await;
+    let chosen = placed_node(&a).await;
+    // Both proxies hear the same placement.
+    eventually("both proxies placed", || async {
+        b.state()
+            .placements
+            .list()
+            .first()
+            .is_some_and(|p| p.1 == chosen)
+    })
+    .await;
+    if chosen == "node-a" {
+        (a, b, addr_b)
+    } else {
+        let addr_a = a.listener_addr("web").await.expect("listener");
+        (b, a, addr_a)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_is_served_on_the_chosen_node_through_its_proxy() {
+    let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
+    let api = plane.api_addr();
+    let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
+    let chosen_node = chosen.state().snapshot.load().config.node.name.clone();
+    assert!(instance_nodes(api).await.is_empty(), "at zero");
+    let (status, _, body) = get(&client(), other_addr, "/", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The instance was started for the chosen node, by its proxy's hold.
+    assert_eq!(
+        instance_nodes(api).await,
+        vec![chosen_node.clone().expect("node")]
+    );
+    assert_eq!(proxy_metric(&chosen, &activations("sent")).await, 1.0);
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 1.0);
+    assert_eq!(
+        proxy_metric(&other, &activations("sent")).await,
+        0.0,
+        "the other proxy held nothing"
+    );
+    // The service has an instance: the placement is withdrawn.
+    eventually("the placement withdrawn", || async {
+        other.state().placements.list().is_empty()
+    })
+    .await;
+    chosen.shutdown().await;
+    other.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_already_forwarded_is_never_forwarded_again() {
+    let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
+    let api = plane.api_addr();
+    let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
+    let other_node = other.state().snapshot.load().config.node.name.clone();
+    let marked = [("x-meshless-forwarded-by", "node-z")];
+    let (status, _, body) = get(&client(), other_addr, "/", &marked).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Held where it arrived: the instance is the other node's.
+    assert_eq!(instance_nodes(api).await, vec![other_node.expect("node")]);
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 0.0);
+    assert_eq!(proxy_metric(&chosen, &activations("sent")).await, 0.0);
+    chosen.shutdown().await;
+    other.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_chosen_proxy_unreachable_the_other_proxy_activates_itself() {
+    let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
+    let api = plane.api_addr();
+    let grpc = plane.grpc_addr();
+    // The only proxy taking forwarded requests announces an address where
+    // nothing listens (bound, then closed): it is chosen, and unreachable.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let peer = format!(", peer_listener: web, peer_address: \"{dead}\"");
+    let (gone, _) = proxy(&lazy_proxy(grpc, "node-gone", &peer)).await;
+    let (here, addr) = proxy(&lazy_proxy(grpc, "node-here", "")).await;
+    assert_eq!(placed_node(&here).await, "node-gone");
+    let (status, _, body) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(instance_nodes(api).await, vec!["node-here".to_owned()]);
+    assert_eq!(proxy_metric(&here, &activations("sent")).await, 1.0);
+    assert_eq!(proxy_metric(&here, &activations("forwarded")).await, 0.0);
+    gone.shutdown().await;
+    here.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_chosen_node_leaves_the_service_is_placed_on_another() {
+    let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
+    let api = plane.api_addr();
+    let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
+    let other_node = other
+        .state()
+        .snapshot
+        .load()
+        .config
+        .node
+        .name
+        .clone()
+        .expect("node");
+    chosen.shutdown().await;
+    eventually("placed on the remaining node", || async {
+        other
+            .state()
+            .placements
+            .list()
+            .first()
+            .is_some_and(|p| p.1 == other_node)
+    })
+    .await;
+    // Placed on its own node: it holds and activates locally.
+    let (status, _, body) = get(&client(), other_addr, "/", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(instance_nodes(api).await, vec![other_node]);
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 0.0);
+    other.shutdown().await;
+    plane.shutdown().await;
+}
