@@ -110,6 +110,7 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
             services: vec!["bench/svc".into()],
             resume_version: 0,
             resume_incarnation: 0,
+            ..Default::default()
         })),
     })
     .await

@@ -22,6 +22,8 @@ pub struct ReadyLabels {
 pub struct ControlMetrics {
     pub registry: Registry,
     pub subscribers: Gauge,
+    /// Subsetted subscriptions held (one per stream and subsetted service).
+    pub subset_subscriptions: Gauge,
     pub deltas: Counter,
     pub bytes_sent: Counter,
     pub messages_sent: Counter,
@@ -59,6 +61,12 @@ impl ControlMetrics {
             "subscribers",
             "Proxies connected to the distribution stream",
             subscribers.clone(),
+        );
+        let subset_subscriptions = Gauge::default();
+        registry.register(
+            "subset_subscriptions",
+            "Subsetted subscriptions held (one per stream and subsetted service)",
+            subset_subscriptions.clone(),
         );
         let deltas = Counter::default();
         registry.register(
@@ -174,6 +182,7 @@ impl ControlMetrics {
             instance_start_failures,
             activation_to_spawn,
             subscribers,
+            subset_subscriptions,
             deltas,
             bytes_sent,
             messages_sent,

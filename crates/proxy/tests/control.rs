@@ -74,6 +74,7 @@ async fn subscribe(
             services: vec!["shop/cart".into()],
             resume_version: resume.0,
             resume_incarnation: resume.1,
+            ..Default::default()
         })),
     })
     .await

@@ -1,0 +1,319 @@
+//! One subscriber's stream task: a snapshot (or a replay from its resume
+//! version), then deltas from the shared broadcast ring and heartbeats,
+//! while it reads the subscriber's load reports, activations and changes
+//! of what it watches.
+//!
+//! A watched service is followed whole (the shared encoding of every
+//! delta) or, when the subscriber asked for a subset of it, through a
+//! [`SubsetLease`]: a reset of its members, then only the deltas of its
+//! subset key. Each service has a floor: deltas at or below it are already
+//! in what the subscriber was sent (its snapshot, replay or reset).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
+use tokio::sync::{broadcast, mpsc};
+use tonic::{Status, Streaming};
+
+use crate::distributor::{Distributor, EncodedDelta, SubsetLease};
+
+/// How often an idle stream carries a heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Why a subscriber's stream ended early.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StreamEnd {
+    #[error("subscriber went away")]
+    Gone,
+    #[error("inbound stream: {0}")]
+    Inbound(Status),
+}
+
+type Out = mpsc::Sender<Result<ServerMessage, Status>>;
+
+fn delta_msg(bytes: Bytes) -> ServerMessage {
+    ServerMessage {
+        msg: Some(server_message::Msg::Delta(bytes)),
+    }
+}
+
+/// The services a `Hello` or `Subscribe` asks for: every watched service,
+/// and the subset size of those asked as subsets (size 0: whole).
+fn requested(
+    services: Vec<String>,
+    subsets: Vec<v1::SubsetRequest>,
+) -> (BTreeSet<String>, BTreeMap<String, u32>) {
+    let mut watched: BTreeSet<String> = services.into_iter().collect();
+    let mut sizes = BTreeMap::new();
+    for s in subsets.into_iter().filter(|s| s.size > 0) {
+        watched.insert(s.service.clone());
+        sizes.insert(s.service, s.size);
+    }
+    (watched, sizes)
+}
+
+/// What one stream follows and has been sent.
+struct Follow<'a> {
+    d: &'a Distributor,
+    out: Out,
+    /// Who holds subset indices: the `Hello`'s subscriber, else its node,
+    /// else this stream.
+    identity: String,
+    watched: BTreeSet<String>,
+    /// Per service followed whole: its floor.
+    floors: BTreeMap<String, u64>,
+    /// Per service followed as a subset.
+    leases: BTreeMap<String, SubsetLease<'a>>,
+    /// The highest version sent (heartbeats carry it).
+    sent_up_to: u64,
+}
+
+impl<'a> Follow<'a> {
+    async fn send(&self, msg: ServerMessage, delta_bytes: usize) -> Result<(), StreamEnd> {
+        self.out.send(Ok(msg)).await.map_err(|_| StreamEnd::Gone)?;
+        self.d.metrics.messages_sent.inc();
+        self.d.metrics.bytes_sent.inc_by(delta_bytes as u64);
+        Ok(())
+    }
+
+    async fn send_delta(&self, bytes: Bytes) -> Result<(), StreamEnd> {
+        let n = bytes.len();
+        self.send(delta_msg(bytes), n).await
+    }
+
+    /// Whole resets of `services`; their floors move to the version read.
+    async fn send_resets(&mut self, services: &[String]) -> Result<u64, StreamEnd> {
+        let (version, resets) = self.d.resets(services);
+        for s in services {
+            self.floors.insert(s.clone(), version);
+        }
+        for bytes in resets {
+            self.send_delta(bytes).await?;
+        }
+        Ok(version)
+    }
+
+    /// Starts following `service` as a subset of `size`: its reset.
+    async fn lease(&mut self, service: &str, size: u32) -> Result<(), StreamEnd> {
+        self.floors.remove(service);
+        let (lease, bytes) = self.d.lease_subset(service, size, &self.identity);
+        self.leases.insert(service.to_owned(), lease);
+        self.send_delta(bytes).await
+    }
+
+    /// Services followed whole.
+    fn whole(&self) -> Vec<String> {
+        self.watched
+            .iter()
+            .filter(|s| !self.leases.contains_key(*s))
+            .cloned()
+            .collect()
+    }
+
+    /// Hands a published delta to the subscriber if it concerns it.
+    async fn on_delta(&mut self, delta: &EncodedDelta) -> Result<(), StreamEnd> {
+        let bytes = if let Some(lease) = self.leases.get(&delta.service) {
+            if delta.version <= lease.floor {
+                return Ok(());
+            }
+            match &delta.subsets {
+                None => Some(delta.bytes.clone()),
+                Some(per_key) => per_key.get(&lease.key).cloned(),
+            }
+        } else {
+            match self.floors.get(&delta.service) {
+                Some(&floor) if delta.version > floor => Some(delta.bytes.clone()),
+                _ => return Ok(()),
+            }
+        };
+        if let Some(bytes) = bytes {
+            self.send_delta(bytes).await?;
+            let age = delta.committed.elapsed().as_secs_f64();
+            self.d.metrics.propagation.observe(age);
+        }
+        self.sent_up_to = self.sent_up_to.max(delta.version);
+        Ok(())
+    }
+
+    /// Too slow for the ring: one reset per service replaces what it missed.
+    async fn catch_up(&mut self) -> Result<(), StreamEnd> {
+        self.d.metrics.coalesced.inc();
+        let whole = self.whole();
+        let v = self.send_resets(&whole).await?;
+        self.sent_up_to = self.sent_up_to.max(v);
+        let mut resets = Vec::new();
+        for lease in self.leases.values_mut() {
+            resets.push(lease.reset());
+        }
+        for bytes in resets {
+            self.send_delta(bytes).await?;
+        }
+        Ok(())
+    }
+
+    /// A `Subscribe`: follows what it asks from now on; services newly
+    /// followed (or followed another way) get a reset.
+    async fn resubscribe(&mut self, s: v1::Subscribe) -> Result<(), StreamEnd> {
+        let (watched, sizes) = requested(s.services, s.subsets);
+        let mut fresh: Vec<String> = Vec::new();
+        let changed: Vec<String> = self
+            .leases
+            .iter()
+            .filter(|(service, l)| sizes.get(*service) != Some(&l.key.size))
+            .map(|(service, _)| service.clone())
+            .collect();
+        for service in changed {
+            self.leases.remove(&service);
+            if watched.contains(&service) && !sizes.contains_key(&service) {
+                fresh.push(service);
+            }
+        }
+        for service in &watched {
+            let new = !self.watched.contains(service);
+            if new && !sizes.contains_key(service) {
+                fresh.push(service.clone());
+            }
+        }
+        self.floors.retain(|s, _| watched.contains(s));
+        self.watched = watched;
+        for (service, size) in sizes {
+            if !self.leases.contains_key(&service) {
+                self.lease(&service, size).await?;
+            }
+        }
+        self.send_resets(&fresh).await?;
+        Ok(())
+    }
+
+    /// The snapshot (or a replay of whole services from the resume
+    /// version) and every subset's reset; returns the version it covers.
+    async fn start(
+        &mut self,
+        hello: &v1::Hello,
+        sizes: BTreeMap<String, u32>,
+    ) -> Result<(), StreamEnd> {
+        for (service, size) in sizes {
+            self.lease(&service, size).await?;
+        }
+        let whole = self.whole();
+        let same_incarnation = hello.resume_incarnation == self.d.incarnation;
+        let replay = (hello.resume_version > 0 && same_incarnation)
+            .then(|| {
+                self.d
+                    .replay(hello.resume_version, &whole.iter().cloned().collect())
+            })
+            .flatten();
+        let v = match replay {
+            Some(deltas) => {
+                let mut v = hello.resume_version;
+                for delta in deltas {
+                    v = v.max(delta.version);
+                    self.send_delta(delta.bytes.clone()).await?;
+                }
+                v
+            }
+            None => {
+                self.d.metrics.snapshots.inc();
+                let v = self.send_resets(&whole).await?;
+                let done = v1::SnapshotDone {
+                    version: v,
+                    incarnation: self.d.incarnation,
+                };
+                let msg = server_message::Msg::SnapshotDone(done);
+                self.send(ServerMessage { msg: Some(msg) }, 0).await?;
+                v
+            }
+        };
+        for s in whole {
+            self.floors.insert(s, v);
+        }
+        self.sent_up_to = v;
+        Ok(())
+    }
+}
+
+/// Serves one subscriber until it leaves, the plane closes or the ring
+/// closes. Subset leases are released when this returns or is dropped.
+pub(crate) async fn serve(
+    d: &Distributor,
+    id: u64,
+    hello: v1::Hello,
+    mut inbound: Streaming<ClientMessage>,
+    out: Out,
+) -> Result<(), StreamEnd> {
+    let mut closing = d.closing.subscribe();
+    if *closing.borrow() {
+        return Ok(());
+    }
+    let identity = [&hello.subscriber, &hello.node]
+        .into_iter()
+        .find(|s| !s.is_empty())
+        .cloned()
+        .unwrap_or_else(|| format!("stream-{id}"));
+    let (watched, sizes) = requested(hello.services.clone(), hello.subsets.clone());
+    // Subscribe before reading state, so no delta falls between the two.
+    let mut rx = d.tx.subscribe();
+    let mut f = Follow {
+        d,
+        out,
+        identity,
+        watched,
+        floors: BTreeMap::new(),
+        leases: BTreeMap::new(),
+        sent_up_to: 0,
+    };
+    f.start(&hello, sizes).await?;
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.tick().await;
+    loop {
+        tokio::select! {
+            got = rx.recv() => match got {
+                Ok(delta) if f.watched.contains(&delta.service) => f.on_delta(&delta).await?,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    rx = d.tx.subscribe();
+                    f.catch_up().await?;
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            msg = inbound.message() => match msg {
+                Ok(Some(ClientMessage { msg: Some(m) })) => on_message(&mut f, id, &hello.node, m).await?,
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(s) => return Err(StreamEnd::Inbound(s)),
+            },
+            _ = closing.changed() => return Ok(()),
+            _ = heartbeat.tick() => {
+                let hb = v1::Heartbeat { version: f.sent_up_to };
+                let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
+                f.send(msg, 0).await?;
+            }
+        }
+    }
+}
+
+/// One message from the subscriber.
+async fn on_message(
+    f: &mut Follow<'_>,
+    id: u64,
+    hello_node: &str,
+    msg: client_message::Msg,
+) -> Result<(), StreamEnd> {
+    match msg {
+        client_message::Msg::Subscribe(s) => f.resubscribe(s).await?,
+        client_message::Msg::Load(load) => f.d.record_load(id, &load),
+        client_message::Msg::Activate(a) => {
+            // Node-local activation: the node that holds the request.
+            let node = if a.node.is_empty() {
+                hello_node.to_owned()
+            } else {
+                a.node
+            };
+            f.d.request_activation(&a.service, node);
+        }
+        client_message::Msg::Hello(_) | client_message::Msg::Ack(_) => {}
+    }
+    Ok(())
+}
