@@ -257,6 +257,40 @@ impl Snapshot {
             .filter_map(|c| c.service.clone())
             .collect()
     }
+
+    /// What the control link asks for: every referenced service, and a
+    /// subset size for a service when every cluster referencing it asks
+    /// for one (the largest; one cluster without `subset` needs every
+    /// endpoint, and the proxy holds one view per service).
+    pub fn watched(&self) -> Watched {
+        let mut subsets = std::collections::BTreeMap::new();
+        let mut whole = std::collections::BTreeSet::new();
+        for c in &self.config.clusters {
+            let Some(service) = &c.service else { continue };
+            match c.subset {
+                Some(s) => {
+                    let size = subsets.entry(service.clone()).or_insert(s.size);
+                    *size = (*size).max(s.size);
+                }
+                None => {
+                    whole.insert(service.clone());
+                }
+            }
+        }
+        subsets.retain(|s, _| !whole.contains(s));
+        Watched {
+            services: self.watched_services(),
+            subsets,
+        }
+    }
+}
+
+/// The services a proxy follows, and the subset size of those it follows
+/// as a subset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Watched {
+    pub services: std::collections::BTreeSet<String>,
+    pub subsets: std::collections::BTreeMap<String, u32>,
 }
 
 #[cfg(test)]
