@@ -335,4 +335,33 @@ mod tests {
         let (c, e) = effective_config(&declared, None, 3, false);
         assert!(e.is_none() && c == declared);
     }
+
+    /// A service is asked as a subset only when every cluster on it asks
+    /// for one (the largest size); one cluster without `subset` needs all.
+    #[test]
+    fn watched_asks_a_subset_only_when_every_cluster_does() {
+        let yaml = "control: { address: \"127.0.0.1:1\" }\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: a }]\nclusters:\n  - { name: a, service: ns/a, subset: { size: 5 } }\n  - { name: a2, service: ns/a, subset: { size: 8 } }\n  - { name: b, service: ns/b, subset: { size: 5 } }\n  - { name: b2, service: ns/b }\n  - { name: c, service: ns/c }\n";
+        let config = crate::ProxyConfig::parse(yaml, "p.yaml").expect("valid");
+        let snap = Snapshot::build(config, None, &Default::default()).expect("snapshot");
+        let w = snap.watched();
+        assert_eq!(
+            w.services.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["ns/a", "ns/b", "ns/c"]
+        );
+        assert_eq!(
+            w.subsets.into_iter().collect::<Vec<_>>(),
+            [("ns/a".to_owned(), 8)]
+        );
+        let bad = |extra: &str| {
+            let y = yaml.replace("subset: { size: 5 } }\n  - { name: b2", extra);
+            crate::ProxyConfig::parse(&y, "p.yaml")
+                .expect_err("invalid")
+                .to_string()
+        };
+        let e = bad("subset: { size: 0 } }\n  - { name: b2");
+        assert!(
+            e.contains("clusters[2].subset.size: must be 1..=100000, got 0"),
+            "{e}"
+        );
+    }
 }
