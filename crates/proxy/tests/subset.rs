@@ -89,8 +89,16 @@ async fn delete(api: SocketAddr, id: &str) {
 /// Waits until the proxy's cluster holds exactly `subset()` of `live`
 /// (id -> backend) for index 0: the only subscriber holds index 0.
 async fn follows_the_model(p: &meshless_proxy::Proxy, live: &BTreeMap<String, Backend>) {
+    follows_a_subset_of(p, live, SIZE).await;
+}
+
+async fn follows_a_subset_of(
+    p: &meshless_proxy::Proxy,
+    live: &BTreeMap<String, Backend>,
+    size: usize,
+) {
     let ids: Vec<&str> = live.keys().map(String::as_str).collect();
-    let want: BTreeSet<String> = subset(&ids, 0, SIZE)
+    let want: BTreeSet<String> = subset(&ids, 0, size)
         .into_iter()
         .map(|id| live[id].local_addr().to_string())
         .collect();
@@ -187,5 +195,33 @@ async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
         "served by {served:?}, subset {members:?}"
     );
     drop(retired);
+
+    // A reload with another size, then without a subset, then with one
+    // again: each is a `Subscribe` the control plane answers with a reset.
+    let p = Arc::into_inner(p).expect("the monitor is done");
+    for size in [5, 0, SIZE] {
+        let extra = if size == 0 {
+            String::new()
+        } else {
+            format!("    subset: {{ size: {size} }}\n")
+        };
+        let yaml = cart_proxy_yaml(plane.grpc_addr(), &extra);
+        let cfg = meshless_proxy::ProxyConfig::parse(&yaml, "p.yaml").expect("valid");
+        p.reload(cfg).await.expect("reload");
+        follows_a_subset_of(&p, &live, if size == 0 { N } else { size }).await;
+        let held = if size == 0 { 0.0 } else { 1.0 };
+        eventually("one subset subscription while subsetted", || async {
+            let page = get(&client(), api, "/metrics", &[]).await.2;
+            metric(&page, "meshless_control_subset_subscriptions") == Some(held)
+        })
+        .await;
+    }
+    // The stream's end releases its subset index (the lease's guard).
+    p.shutdown().await;
+    eventually("no subset subscription left", || async {
+        let page = get(&client(), api, "/metrics", &[]).await.2;
+        metric(&page, "meshless_control_subset_subscriptions") == Some(0.0)
+    })
+    .await;
     plane.shutdown().await;
 }
