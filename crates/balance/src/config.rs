@@ -286,14 +286,11 @@ impl ClusterConfig {
     /// endpoints the cluster has.
     pub fn validate_for(&self, endpoints: usize) -> Result<(), ConfigError> {
         self.validate()?;
-        let b = &self.balancer;
-        if self.uses_maglev() && b.table_size < endpoints {
+        if self.uses_maglev() && self.maglev_table_size(endpoints) < endpoints {
             return Err(field(
                 "balancer.table_size",
                 format!(
-                    "must be at least the number of endpoints ({endpoints}), got {} \
-                     (use more than 100x the endpoints for an even spread)",
-                    b.table_size
+                    "the Maglev table (at most {MAX_TABLE_SIZE}) must be at least the number of endpoints ({endpoints})"
                 ),
             ));
         }
@@ -302,9 +299,17 @@ impl ClusterConfig {
 
     /// Whether the table is under Envoy's guidance of 100 entries per
     /// endpoint for `endpoints` (then ownership spreads beyond ~1%).
+    /// (The table grows with the endpoints, so only above the cap.)
     pub fn maglev_table_small_for(&self, endpoints: usize) -> bool {
         self.uses_maglev()
-            && self.balancer.table_size < endpoints.saturating_mul(MAGLEV_ENTRIES_PER_ENDPOINT)
+            && self.maglev_table_size(endpoints)
+                < endpoints.saturating_mul(MAGLEV_ENTRIES_PER_ENDPOINT)
+    }
+
+    /// The Maglev table size for `endpoints` endpoints: `table_size` grown
+    /// by [`crate::policy::table_size_for`].
+    pub fn maglev_table_size(&self, endpoints: usize) -> usize {
+        crate::policy::table_size_for(self.balancer.table_size, endpoints)
     }
 
     /// Whether the cluster builds a Maglev table (`maglev`, or
@@ -317,7 +322,7 @@ impl ClusterConfig {
 }
 
 /// Envoy's guidance for a Maglev table: at least 100 entries per endpoint.
-pub const MAGLEV_ENTRIES_PER_ENDPOINT: usize = 100;
+pub const MAGLEV_ENTRIES_PER_ENDPOINT: usize = crate::policy::ENTRIES_PER_ENDPOINT;
 
 fn field(field: &'static str, reason: String) -> ConfigError {
     ConfigError::Field { field, reason }
@@ -361,17 +366,20 @@ mod tests {
     #[test]
     fn a_maglev_table_is_small_under_100_entries_per_endpoint() {
         let maglev = ClusterConfig::new(PolicyKind::Maglev);
-        // The default 65,537 entries cover 655 endpoints at 100 each.
-        assert!(!maglev.maglev_table_small_for(655));
-        assert!(maglev.maglev_table_small_for(656));
-        assert!(maglev.maglev_table_small_for(20_000));
+        // The table grows to 100 entries per endpoint up to its cap,
+        // 5,000,011, which covers 50,000 endpoints.
+        assert_eq!(maglev.maglev_table_size(655), 65_537);
+        assert!(maglev.maglev_table_size(656) >= 65_600);
+        assert!(!maglev.maglev_table_small_for(20_000));
+        assert!(!maglev.maglev_table_small_for(50_000));
+        assert!(maglev.maglev_table_small_for(50_001));
         let mut bounded = ClusterConfig::new(PolicyKind::BoundedLoad);
         assert!(
-            bounded.maglev_table_small_for(20_000),
+            bounded.maglev_table_small_for(60_000),
             "bounded load over Maglev"
         );
         bounded.balancer.over = HashKind::RingHash;
-        assert!(!bounded.maglev_table_small_for(20_000), "no Maglev table");
-        assert!(!ClusterConfig::new(PolicyKind::RoundRobin).maglev_table_small_for(20_000));
+        assert!(!bounded.maglev_table_small_for(60_000), "no Maglev table");
+        assert!(!ClusterConfig::new(PolicyKind::RoundRobin).maglev_table_small_for(60_000));
     }
 }

@@ -98,8 +98,8 @@ impl UpstreamCluster {
             tracing::warn!(
                 cluster = %config.name,
                 endpoints = endpoints.len(),
-                table_size = balance.balancer.table_size,
-                "Maglev table under 100 entries per endpoint: keys spread unevenly; set balancer.table_size to a prime of at least 100x the endpoints (at most 5,000,011)"
+                table_size = balance.maglev_table_size(endpoints.len()),
+                "Maglev table at its cap (5,000,011 entries) is under 100 entries per endpoint: keys spread unevenly"
             );
         }
         let lb = match previous {
