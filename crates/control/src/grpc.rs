@@ -10,20 +10,21 @@ use meshless_api::{Distribution, DistributionServer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::distributor::Distributor;
 use crate::state::PlaneState;
 
 pub use crate::subscriber::HEARTBEAT;
-/// Messages queued per subscriber before it counts as slow.
-const QUEUE: usize = 64;
+/// Batches queued per subscriber before it counts as slow: with batches of
+/// `stream_batch` (16 by default) messages, 64 messages.
+const QUEUE: usize = 4;
 
 /// Serves the distribution stream on `listener` until `stop` changes.
 pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watch::Receiver<bool>) {
     let service = DistributionService {
         distributor: Arc::clone(&state.distributor),
+        batch: state.config.stream_batch,
     };
     let auth = state.auth.clone();
     let server = DistributionServer::with_interceptor(service, move |req: Request<()>| {
@@ -55,6 +56,8 @@ pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watc
 #[derive(Debug, Clone)]
 pub struct DistributionService {
     pub distributor: Arc<Distributor>,
+    /// Messages per stream write at most (`stream_batch`).
+    pub batch: usize,
 }
 
 type OutStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -78,18 +81,19 @@ impl Distribution for DistributionService {
         };
         let (out, rx) = mpsc::channel(QUEUE);
         let d = Arc::clone(&self.distributor);
+        let batch = self.batch;
         tokio::spawn(async move {
             d.metrics.subscribers.inc();
             let node = hello.node.clone();
             let id = d
                 .next_subscriber
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if let Err(e) = crate::subscriber::serve(&d, id, hello, inbound, out).await {
+            if let Err(e) = crate::subscriber::serve(&d, id, hello, inbound, out, batch).await {
                 tracing::debug!(node = %node, error = %e, "subscriber stream ended");
             }
             d.forget_subscriber(id);
             d.metrics.subscribers.dec();
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(crate::subscriber::Batches::new(rx))))
     }
 }

@@ -27,6 +27,8 @@ pub struct ControlMetrics {
     pub deltas: Counter,
     pub bytes_sent: Counter,
     pub messages_sent: Counter,
+    /// Batches handed to subscribers' streams (one write each, at most).
+    pub stream_writes: Counter,
     pub coalesced: Counter,
     pub snapshots: Counter,
     pub propagation: Histogram,
@@ -67,6 +69,12 @@ impl ControlMetrics {
             "subset_subscriptions",
             "Subsetted subscriptions held (one per stream and subsetted service)",
             subset_subscriptions.clone(),
+        );
+        let stream_writes = Counter::default();
+        registry.register(
+            "stream_writes",
+            "Batches of messages handed to subscribers' streams (each written in one go)",
+            stream_writes.clone(),
         );
         let deltas = Counter::default();
         registry.register(
@@ -186,6 +194,7 @@ impl ControlMetrics {
             deltas,
             bytes_sent,
             messages_sent,
+            stream_writes,
             coalesced,
             snapshots,
             propagation,

@@ -8,6 +8,12 @@
 //! [`SubsetLease`]: a reset of its members, then only the deltas of its
 //! subset key. Each service has a floor: deltas at or below it are already
 //! in what the subscriber was sent (its snapshot, replay or reset).
+//!
+//! Batched writes: messages are gathered in `pending`; when the task wakes
+//! for a delta it also takes every delta already queued in the ring (up
+//! to `stream_batch` messages) and hands them to the stream as one batch,
+//! which tonic encodes into one buffer: one HTTP/2 DATA frame and one
+//! write for many messages, and one wake of the connection's task.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -31,7 +37,45 @@ pub(crate) enum StreamEnd {
     Inbound(Status),
 }
 
-type Out = mpsc::Sender<Result<ServerMessage, Status>>;
+/// Batches of messages, written in one go each.
+pub(crate) type Out = mpsc::Sender<Vec<ServerMessage>>;
+
+/// The response stream: the messages of each batch in order, all ready at
+/// once, so tonic's encoder puts a whole batch into one buffer.
+pub(crate) struct Batches {
+    rx: mpsc::Receiver<Vec<ServerMessage>>,
+    current: std::vec::IntoIter<ServerMessage>,
+}
+
+impl Batches {
+    pub(crate) fn new(rx: mpsc::Receiver<Vec<ServerMessage>>) -> Self {
+        Self {
+            rx,
+            current: Vec::new().into_iter(),
+        }
+    }
+}
+
+impl tokio_stream::Stream for Batches {
+    type Item = Result<ServerMessage, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        loop {
+            if let Some(m) = self.current.next() {
+                return Poll::Ready(Some(Ok(m)));
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(batch)) => self.current = batch.into_iter(),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
 
 fn delta_msg(bytes: Bytes) -> ServerMessage {
     ServerMessage {
@@ -68,17 +112,68 @@ struct Follow<'a> {
     leases: BTreeMap<String, SubsetLease<'a>>,
     /// The highest version sent (heartbeats carry it).
     sent_up_to: u64,
+    /// Messages gathered for the next write.
+    pending: Vec<ServerMessage>,
+    /// Messages per write at most (`stream_batch`).
+    batch: usize,
 }
 
 impl<'a> Follow<'a> {
-    async fn send(&self, msg: ServerMessage, delta_bytes: usize) -> Result<(), StreamEnd> {
-        self.out.send(Ok(msg)).await.map_err(|_| StreamEnd::Gone)?;
+    /// Queues `msg` for the next write; writes when the batch is full.
+    async fn send(&mut self, msg: ServerMessage, delta_bytes: usize) -> Result<(), StreamEnd> {
+        self.pending.push(msg);
         self.d.metrics.messages_sent.inc();
         self.d.metrics.bytes_sent.inc_by(delta_bytes as u64);
+        if self.pending.len() >= self.batch {
+            self.flush().await?;
+        }
         Ok(())
     }
 
-    async fn send_delta(&self, bytes: Bytes) -> Result<(), StreamEnd> {
+    /// Writes what is gathered, as one batch.
+    async fn flush(&mut self) -> Result<(), StreamEnd> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(self.batch));
+        self.out.send(batch).await.map_err(|_| StreamEnd::Gone)?;
+        self.d.metrics.stream_writes.inc();
+        Ok(())
+    }
+
+    /// After a delta: takes the deltas already queued in the ring too
+    /// (up to a batch), then writes them all at once.
+    async fn drain(
+        &mut self,
+        rx: &mut broadcast::Receiver<std::sync::Arc<EncodedDelta>>,
+    ) -> Result<bool, StreamEnd> {
+        use broadcast::error::TryRecvError;
+        // Bounded, so a ring full of other services' deltas cannot keep
+        // this task from its other duties.
+        for _ in 0..self.batch * 4 {
+            if self.pending.len() >= self.batch {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(delta) if self.watched.contains(&delta.service) => self.on_delta(&delta).await?,
+                Ok(_) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Lagged(_)) => {
+                    *rx = self.d.tx.subscribe();
+                    self.catch_up().await?;
+                    break;
+                }
+                Err(TryRecvError::Closed) => {
+                    self.flush().await?;
+                    return Ok(false);
+                }
+            }
+        }
+        self.flush().await?;
+        Ok(true)
+    }
+
+    async fn send_delta(&mut self, bytes: Bytes) -> Result<(), StreamEnd> {
         let n = bytes.len();
         self.send(delta_msg(bytes), n).await
     }
@@ -143,10 +238,7 @@ impl<'a> Follow<'a> {
         let whole = self.whole();
         let v = self.send_resets(&whole).await?;
         self.sent_up_to = self.sent_up_to.max(v);
-        let mut resets = Vec::new();
-        for lease in self.leases.values_mut() {
-            resets.push(lease.reset());
-        }
+        let resets: Vec<Bytes> = self.leases.values_mut().map(|l| l.reset()).collect();
         for bytes in resets {
             self.send_delta(bytes).await?;
         }
@@ -230,7 +322,7 @@ impl<'a> Follow<'a> {
             self.floors.insert(s, v);
         }
         self.sent_up_to = v;
-        Ok(())
+        self.flush().await
     }
 }
 
@@ -242,6 +334,7 @@ pub(crate) async fn serve(
     hello: v1::Hello,
     mut inbound: Streaming<ClientMessage>,
     out: Out,
+    batch: usize,
 ) -> Result<(), StreamEnd> {
     let mut closing = d.closing.subscribe();
     if *closing.borrow() {
@@ -263,6 +356,8 @@ pub(crate) async fn serve(
         floors: BTreeMap::new(),
         leases: BTreeMap::new(),
         sent_up_to: 0,
+        pending: Vec::with_capacity(batch.max(1)),
+        batch: batch.max(1),
     };
     f.start(&hello, sizes).await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
@@ -270,16 +365,26 @@ pub(crate) async fn serve(
     loop {
         tokio::select! {
             got = rx.recv() => match got {
-                Ok(delta) if f.watched.contains(&delta.service) => f.on_delta(&delta).await?,
-                Ok(_) => {}
+                Ok(delta) => {
+                    if f.watched.contains(&delta.service) {
+                        f.on_delta(&delta).await?;
+                    }
+                    if !f.drain(&mut rx).await? {
+                        return Ok(());
+                    }
+                }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     rx = d.tx.subscribe();
                     f.catch_up().await?;
+                    f.flush().await?;
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
             msg = inbound.message() => match msg {
-                Ok(Some(ClientMessage { msg: Some(m) })) => on_message(&mut f, id, &hello.node, m).await?,
+                Ok(Some(ClientMessage { msg: Some(m) })) => {
+                    on_message(&mut f, id, &hello.node, m).await?;
+                    f.flush().await?;
+                }
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(()),
                 Err(s) => return Err(StreamEnd::Inbound(s)),
@@ -289,6 +394,7 @@ pub(crate) async fn serve(
                 let hb = v1::Heartbeat { version: f.sent_up_to };
                 let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
                 f.send(msg, 0).await?;
+                f.flush().await?;
             }
         }
     }
