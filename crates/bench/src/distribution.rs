@@ -50,6 +50,9 @@ pub struct DistributionBenchSettings {
     pub proxy_policies: Vec<String>,
     /// The proxies' `update_merge_window` in milliseconds (None: default).
     pub proxy_merge_window_ms: Option<u64>,
+    /// The control plane's `stream_batch` (None: its default; 1: one
+    /// write per message, as before batching).
+    pub stream_batch: Option<usize>,
 }
 
 /// What the benchmark measured.
@@ -72,6 +75,12 @@ pub struct DistributionBenchReport {
     /// Latency samples (change x subscriber).
     pub samples: usize,
     pub control_cpu_seconds: f64,
+    /// Messages written to subscribers (deltas and heartbeats).
+    pub messages: u64,
+    /// Control-plane CPU per message written, in microseconds.
+    pub cpu_us_per_message: f64,
+    /// Messages per stream write (batch), on average.
+    pub messages_per_write: f64,
     pub control_peak_rss_mib: f64,
     pub memory_per_subscriber_bytes: f64,
     /// CPU per change of a real proxy following the service, per policy.
@@ -183,6 +192,11 @@ impl fmt::Display for DistributionBenchReport {
         )?;
         writeln!(
             f,
+            "messages                  {} ({:.1} us CPU each, {:.2} per write)",
+            self.messages, self.cpu_us_per_message, self.messages_per_write
+        )?;
+        writeln!(
+            f,
             "control plane peak RSS    {:.1} MiB",
             self.control_peak_rss_mib
         )?;
@@ -244,8 +258,11 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
     std::fs::write(
         &config,
         format!(
-            "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n",
-            args.slice_size
+            "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n{}",
+            args.slice_size,
+            args.stream_batch
+                .map(|b| format!("stream_batch: {b}\n"))
+                .unwrap_or_default()
         ),
     )
     .map_err(BenchError::io("writing the control plane's config"))?;
@@ -365,12 +382,17 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String
 
 /// Delta bytes the control plane has written, from its own counter.
 async fn bytes_sent(api: &ApiClient) -> Result<u64> {
+    counter(api, "meshless_control_bytes_sent_total").await
+}
+
+/// One of the control plane's counters (0 when absent).
+async fn counter(api: &ApiClient, name: &str) -> Result<u64> {
     let text = api.metrics().await?;
     Ok(text
         .lines()
-        .find_map(|l| l.strip_prefix("meshless_control_bytes_sent_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64))
 }
 
 /// Runs the benchmark.
@@ -395,6 +417,8 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let rss_connected = proc_kb(pid, "VmRSS:");
     proxies.iter_mut().for_each(Follower::mark);
     let cpu0 = proc_cpu_seconds(pid);
+    let messages0 = counter(&plane.api, "meshless_control_messages_sent_total").await?;
+    let writes0 = counter(&plane.api, "meshless_control_stream_writes_total").await?;
     let bytes0 = bytes_sent(&plane.api).await?;
     let mut sent_at = single_changes(&plane.api, args.changes).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -403,6 +427,9 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     tokio::time::sleep(Duration::from_millis(300)).await;
     let bytes2 = bytes_sent(&plane.api).await?;
     let cpu = proc_cpu_seconds(pid) - cpu0;
+    let messages = counter(&plane.api, "meshless_control_messages_sent_total").await? - messages0;
+    let stream_writes =
+        counter(&plane.api, "meshless_control_stream_writes_total").await? - writes0;
     let peak = proc_kb(pid, "VmHWM:");
     let i = args.endpoints - 1;
     let last = if i.is_multiple_of(100) {
@@ -448,6 +475,9 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         propagation_ms_max: percentile(&latencies, 1.0),
         samples: latencies.len(),
         control_cpu_seconds: cpu,
+        messages,
+        cpu_us_per_message: cpu * 1e6 / messages.max(1) as f64,
+        messages_per_write: messages as f64 / stream_writes.max(1) as f64,
         control_peak_rss_mib: peak / 1024.0,
         memory_per_subscriber_bytes: (rss_connected - rss_before) * 1024.0
             / args.subscribers as f64,
