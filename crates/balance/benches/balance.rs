@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use meshless_balance::policy::{
-    DEFAULT_TABLE_SIZE, Maglev, RingHash, auto_ring_size, table_size_for,
+    DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, Maglev, RingHash, auto_ring_size, table_size_for,
 };
 use meshless_balance::{Cluster, ClusterConfig, OutlierConfig, PickContext, PolicyKind};
 use meshless_model::Endpoint;
@@ -129,7 +129,10 @@ fn grown_builds(c: &mut Criterion) {
         let eps = endpoints(n);
         let members: Vec<u32> = (0..n as u32).collect();
         let id_of = |m: u32| eps[m as usize].id.as_str();
-        for m in [DEFAULT_TABLE_SIZE, table_size_for(DEFAULT_TABLE_SIZE, n)] {
+        for m in [
+            DEFAULT_TABLE_SIZE,
+            table_size_for(DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, n),
+        ] {
             let name = format!("n{n}");
             group.bench_with_input(BenchmarkId::new(name, m), &m, |b, &m| {
                 b.iter(|| black_box(Maglev::new(&members, id_of, |_| 1, m)))

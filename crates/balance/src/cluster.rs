@@ -289,7 +289,7 @@ fn build_balancer(
         RingHash::new(members, id_of, weight_of, size)
     };
     let maglev = || {
-        let grown = table_size_for(cfg.table_size, members.len());
+        let grown = table_size_for(cfg.table_size, cfg.max_table_size, members.len());
         let size = if strict {
             grown.min(next_prime((members.len() * 101).max(1009)))
         } else {

@@ -135,9 +135,12 @@ pub struct BalancerConfig {
     pub choices: usize,
     /// Ring points for `ring_hash`; `None` = 160 per endpoint, clamped to 1,024..=1,048,576.
     pub ring_size: Option<usize>,
-    /// Maglev table size; prime, at least the number of endpoints, at most
-    /// 5,000,011 (Envoy's limit).
+    /// The smallest Maglev table; prime, at most 5,000,011 (Envoy's limit).
+    /// The table grows with the endpoints ([`crate::policy::table_size_for`]).
     pub table_size: usize,
+    /// The largest the Maglev table grows to; prime, at least
+    /// `table_size`, at most 5,000,011 (the default).
+    pub max_table_size: usize,
     /// Bounded load factor `c` (>= 1.0; Envoy's 150 = 1.5). Used as an
     /// integer percent, rounded: 1.255 acts as 1.26.
     pub load_factor: f64,
@@ -152,6 +155,7 @@ impl Default for BalancerConfig {
             choices: DEFAULT_CHOICES,
             ring_size: None,
             table_size: DEFAULT_TABLE_SIZE,
+            max_table_size: MAX_TABLE_SIZE,
             load_factor: DEFAULT_LOAD_FACTOR,
             over: HashKind::Maglev,
         }
@@ -238,6 +242,18 @@ impl ClusterConfig {
                     format!("must be at most {MAX_TABLE_SIZE}, got {}", b.table_size),
                 ));
             }
+            if !is_prime(b.max_table_size)
+                || b.max_table_size < b.table_size
+                || b.max_table_size > MAX_TABLE_SIZE
+            {
+                return Err(field(
+                    "balancer.max_table_size",
+                    format!(
+                        "must be a prime in table_size..={MAX_TABLE_SIZE}, got {}",
+                        b.max_table_size
+                    ),
+                ));
+            }
         }
         if let Some(size) = b.ring_size
             && !(1..=crate::policy::MAX_RING_SIZE).contains(&size)
@@ -307,9 +323,10 @@ impl ClusterConfig {
     }
 
     /// The Maglev table size for `endpoints` endpoints: `table_size` grown
-    /// by [`crate::policy::table_size_for`].
+    /// up to `max_table_size` by [`crate::policy::table_size_for`].
     pub fn maglev_table_size(&self, endpoints: usize) -> usize {
-        crate::policy::table_size_for(self.balancer.table_size, endpoints)
+        let b = &self.balancer;
+        crate::policy::table_size_for(b.table_size, b.max_table_size, endpoints)
     }
 
     /// Whether the cluster builds a Maglev table (`maglev`, or
@@ -381,5 +398,12 @@ mod tests {
         bounded.balancer.over = HashKind::RingHash;
         assert!(!bounded.maglev_table_small_for(60_000), "no Maglev table");
         assert!(!ClusterConfig::new(PolicyKind::RoundRobin).maglev_table_small_for(60_000));
+        // A cap keeps the table small (and the warning on).
+        let mut capped = ClusterConfig::new(PolicyKind::Maglev);
+        capped.balancer.max_table_size = 65_537;
+        assert_eq!(capped.maglev_table_size(20_000), 65_537);
+        assert!(capped.maglev_table_small_for(656));
+        capped.balancer.max_table_size = 65_536;
+        assert!(capped.validate().is_err(), "not prime");
     }
 }

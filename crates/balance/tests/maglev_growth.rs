@@ -21,7 +21,7 @@ proptest! {
     #[test]
     fn the_size_follows_the_rule(n in 0usize..80_000, floor_i in 0usize..3) {
         let floor = [1_021, 65_537, 1_000_003][floor_i];
-        let m = table_size_for(floor, n);
+        let m = table_size_for(floor, MAX_TABLE_SIZE, n);
         prop_assert!(is_prime(m), "{m} not prime");
         prop_assert!(m >= floor && m <= MAX_TABLE_SIZE.max(floor));
         let want = n * ENTRIES_PER_ENDPOINT;
@@ -37,7 +37,7 @@ proptest! {
         // Monotone, and constant within a class: the count one below has
         // the same size unless it falls into the class below.
         if n > 0 {
-            let below = table_size_for(floor, n - 1);
+            let below = table_size_for(floor, MAX_TABLE_SIZE, n - 1);
             prop_assert!(below <= m);
             if below != m {
                 prop_assert!((n - 1) * ENTRIES_PER_ENDPOINT <= below && n * ENTRIES_PER_ENDPOINT > below);
@@ -54,7 +54,7 @@ proptest! {
     /// largest share is within 1% (100 entries each) of the smallest.
     #[test]
     fn every_share_is_within_the_papers_bound(n in 600usize..2_500) {
-        let m = table_size_for(DEFAULT_TABLE_SIZE, n);
+        let m = table_size_for(DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, n);
         let ids: Vec<String> = (0..n).map(|i| format!("pod-{i}")).collect();
         let members: Vec<u32> = (0..n as u32).collect();
         let table = Maglev::new(&members, |i| ids[i as usize].as_str(), |_| 1, m);
@@ -71,9 +71,13 @@ proptest! {
 }
 
 #[test]
-fn twenty_thousand_endpoints_get_over_two_million_entries() {
-    let m = table_size_for(DEFAULT_TABLE_SIZE, 20_000);
-    assert!((2_000_000..4_200_000).contains(&m), "{m}");
-    assert_eq!(table_size_for(DEFAULT_TABLE_SIZE, 655), DEFAULT_TABLE_SIZE);
-    assert_eq!(table_size_for(DEFAULT_TABLE_SIZE, 60_000), MAX_TABLE_SIZE);
+fn sizes_at_known_counts_and_under_a_cap() {
+    let size = |n| table_size_for(DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, n);
+    assert_eq!(size(20_000), 2_097_211, "65,537 x 2^5, then the next prime");
+    assert_eq!(size(655), DEFAULT_TABLE_SIZE);
+    assert_eq!(size(656), 131_101);
+    assert_eq!(size(60_000), MAX_TABLE_SIZE);
+    // A cap stops the growth there.
+    assert_eq!(table_size_for(DEFAULT_TABLE_SIZE, 262_151, 20_000), 262_151);
+    assert_eq!(table_size_for(DEFAULT_TABLE_SIZE, 200_003, 20_000), 200_003);
 }

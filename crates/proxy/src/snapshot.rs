@@ -99,7 +99,7 @@ impl UpstreamCluster {
                 cluster = %config.name,
                 endpoints = endpoints.len(),
                 table_size = balance.maglev_table_size(endpoints.len()),
-                "Maglev table at its cap (5,000,011 entries) is under 100 entries per endpoint: keys spread unevenly"
+                "Maglev table at its cap (balancer.max_table_size) is under 100 entries per endpoint: keys spread unevenly"
             );
         }
         let lb = match previous {

@@ -14,26 +14,28 @@ pub const MAX_TABLE_SIZE: usize = 5_000_011;
 pub const ENTRIES_PER_ENDPOINT: usize = 100;
 
 /// The table size for `endpoints` endpoints with `floor` configured
-/// (`balancer.table_size`, prime): `floor` while it holds
+/// (`balancer.table_size`, prime) and `cap` (`balancer.max_table_size`,
+/// prime, at most [`MAX_TABLE_SIZE`]): `floor` while it holds
 /// [`ENTRIES_PER_ENDPOINT`] per endpoint, else the smallest prime at or
-/// above `floor x 2^k` for the smallest `k` that does, capped at
-/// [`MAX_TABLE_SIZE`] (above 50,000 endpoints the table stays at the cap).
+/// above `floor x 2^k` for the smallest `k` that does, at most `cap` (with
+/// the default cap, above 50,000 endpoints the table stays at the cap).
 ///
-/// A pure function of `(floor, endpoints)`, so every proxy with the same
-/// endpoints builds the same table; the size changes (and every key may
-/// move, as on any resize) only when the count crosses a class boundary
-/// `floor x 2^k / 100`: about 655, 1,310, 2,621, ... endpoints for the
+/// A pure function of `(floor, cap, endpoints)`, so every proxy with the
+/// same endpoints builds the same table; the size changes (and every key
+/// may move, as on any resize) only when the count crosses a class
+/// boundary `floor x 2^k / 100`: 655, 1,310, 2,621, ... endpoints for the
 /// default floor. Between boundaries a change moves keys as Maglev does.
-pub fn table_size_for(floor: usize, endpoints: usize) -> usize {
+pub fn table_size_for(floor: usize, cap: usize, endpoints: usize) -> usize {
     let want = endpoints.saturating_mul(ENTRIES_PER_ENDPOINT);
-    if floor >= want || floor >= MAX_TABLE_SIZE {
+    let cap = cap.max(floor);
+    if floor >= want || floor >= cap {
         return floor;
     }
     let mut class = floor.max(1);
-    while class < want && class < MAX_TABLE_SIZE {
+    while class < want && class < cap {
         class = class.saturating_mul(2);
     }
-    next_prime(class.min(MAX_TABLE_SIZE)).min(MAX_TABLE_SIZE)
+    next_prime(class.min(cap)).min(cap)
 }
 
 const OFFSET_SEED: u64 = 0x6d61_676c_6576_6f66; // "maglevof"

@@ -311,6 +311,7 @@ impl ClusterConfig {
                 choices: b.choices,
                 ring_size: b.ring_size,
                 table_size: b.table_size,
+                max_table_size: b.max_table_size,
                 load_factor: b.load_factor,
                 over,
             },
