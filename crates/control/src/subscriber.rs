@@ -423,3 +423,67 @@ async fn on_message(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use meshless_model::{Endpoint, EndpointId};
+
+    use super::*;
+    use crate::metrics::ControlMetrics;
+    use crate::registry::{Registry, ServiceDelta};
+
+    fn delta(version: u64) -> ServiceDelta {
+        ServiceDelta {
+            service: "ns/a".into(),
+            version,
+            upserted: vec![(
+                Endpoint::new("e", "10.0.0.1:80".parse().expect("addr")),
+                "s".into(),
+            )],
+            removed: vec![EndpointId::new("gone")],
+            reset: false,
+            activation_error: None,
+            settings: None,
+        }
+    }
+
+    /// Deltas already queued when the task wakes leave in one batch (up to
+    /// `batch`), in order; the rest in the next.
+    #[tokio::test]
+    async fn queued_deltas_leave_in_one_write() {
+        let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
+        let metrics = Arc::new(ControlMetrics::new());
+        let d = Distributor::new(Arc::clone(&registry), metrics, 64);
+        let mut rx = d.tx.subscribe();
+        for _ in 0..20 {
+            let v = registry.lock().expect("lock").next_version();
+            d.publish(&delta(v), Instant::now());
+        }
+        let (out, mut batches) = mpsc::channel(4);
+        let mut f = Follow {
+            d: &d,
+            out,
+            identity: "n".into(),
+            watched: ["ns/a".to_owned()].into(),
+            floors: [("ns/a".to_owned(), 0)].into(),
+            leases: BTreeMap::new(),
+            sent_up_to: 0,
+            pending: Vec::new(),
+            batch: 16,
+        };
+        let first = rx.recv().await.expect("delta");
+        f.on_delta(&first).await.expect("sent");
+        assert!(f.drain(&mut rx).await.expect("drained"));
+        assert!(f.drain(&mut rx).await.expect("drained"));
+        let sizes: Vec<usize> = std::iter::from_fn(|| batches.try_recv().ok())
+            .map(|b| b.len())
+            .collect();
+        assert_eq!(sizes, [16, 4]);
+        assert_eq!(d.metrics.stream_writes.get(), 2);
+        assert_eq!(d.metrics.messages_sent.get(), 20);
+        assert_eq!(f.sent_up_to, 20);
+    }
+}
