@@ -53,12 +53,18 @@ pub struct DistributionBenchSettings {
     /// The control plane's `stream_batch` (None: its default; 1: one
     /// write per message, as before batching).
     pub stream_batch: Option<usize>,
+    /// Each subscriber asks for a deterministic subset of this many
+    /// endpoints (identity `bench-INDEX`); None: every endpoint.
+    pub subset_size: Option<u32>,
 }
 
 /// What the benchmark measured.
 #[derive(Debug, Serialize)]
 pub struct DistributionBenchReport {
     pub subscribers: usize,
+    /// Subset size each subscriber asked for (None: every endpoint).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subset_size: Option<u32>,
     pub endpoints: usize,
     pub slice_size: usize,
     pub changes: usize,
@@ -106,7 +112,12 @@ fn endpoint(id: &str, i: usize) -> EndpointInput {
 }
 
 /// Receipt times of tracked endpoints (ids starting with `t-`), per subscriber.
-async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(String, Instant)>> {
+async fn subscriber(
+    grpc: SocketAddr,
+    ready: Arc<AtomicU64>,
+    index: usize,
+    subset: Option<u32>,
+) -> Result<Vec<(String, Instant)>> {
     let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
         .await
@@ -116,10 +127,17 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
         msg: Some(client_message::Msg::Hello(v1::Hello {
             node: "bench".into(),
             zone: "bench".into(),
-            services: vec!["bench/svc".into()],
+            services: vec![SERVICE.into()],
             resume_version: 0,
             resume_incarnation: 0,
-            ..Default::default()
+            subsets: subset
+                .map(|size| v1::SubsetRequest {
+                    service: SERVICE.into(),
+                    size,
+                })
+                .into_iter()
+                .collect(),
+            subscriber: format!("bench-{index}"),
         })),
     })
     .await
@@ -157,7 +175,14 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
 
 impl fmt::Display for DistributionBenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "subscribers               {}", self.subscribers)?;
+        match self.subset_size {
+            Some(k) => writeln!(
+                f,
+                "subscribers               {} (subsets of {k})",
+                self.subscribers
+            )?,
+            None => writeln!(f, "subscribers               {}", self.subscribers)?,
+        }
         writeln!(
             f,
             "endpoints                 {} (slices of {})",
@@ -234,6 +259,9 @@ fn check(args: &DistributionBenchSettings) -> Result<()> {
     }
     if !(1..=1000).contains(&args.slice_size) {
         return setting("slice-size", "must be 1..=1000");
+    }
+    if args.subset_size == Some(0) {
+        return setting("subset-size", "must be at least 1");
     }
     Ok(())
 }
@@ -315,12 +343,18 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
 async fn connect(
     grpc: SocketAddr,
     n: usize,
+    subset: Option<u32>,
 ) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant)>>>>> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
     let mut progress = Progress::new("connecting subscribers", n as u64);
     for i in 0..n {
-        subs.push(tokio::spawn(subscriber(grpc, Arc::clone(&ready))));
+        subs.push(tokio::spawn(subscriber(
+            grpc,
+            Arc::clone(&ready),
+            i,
+            subset,
+        )));
         if i % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -412,7 +446,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         f.wait_for(&format!("e-{}", args.endpoints - 1)).await?;
         proxies.push(f);
     }
-    let subs = connect(plane.grpc, args.subscribers).await?;
+    let subs = connect(plane.grpc, args.subscribers, args.subset_size).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_connected = proc_kb(pid, "VmRSS:");
     proxies.iter_mut().for_each(Follower::mark);
@@ -461,6 +495,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let total_changes = (args.changes + args.endpoints) as f64;
     Ok(DistributionBenchReport {
         subscribers: args.subscribers,
+        subset_size: args.subset_size,
         endpoints: args.endpoints,
         slice_size: args.slice_size,
         changes: args.changes,
