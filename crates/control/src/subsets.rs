@@ -60,6 +60,12 @@ struct View {
     orders: BTreeMap<u64, Vec<(u64, Arc<str>)>>,
     /// Per subset size.
     groups: BTreeMap<u32, Group>,
+    /// Per kept round: the lowest rank the last delta inserted or removed
+    /// at (ranks below it kept their endpoint), for skipping the subsets
+    /// it cannot have moved.
+    touched: BTreeMap<u64, usize>,
+    /// Whether the last delta added or removed an endpoint.
+    ids_changed: bool,
 }
 
 /// The subscribers of one service asking for one subset size.
@@ -143,12 +149,30 @@ impl View {
         out
     }
 
+    /// Whether the last delta may have changed the members of `key` (else
+    /// they are the same): a reset, a change of `m` or of the "size >= N"
+    /// case, or an insertion or removal at a rank before the slot's end.
+    fn may_move(&self, key: SubsetKey, n_before: usize, reset: bool) -> bool {
+        let (n, size) = (self.n(), key.size as usize);
+        if reset || slots_per_round(n_before, size) != slots_per_round(n, size) {
+            return true;
+        }
+        if size >= n || size >= n_before {
+            return self.ids_changed;
+        }
+        let (round, slot) = round_and_slot(key.index, slots_per_round(n, size));
+        let end = (slot as usize + 1) * size;
+        self.touched.get(&round).is_some_and(|&low| low < end)
+    }
+
     /// Adds `id` to every kept order (it was not in the view).
     fn order_insert(&mut self, id: &str) {
         for (&r, order) in &mut self.orders {
             let k = (order_key(r, id), Arc::from(id));
             let at = order.binary_search(&k).unwrap_or_else(|at| at);
             order.insert(at, k);
+            let low = self.touched.entry(r).or_insert(at);
+            *low = (*low).min(at);
         }
     }
 
@@ -158,6 +182,8 @@ impl View {
             let k = (order_key(r, id), Arc::from(id));
             if let Ok(at) = order.binary_search(&k) {
                 order.remove(at);
+                let low = self.touched.entry(r).or_insert(at);
+                *low = (*low).min(at);
             }
         }
     }
@@ -165,6 +191,8 @@ impl View {
     /// Applies a published delta to the endpoints and the orders.
     fn apply_endpoints(&mut self, delta: &v1::Delta) {
         self.version = delta.version;
+        self.touched.clear();
+        self.ids_changed = delta.reset;
         if delta.reset {
             self.endpoints.clear();
             self.orders.clear();
@@ -174,11 +202,13 @@ impl View {
         }
         for e in &delta.upserted {
             if self.endpoints.insert(e.id.clone(), e.clone()).is_none() {
+                self.ids_changed = true;
                 self.order_insert(&e.id);
             }
         }
         for id in &delta.removed {
             if self.endpoints.remove(id).is_some() {
+                self.ids_changed = true;
                 self.order_remove(id);
             }
         }
@@ -238,6 +268,7 @@ impl Subsets {
             return None;
         }
         let view = self.services.entry(delta.service.clone()).or_default();
+        let n_before = view.n();
         view.apply_endpoints(delta);
         view.ensure_rounds();
         let mut out = SubsetDeltas::new();
@@ -251,6 +282,19 @@ impl Subsets {
             })
             .collect();
         for key in keys {
+            if !view.may_move(key, n_before, delta.reset) {
+                // Same members: only changes to them (and settings).
+                let members = view
+                    .groups
+                    .get(&key.size)
+                    .and_then(|g| g.members.get(&key.index))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                if let Some(bytes) = member_delta(view, delta, members, members) {
+                    out.insert(key, bytes);
+                }
+                continue;
+            }
             let new = view.compute(key);
             let old = view
                 .groups
