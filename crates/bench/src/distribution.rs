@@ -117,7 +117,7 @@ async fn subscriber(
     ready: Arc<AtomicU64>,
     index: usize,
     subset: Option<u32>,
-) -> Result<Vec<(String, Instant)>> {
+) -> Result<Vec<(String, Instant, u64)>> {
     let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
         .await
@@ -162,7 +162,7 @@ async fn subscriber(
                 let d = decode_delta(&b).map_err(|e| failed(&e))?;
                 for e in d.upserted {
                     if e.id.starts_with("t-") {
-                        seen.push((e.id, now));
+                        seen.push((e.id, now, d.version));
                     }
                 }
             }
@@ -344,7 +344,7 @@ async fn connect(
     grpc: SocketAddr,
     n: usize,
     subset: Option<u32>,
-) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant)>>>>> {
+) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant, u64)>>>>> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
     let mut progress = Progress::new("connecting subscribers", n as u64);
@@ -374,14 +374,18 @@ async fn connect(
 }
 
 /// Single changes, one tracked endpoint each; returns when each was sent.
-async fn single_changes(api: &ApiClient, changes: usize) -> Result<Vec<(String, Instant)>> {
+/// Per tracked write: the id, when it was sent, and the version it was
+/// acknowledged at.
+type Sent = Vec<(String, Instant, u64)>;
+
+async fn single_changes(api: &ApiClient, changes: usize) -> Result<Sent> {
     let mut sent_at = Vec::new();
     let mut progress = Progress::new("single changes", changes as u64);
     for k in 0..changes {
         let id = format!("t-single-{k}");
         let t0 = Instant::now();
-        api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
-        sent_at.push((id, t0));
+        let v = api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
+        sent_at.push((id, t0, v));
         progress.update(k as u64);
     }
     progress.finish();
@@ -390,7 +394,7 @@ async fn single_changes(api: &ApiClient, changes: usize) -> Result<Vec<(String, 
 
 /// Rolling update: each endpoint replaced by a new one (one write each);
 /// every 100th replacement is tracked.
-async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String, Instant)>> {
+async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Sent> {
     let mut sent_at = Vec::new();
     let mut progress = Progress::new("rolling update", endpoints as u64);
     for i in 0..endpoints {
@@ -404,9 +408,9 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String
             put: vec![endpoint(&id, i)],
             delete: vec![format!("e-{i}")],
         };
-        api.bulk(SERVICE, &bulk).await?;
+        let v = api.bulk(SERVICE, &bulk).await?;
         if id.starts_with("t-") {
-            sent_at.push((id, t0));
+            sent_at.push((id, t0, v));
         }
         progress.update(i as u64);
     }
@@ -478,14 +482,19 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     }
     drop(proxies);
     drop(plane.child);
-    let sent: std::collections::HashMap<String, Instant> = sent_at.into_iter().collect();
+    let sent: std::collections::HashMap<String, (Instant, u64)> =
+        sent_at.into_iter().map(|(id, t, v)| (id, (t, v))).collect();
     let mut latencies = Vec::new();
     for s in subs {
         let seen = s
             .await
             .map_err(|e| BenchError::Failed(format!("subscriber task: {e}")))??;
-        for (id, at) in seen {
-            if let Some(t0) = sent.get(&id) {
+        for (id, at, version) in seen {
+            // Only the write's own delta: with subsets an endpoint may
+            // also enter a subset later, when the membership moves.
+            if let Some((t0, v)) = sent.get(&id)
+                && version <= *v
+            {
                 latencies.push(at.saturating_duration_since(*t0).as_secs_f64() * 1000.0);
             }
         }
