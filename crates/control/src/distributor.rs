@@ -216,7 +216,19 @@ impl Distributor {
             {
                 h.dropped_up_to = h.dropped_up_to.max(old.version);
             }
-            h.deltas.push_back(Arc::clone(&encoded));
+            // Resumption replays whole services only: the history keeps no
+            // subset payloads (subsets are sent whole on reconnect).
+            let kept = match encoded.subsets {
+                None => Arc::clone(&encoded),
+                Some(_) => Arc::new(EncodedDelta {
+                    version: encoded.version,
+                    service: encoded.service.clone(),
+                    bytes: encoded.bytes.clone(),
+                    committed: encoded.committed,
+                    subsets: None,
+                }),
+            };
+            h.deltas.push_back(kept);
         }
         self.metrics.deltas.inc();
         let _ = self.tx.send(encoded);

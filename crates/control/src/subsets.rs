@@ -261,8 +261,9 @@ impl Subsets {
     }
 
     /// Applies a published delta; returns what each subset key receives,
-    /// or `None` when every subscriber gets the delta as it is (an
-    /// activation error, which carries no endpoint).
+    /// or `None` when the service has no subset subscriber or every
+    /// subscriber gets the delta as it is (an activation error, which
+    /// carries no endpoint).
     pub fn apply(&mut self, delta: &v1::Delta) -> Option<SubsetDeltas> {
         if !delta.activation_error.is_empty() {
             return None;
@@ -270,6 +271,11 @@ impl Subsets {
         let view = self.services.entry(delta.service.clone()).or_default();
         let n_before = view.n();
         view.apply_endpoints(delta);
+        if view.groups.is_empty() {
+            // No subset subscriber: nothing per key (one registering
+            // later starts from a reset above this version).
+            return None;
+        }
         view.ensure_rounds();
         let mut out = SubsetDeltas::new();
         let keys: Vec<SubsetKey> = view
