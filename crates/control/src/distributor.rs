@@ -26,8 +26,17 @@ pub struct EncodedDelta {
     pub committed: Instant,
     /// What subsetted subscribers of the service receive instead of
     /// `bytes`, per subset key (absent key: nothing); `None`: `bytes`.
-    pub subsets: Option<SubsetDeltas>,
+    pub subsets: Option<SubsetSlot>,
 }
+
+/// One delta's per-key subset payloads, emptied (`None`) once the delta
+/// is [`SUBSET_WINDOW`] publications old: a subscriber that reaches it
+/// later gets a reset of its subset instead.
+pub type SubsetSlot = Arc<Mutex<Option<SubsetDeltas>>>;
+
+/// Deltas whose subset payloads are kept: server memory for subsets is
+/// bounded by this many deltas' payloads, not by the ring (`history`).
+pub const SUBSET_WINDOW: usize = 1024;
 
 /// Per service, per subscriber: (requests in flight, requests queued).
 type LoadTable = std::collections::HashMap<String, std::collections::HashMap<u64, (u32, u32)>>;
@@ -62,6 +71,8 @@ pub struct Distributor {
     pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
     /// The published view of every service and its subset groups.
     subsets: Mutex<Subsets>,
+    /// The last [`SUBSET_WINDOW`] deltas' subset payloads, oldest first.
+    recent_subsets: Mutex<VecDeque<SubsetSlot>>,
     /// Random and non-zero, new on every start: versions are comparable
     /// only within one incarnation (a restarted plane may reuse them).
     pub(crate) incarnation: u64,
@@ -102,6 +113,7 @@ impl Distributor {
             activation_nodes: Mutex::new(std::collections::HashMap::new()),
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
             subsets: Mutex::new(subsets),
+            recent_subsets: Mutex::new(VecDeque::new()),
             incarnation: new_incarnation(),
         }
     }
@@ -201,7 +213,20 @@ impl Distributor {
             activation_error: delta.activation_error.clone().unwrap_or_default(),
             settings: delta.settings.as_ref().map(settings_to_wire),
         };
-        let subsets = self.lock_subsets().apply(&wire);
+        let subsets = self.lock_subsets().apply(&wire).map(|per_key| {
+            let slot: SubsetSlot = Arc::new(Mutex::new(Some(per_key)));
+            let mut recent = self
+                .recent_subsets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            recent.push_back(Arc::clone(&slot));
+            if recent.len() > SUBSET_WINDOW
+                && let Some(old) = recent.pop_front()
+            {
+                *old.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            slot
+        });
         let encoded = Arc::new(EncodedDelta {
             version: delta.version,
             service: delta.service.clone(),

@@ -209,13 +209,25 @@ impl<'a> Follow<'a> {
 
     /// Hands a published delta to the subscriber if it concerns it.
     async fn on_delta(&mut self, delta: &EncodedDelta) -> Result<(), StreamEnd> {
-        let bytes = if let Some(lease) = self.leases.get(&delta.service) {
+        let bytes = if let Some(lease) = self.leases.get_mut(&delta.service) {
             if delta.version <= lease.floor {
                 return Ok(());
             }
             match &delta.subsets {
                 None => Some(delta.bytes.clone()),
-                Some(per_key) => per_key.get(&lease.key).cloned(),
+                Some(slot) => {
+                    let kept = slot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .as_ref()
+                        .map(|per_key| per_key.get(&lease.key).cloned());
+                    // Payloads gone (the delta is SUBSET_WINDOW old): the
+                    // subset's current members instead; the floor moves.
+                    kept.unwrap_or_else(|| {
+                        self.d.metrics.coalesced.inc();
+                        Some(lease.reset())
+                    })
+                }
             }
         } else {
             match self.floors.get(&delta.service) {
@@ -485,5 +497,52 @@ mod tests {
         assert_eq!(d.metrics.stream_writes.get(), 2);
         assert_eq!(d.metrics.messages_sent.get(), 20);
         assert_eq!(f.sent_up_to, 20);
+    }
+
+    /// A subsetted subscriber reaching a delta whose subset payloads were
+    /// dropped (older than SUBSET_WINDOW) gets one reset of its subset,
+    /// then nothing it already has.
+    #[tokio::test]
+    async fn a_subscriber_past_the_subset_window_gets_a_reset() {
+        let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
+        let metrics = Arc::new(ControlMetrics::new());
+        let d = Distributor::new(Arc::clone(&registry), metrics, 4096);
+        let mut rx = d.tx.subscribe();
+        let (lease, _) = d.lease_subset("ns/a", 1, "n");
+        let n = crate::distributor::SUBSET_WINDOW + 10;
+        for _ in 0..n {
+            let v = registry.lock().expect("lock").next_version();
+            d.publish(&delta(v), Instant::now());
+        }
+        let (out, mut batches) = mpsc::channel(64);
+        let mut f = Follow {
+            d: &d,
+            out,
+            identity: "n".into(),
+            watched: ["ns/a".to_owned()].into(),
+            floors: BTreeMap::new(),
+            leases: [("ns/a".to_owned(), lease)].into(),
+            sent_up_to: 0,
+            pending: Vec::new(),
+            batch: 16,
+        };
+        let first = rx.recv().await.expect("delta");
+        f.on_delta(&first).await.expect("sent");
+        while rx.len() > 0 {
+            assert!(f.drain(&mut rx).await.expect("drained"));
+        }
+        f.flush().await.expect("flushed");
+        let msgs: Vec<ServerMessage> = std::iter::from_fn(|| batches.try_recv().ok())
+            .flatten()
+            .collect();
+        assert_eq!(msgs.len(), 1, "one reset, then nothing it already has");
+        let Some(server_message::Msg::Delta(bytes)) = &msgs[0].msg else {
+            panic!("a delta");
+        };
+        let reset = meshless_api::decode_delta(bytes).expect("decodes");
+        assert!(reset.reset);
+        assert_eq!(reset.version, n as u64);
+        assert_eq!(reset.upserted.len(), 1);
+        assert_eq!(d.metrics.coalesced.get(), 1);
     }
 }
