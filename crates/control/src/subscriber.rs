@@ -528,7 +528,7 @@ mod tests {
         };
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");
-        while rx.len() > 0 {
+        while !rx.is_empty() {
             assert!(f.drain(&mut rx).await.expect("drained"));
         }
         f.flush().await.expect("flushed");
