@@ -1,4 +1,5 @@
-//! Pick cost per algorithm and endpoint count; Maglev and ring build cost.
+//! Pick cost per algorithm and endpoint count; Maglev and ring build cost,
+//! and the grown Maglev table at 2,000 and 20,000 endpoints.
 //!
 //! Run: `cargo bench -p meshless-balance --bench balance`
 
@@ -6,7 +7,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use meshless_balance::policy::{Maglev, RingHash, auto_ring_size};
+use meshless_balance::policy::{
+    DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, Maglev, RingHash, auto_ring_size, table_size_for,
+};
 use meshless_balance::{Cluster, ClusterConfig, OutlierConfig, PickContext, PolicyKind};
 use meshless_model::Endpoint;
 
@@ -117,6 +120,28 @@ fn builds(c: &mut Criterion) {
     ring_memory(&eps);
 }
 
+/// A Maglev table at 2,000 and 20,000 endpoints: the fixed default size
+/// (65,537) next to the grown one (100 entries per endpoint or more).
+fn grown_builds(c: &mut Criterion) {
+    let mut group = c.benchmark_group("maglev_grown");
+    group.sample_size(10);
+    for n in [2_000usize, 20_000] {
+        let eps = endpoints(n);
+        let members: Vec<u32> = (0..n as u32).collect();
+        let id_of = |m: u32| eps[m as usize].id.as_str();
+        for m in [
+            DEFAULT_TABLE_SIZE,
+            table_size_for(DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, n),
+        ] {
+            let name = format!("n{n}");
+            group.bench_with_input(BenchmarkId::new(name, m), &m, |b, &m| {
+                b.iter(|| black_box(Maglev::new(&members, id_of, |_| 1, m)))
+            });
+        }
+    }
+    group.finish();
+}
+
 /// Heap held by the rings of 1,000 locality tiers (one node tier of 2
 /// endpoints each, automatic ring size), printed once: the figure behind
 /// BENCHMARKS.md's ring-memory line.
@@ -145,6 +170,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = picks, builds
+    targets = picks, builds, grown_builds
 }
 criterion_main!(benches);

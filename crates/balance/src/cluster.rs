@@ -12,7 +12,7 @@ use crate::context::PickContext;
 use crate::locality::{Locality, LocalityMode, Tier};
 use crate::policy::{
     Balancer, BoundedLoad, Filter, HashTable, LeastRequest, Maglev, PowerOfChoices, Random,
-    RingHash, RoundRobin, View, auto_ring_size, next_prime,
+    RingHash, RoundRobin, View, auto_ring_size, next_prime, table_size_for,
 };
 use crate::set::{AvailabilityCache, EndpointSet};
 use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight};
@@ -289,11 +289,11 @@ fn build_balancer(
         RingHash::new(members, id_of, weight_of, size)
     };
     let maglev = || {
+        let grown = table_size_for(cfg.table_size, cfg.max_table_size, members.len());
         let size = if strict {
-            cfg.table_size
-                .min(next_prime((members.len() * 101).max(1009)))
+            grown.min(next_prime((members.len() * 101).max(1009)))
         } else {
-            cfg.table_size
+            grown
         };
         Maglev::new(members, id_of, weight_of, size)
     };

@@ -135,9 +135,12 @@ pub struct BalancerConfig {
     pub choices: usize,
     /// Ring points for `ring_hash`; `None` = 160 per endpoint, clamped to 1,024..=1,048,576.
     pub ring_size: Option<usize>,
-    /// Maglev table size; prime, at least the number of endpoints, at most
-    /// 5,000,011 (Envoy's limit).
+    /// The smallest Maglev table; prime, at most 5,000,011 (Envoy's limit).
+    /// The table grows with the endpoints ([`crate::policy::table_size_for`]).
     pub table_size: usize,
+    /// The largest the Maglev table grows to; prime, at least
+    /// `table_size`, at most 5,000,011 (the default).
+    pub max_table_size: usize,
     /// Bounded load factor `c` (>= 1.0; Envoy's 150 = 1.5). Used as an
     /// integer percent, rounded: 1.255 acts as 1.26.
     pub load_factor: f64,
@@ -152,6 +155,7 @@ impl Default for BalancerConfig {
             choices: DEFAULT_CHOICES,
             ring_size: None,
             table_size: DEFAULT_TABLE_SIZE,
+            max_table_size: MAX_TABLE_SIZE,
             load_factor: DEFAULT_LOAD_FACTOR,
             over: HashKind::Maglev,
         }
@@ -238,6 +242,18 @@ impl ClusterConfig {
                     format!("must be at most {MAX_TABLE_SIZE}, got {}", b.table_size),
                 ));
             }
+            if !is_prime(b.max_table_size)
+                || b.max_table_size < b.table_size
+                || b.max_table_size > MAX_TABLE_SIZE
+            {
+                return Err(field(
+                    "balancer.max_table_size",
+                    format!(
+                        "must be a prime in table_size..={MAX_TABLE_SIZE}, got {}",
+                        b.max_table_size
+                    ),
+                ));
+            }
         }
         if let Some(size) = b.ring_size
             && !(1..=crate::policy::MAX_RING_SIZE).contains(&size)
@@ -286,14 +302,11 @@ impl ClusterConfig {
     /// endpoints the cluster has.
     pub fn validate_for(&self, endpoints: usize) -> Result<(), ConfigError> {
         self.validate()?;
-        let b = &self.balancer;
-        if self.uses_maglev() && b.table_size < endpoints {
+        if self.uses_maglev() && self.maglev_table_size(endpoints) < endpoints {
             return Err(field(
                 "balancer.table_size",
                 format!(
-                    "must be at least the number of endpoints ({endpoints}), got {} \
-                     (use more than 100x the endpoints for an even spread)",
-                    b.table_size
+                    "the Maglev table (at most {MAX_TABLE_SIZE}) must be at least the number of endpoints ({endpoints})"
                 ),
             ));
         }
@@ -302,9 +315,18 @@ impl ClusterConfig {
 
     /// Whether the table is under Envoy's guidance of 100 entries per
     /// endpoint for `endpoints` (then ownership spreads beyond ~1%).
+    /// (The table grows with the endpoints, so only above the cap.)
     pub fn maglev_table_small_for(&self, endpoints: usize) -> bool {
         self.uses_maglev()
-            && self.balancer.table_size < endpoints.saturating_mul(MAGLEV_ENTRIES_PER_ENDPOINT)
+            && self.maglev_table_size(endpoints)
+                < endpoints.saturating_mul(MAGLEV_ENTRIES_PER_ENDPOINT)
+    }
+
+    /// The Maglev table size for `endpoints` endpoints: `table_size` grown
+    /// up to `max_table_size` by [`crate::policy::table_size_for`].
+    pub fn maglev_table_size(&self, endpoints: usize) -> usize {
+        let b = &self.balancer;
+        crate::policy::table_size_for(b.table_size, b.max_table_size, endpoints)
     }
 
     /// Whether the cluster builds a Maglev table (`maglev`, or
@@ -317,7 +339,7 @@ impl ClusterConfig {
 }
 
 /// Envoy's guidance for a Maglev table: at least 100 entries per endpoint.
-pub const MAGLEV_ENTRIES_PER_ENDPOINT: usize = 100;
+pub const MAGLEV_ENTRIES_PER_ENDPOINT: usize = crate::policy::ENTRIES_PER_ENDPOINT;
 
 fn field(field: &'static str, reason: String) -> ConfigError {
     ConfigError::Field { field, reason }
@@ -361,17 +383,27 @@ mod tests {
     #[test]
     fn a_maglev_table_is_small_under_100_entries_per_endpoint() {
         let maglev = ClusterConfig::new(PolicyKind::Maglev);
-        // The default 65,537 entries cover 655 endpoints at 100 each.
-        assert!(!maglev.maglev_table_small_for(655));
-        assert!(maglev.maglev_table_small_for(656));
-        assert!(maglev.maglev_table_small_for(20_000));
+        // The table grows to 100 entries per endpoint up to its cap,
+        // 5,000,011, which covers 50,000 endpoints.
+        assert_eq!(maglev.maglev_table_size(655), 65_537);
+        assert!(maglev.maglev_table_size(656) >= 65_600);
+        assert!(!maglev.maglev_table_small_for(20_000));
+        assert!(!maglev.maglev_table_small_for(50_000));
+        assert!(maglev.maglev_table_small_for(50_001));
         let mut bounded = ClusterConfig::new(PolicyKind::BoundedLoad);
         assert!(
-            bounded.maglev_table_small_for(20_000),
+            bounded.maglev_table_small_for(60_000),
             "bounded load over Maglev"
         );
         bounded.balancer.over = HashKind::RingHash;
-        assert!(!bounded.maglev_table_small_for(20_000), "no Maglev table");
-        assert!(!ClusterConfig::new(PolicyKind::RoundRobin).maglev_table_small_for(20_000));
+        assert!(!bounded.maglev_table_small_for(60_000), "no Maglev table");
+        assert!(!ClusterConfig::new(PolicyKind::RoundRobin).maglev_table_small_for(60_000));
+        // A cap keeps the table small (and the warning on).
+        let mut capped = ClusterConfig::new(PolicyKind::Maglev);
+        capped.balancer.max_table_size = 65_537;
+        assert_eq!(capped.maglev_table_size(20_000), 65_537);
+        assert!(capped.maglev_table_small_for(656));
+        capped.balancer.max_table_size = 65_536;
+        assert!(capped.validate().is_err(), "not prime");
     }
 }

@@ -50,12 +50,21 @@ pub struct DistributionBenchSettings {
     pub proxy_policies: Vec<String>,
     /// The proxies' `update_merge_window` in milliseconds (None: default).
     pub proxy_merge_window_ms: Option<u64>,
+    /// The control plane's `stream_batch` (None: its default; 1: one
+    /// write per message, as before batching).
+    pub stream_batch: Option<usize>,
+    /// Each subscriber asks for a deterministic subset of this many
+    /// endpoints (identity `bench-INDEX`); None: every endpoint.
+    pub subset_size: Option<u32>,
 }
 
 /// What the benchmark measured.
 #[derive(Debug, Serialize)]
 pub struct DistributionBenchReport {
     pub subscribers: usize,
+    /// Subset size each subscriber asked for (None: every endpoint).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subset_size: Option<u32>,
     pub endpoints: usize,
     pub slice_size: usize,
     pub changes: usize,
@@ -72,6 +81,12 @@ pub struct DistributionBenchReport {
     /// Latency samples (change x subscriber).
     pub samples: usize,
     pub control_cpu_seconds: f64,
+    /// Messages written to subscribers (deltas and heartbeats).
+    pub messages: u64,
+    /// Control-plane CPU per message written, in microseconds.
+    pub cpu_us_per_message: f64,
+    /// Messages per stream write (batch), on average.
+    pub messages_per_write: f64,
     pub control_peak_rss_mib: f64,
     pub memory_per_subscriber_bytes: f64,
     /// CPU per change of a real proxy following the service, per policy.
@@ -97,7 +112,12 @@ fn endpoint(id: &str, i: usize) -> EndpointInput {
 }
 
 /// Receipt times of tracked endpoints (ids starting with `t-`), per subscriber.
-async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(String, Instant)>> {
+async fn subscriber(
+    grpc: SocketAddr,
+    ready: Arc<AtomicU64>,
+    index: usize,
+    subset: Option<u32>,
+) -> Result<Vec<(String, Instant, u64)>> {
     let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
         .await
@@ -107,10 +127,18 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
         msg: Some(client_message::Msg::Hello(v1::Hello {
             node: "bench".into(),
             zone: "bench".into(),
-            services: vec!["bench/svc".into()],
+            services: vec![SERVICE.into()],
             resume_version: 0,
             resume_incarnation: 0,
             peer_address: String::new(),
+            subsets: subset
+                .map(|size| v1::SubsetRequest {
+                    service: SERVICE.into(),
+                    size,
+                })
+                .into_iter()
+                .collect(),
+            subscriber: format!("bench-{index}"),
         })),
     })
     .await
@@ -135,7 +163,7 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
                 let d = decode_delta(&b).map_err(|e| failed(&e))?;
                 for e in d.upserted {
                     if e.id.starts_with("t-") {
-                        seen.push((e.id, now));
+                        seen.push((e.id, now, d.version));
                     }
                 }
             }
@@ -148,7 +176,14 @@ async fn subscriber(grpc: SocketAddr, ready: Arc<AtomicU64>) -> Result<Vec<(Stri
 
 impl fmt::Display for DistributionBenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "subscribers               {}", self.subscribers)?;
+        match self.subset_size {
+            Some(k) => writeln!(
+                f,
+                "subscribers               {} (subsets of {k})",
+                self.subscribers
+            )?,
+            None => writeln!(f, "subscribers               {}", self.subscribers)?,
+        }
         writeln!(
             f,
             "endpoints                 {} (slices of {})",
@@ -180,6 +215,11 @@ impl fmt::Display for DistributionBenchReport {
             f,
             "control plane CPU         {:.2} s",
             self.control_cpu_seconds
+        )?;
+        writeln!(
+            f,
+            "messages                  {} ({:.1} us CPU each, {:.2} per write)",
+            self.messages, self.cpu_us_per_message, self.messages_per_write
         )?;
         writeln!(
             f,
@@ -221,6 +261,9 @@ fn check(args: &DistributionBenchSettings) -> Result<()> {
     if !(1..=1000).contains(&args.slice_size) {
         return setting("slice-size", "must be 1..=1000");
     }
+    if args.subset_size == Some(0) {
+        return setting("subset-size", "must be at least 1");
+    }
     Ok(())
 }
 
@@ -244,8 +287,11 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
     std::fs::write(
         &config,
         format!(
-            "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n",
-            args.slice_size
+            "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n{}",
+            args.slice_size,
+            args.stream_batch
+                .map(|b| format!("stream_batch: {b}\n"))
+                .unwrap_or_default()
         ),
     )
     .map_err(BenchError::io("writing the control plane's config"))?;
@@ -298,12 +344,18 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
 async fn connect(
     grpc: SocketAddr,
     n: usize,
-) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant)>>>>> {
+    subset: Option<u32>,
+) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant, u64)>>>>> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
     let mut progress = Progress::new("connecting subscribers", n as u64);
     for i in 0..n {
-        subs.push(tokio::spawn(subscriber(grpc, Arc::clone(&ready))));
+        subs.push(tokio::spawn(subscriber(
+            grpc,
+            Arc::clone(&ready),
+            i,
+            subset,
+        )));
         if i % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -323,14 +375,18 @@ async fn connect(
 }
 
 /// Single changes, one tracked endpoint each; returns when each was sent.
-async fn single_changes(api: &ApiClient, changes: usize) -> Result<Vec<(String, Instant)>> {
+/// Per tracked write: the id, when it was sent, and the version it was
+/// acknowledged at.
+type Sent = Vec<(String, Instant, u64)>;
+
+async fn single_changes(api: &ApiClient, changes: usize) -> Result<Sent> {
     let mut sent_at = Vec::new();
     let mut progress = Progress::new("single changes", changes as u64);
     for k in 0..changes {
         let id = format!("t-single-{k}");
         let t0 = Instant::now();
-        api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
-        sent_at.push((id, t0));
+        let v = api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
+        sent_at.push((id, t0, v));
         progress.update(k as u64);
     }
     progress.finish();
@@ -339,7 +395,7 @@ async fn single_changes(api: &ApiClient, changes: usize) -> Result<Vec<(String, 
 
 /// Rolling update: each endpoint replaced by a new one (one write each);
 /// every 100th replacement is tracked.
-async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String, Instant)>> {
+async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Sent> {
     let mut sent_at = Vec::new();
     let mut progress = Progress::new("rolling update", endpoints as u64);
     for i in 0..endpoints {
@@ -353,9 +409,9 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String
             put: vec![endpoint(&id, i)],
             delete: vec![format!("e-{i}")],
         };
-        api.bulk(SERVICE, &bulk).await?;
+        let v = api.bulk(SERVICE, &bulk).await?;
         if id.starts_with("t-") {
-            sent_at.push((id, t0));
+            sent_at.push((id, t0, v));
         }
         progress.update(i as u64);
     }
@@ -365,12 +421,17 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Vec<(String
 
 /// Delta bytes the control plane has written, from its own counter.
 async fn bytes_sent(api: &ApiClient) -> Result<u64> {
+    counter(api, "meshless_control_bytes_sent_total").await
+}
+
+/// One of the control plane's counters (0 when absent).
+async fn counter(api: &ApiClient, name: &str) -> Result<u64> {
     let text = api.metrics().await?;
     Ok(text
         .lines()
-        .find_map(|l| l.strip_prefix("meshless_control_bytes_sent_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64))
 }
 
 /// Runs the benchmark.
@@ -390,11 +451,13 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         f.wait_for(&format!("e-{}", args.endpoints - 1)).await?;
         proxies.push(f);
     }
-    let subs = connect(plane.grpc, args.subscribers).await?;
+    let subs = connect(plane.grpc, args.subscribers, args.subset_size).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_connected = proc_kb(pid, "VmRSS:");
     proxies.iter_mut().for_each(Follower::mark);
     let cpu0 = proc_cpu_seconds(pid);
+    let messages0 = counter(&plane.api, "meshless_control_messages_sent_total").await?;
+    let writes0 = counter(&plane.api, "meshless_control_stream_writes_total").await?;
     let bytes0 = bytes_sent(&plane.api).await?;
     let mut sent_at = single_changes(&plane.api, args.changes).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -403,6 +466,9 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     tokio::time::sleep(Duration::from_millis(300)).await;
     let bytes2 = bytes_sent(&plane.api).await?;
     let cpu = proc_cpu_seconds(pid) - cpu0;
+    let messages = counter(&plane.api, "meshless_control_messages_sent_total").await? - messages0;
+    let stream_writes =
+        counter(&plane.api, "meshless_control_stream_writes_total").await? - writes0;
     let peak = proc_kb(pid, "VmHWM:");
     let i = args.endpoints - 1;
     let last = if i.is_multiple_of(100) {
@@ -417,14 +483,19 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     }
     drop(proxies);
     drop(plane.child);
-    let sent: std::collections::HashMap<String, Instant> = sent_at.into_iter().collect();
+    let sent: std::collections::HashMap<String, (Instant, u64)> =
+        sent_at.into_iter().map(|(id, t, v)| (id, (t, v))).collect();
     let mut latencies = Vec::new();
     for s in subs {
         let seen = s
             .await
             .map_err(|e| BenchError::Failed(format!("subscriber task: {e}")))??;
-        for (id, at) in seen {
-            if let Some(t0) = sent.get(&id) {
+        for (id, at, version) in seen {
+            // Only the write's own delta: with subsets an endpoint may
+            // also enter a subset later, when the membership moves.
+            if let Some((t0, v)) = sent.get(&id)
+                && version <= *v
+            {
                 latencies.push(at.saturating_duration_since(*t0).as_secs_f64() * 1000.0);
             }
         }
@@ -434,6 +505,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let total_changes = (args.changes + args.endpoints) as f64;
     Ok(DistributionBenchReport {
         subscribers: args.subscribers,
+        subset_size: args.subset_size,
         endpoints: args.endpoints,
         slice_size: args.slice_size,
         changes: args.changes,
@@ -448,6 +520,9 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         propagation_ms_max: percentile(&latencies, 1.0),
         samples: latencies.len(),
         control_cpu_seconds: cpu,
+        messages,
+        cpu_us_per_message: cpu * 1e6 / messages.max(1) as f64,
+        messages_per_write: messages as f64 / stream_writes.max(1) as f64,
         control_peak_rss_mib: peak / 1024.0,
         memory_per_subscriber_bytes: (rss_connected - rss_before) * 1024.0
             / args.subscribers as f64,

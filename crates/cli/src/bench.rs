@@ -41,6 +41,14 @@ pub struct DistributionBenchArgs {
     /// milliseconds (default: the proxy's default; 0 rebuilds on every delta).
     #[arg(long)]
     pub proxy_merge_window_ms: Option<u64>,
+    /// The control plane's `stream_batch`: messages a subscriber's stream
+    /// writes in one go (default: the control plane's; 1: one write each).
+    #[arg(long)]
+    pub stream_batch: Option<usize>,
+    /// Each subscriber asks for a deterministic subset of this many
+    /// endpoints (as a proxy's `subset: { size }`); default: every endpoint.
+    #[arg(long)]
+    pub subset_size: Option<u32>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -77,6 +85,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 writers: a.writers,
                 proxy_policies: a.proxy_policies,
                 proxy_merge_window_ms: a.proxy_merge_window_ms,
+                stream_batch: a.stream_batch,
+                subset_size: a.subset_size,
             };
             let report = rt.block_on(meshless_bench::distribution::run(&settings))?;
             crate::simulate::print(a.json, &report)

@@ -367,7 +367,8 @@ fn up_runs_control_plane_proxy_and_backends_from_one_file() {
 /// port the plane bound, not port 0, and serves the file's endpoint.
 #[test]
 fn up_proxy_follows_a_control_plane_bound_to_port_zero() {
-    let dir = temp_dir("up-port-zero");
+    let tmp = temp_dir("up-port-zero");
+    let dir = tmp.path();
     let [web, b1] = free_ports();
     let stack = format!(
         "control:\n  api_address: \"127.0.0.1:0\"\n  grpc_address: \"127.0.0.1:0\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\nproxy:\n  admin: {{ address: \"127.0.0.1:0\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",

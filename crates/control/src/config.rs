@@ -46,6 +46,10 @@ pub struct ControlConfig {
     /// Largest accepted API request body, in bytes.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Messages a subscriber's stream writes in one go: every delta queued
+    /// for it since its last write, up to this many (1: one write each).
+    #[serde(default = "default_stream_batch")]
+    pub stream_batch: usize,
     /// Services (and endpoints) registered at start.
     #[serde(default)]
     pub services: Vec<StaticService>,
@@ -155,6 +159,11 @@ fn default_compact_after() -> Duration {
 fn default_history() -> usize {
     10_000
 }
+/// Messages per stream write: 16, so a full queue of 4 batches holds
+/// 64 messages, the bound per subscriber before batching.
+pub fn default_stream_batch() -> usize {
+    16
+}
 fn default_max_body_bytes() -> usize {
     4 << 20
 }
@@ -177,6 +186,7 @@ impl Default for ControlConfig {
             compact_after: default_compact_after(),
             history: default_history(),
             max_body_bytes: default_max_body_bytes(),
+            stream_batch: default_stream_batch(),
             services: Vec::new(),
             kubernetes: None,
         }
@@ -230,6 +240,9 @@ impl ControlConfig {
         }
         if self.history == 0 {
             return Err(FieldError::new("history", "must be at least 1"));
+        }
+        if !(1..=1024).contains(&self.stream_batch) {
+            return Err(FieldError::new("stream_batch", "must be 1..=1024"));
         }
         let exposed = !self.api_address.ip().is_loopback() || !self.grpc_address.ip().is_loopback();
         if exposed && self.token_file.is_none() {

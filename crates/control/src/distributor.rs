@@ -15,6 +15,7 @@ use tokio::sync::broadcast;
 
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, ServiceDelta};
+use crate::subsets::{SubsetDeltas, SubsetKey, Subsets};
 
 /// One published delta.
 #[derive(Debug)]
@@ -23,7 +24,19 @@ pub struct EncodedDelta {
     pub service: String,
     pub bytes: Bytes,
     pub committed: Instant,
+    /// What subsetted subscribers of the service receive instead of
+    /// `bytes`, per subset key (absent key: nothing); `None`: `bytes`.
+    pub subsets: Option<SubsetSlot>,
 }
+
+/// One delta's per-key subset payloads, emptied (`None`) once the delta
+/// is [`SUBSET_WINDOW`] publications old: a subscriber that reaches it
+/// later gets a reset of its subset instead.
+pub type SubsetSlot = Arc<Mutex<Option<SubsetDeltas>>>;
+
+/// Deltas whose subset payloads are kept: server memory for subsets is
+/// bounded by this many deltas' payloads, not by the ring (`history`).
+pub const SUBSET_WINDOW: usize = 1024;
 
 /// Per service, per subscriber: (requests in flight, requests queued).
 type LoadTable = std::collections::HashMap<String, std::collections::HashMap<u64, (u32, u32)>>;
@@ -58,6 +71,10 @@ pub struct Distributor {
     pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
     /// Ahead-of-time placement of the services at zero.
     pub placements: crate::placement::Placements,
+    /// The published view of every service and its subset groups.
+    subsets: Mutex<Subsets>,
+    /// The last [`SUBSET_WINDOW`] deltas' subset payloads, oldest first.
+    recent_subsets: Mutex<VecDeque<SubsetSlot>>,
     /// Random and non-zero, new on every start: versions are comparable
     /// only within one incarnation (a restarted plane may reuse them).
     pub(crate) incarnation: u64,
@@ -78,10 +95,10 @@ impl Distributor {
     ) -> Self {
         let (tx, _) = broadcast::channel(history_len.max(16));
         // Deltas from before this process started are not in the history.
-        let dropped_up_to = registry
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .version();
+        let (dropped_up_to, subsets) = {
+            let reg = registry.lock().unwrap_or_else(PoisonError::into_inner);
+            (reg.version(), seed_subsets(&reg))
+        };
         Self {
             registry,
             metrics,
@@ -98,6 +115,8 @@ impl Distributor {
             activation_nodes: Mutex::new(std::collections::HashMap::new()),
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
             placements: crate::placement::Placements::default(),
+            subsets: Mutex::new(subsets),
+            recent_subsets: Mutex::new(VecDeque::new()),
             incarnation: new_incarnation(),
         }
     }
@@ -204,11 +223,26 @@ impl Distributor {
             activation_error: delta.activation_error.clone().unwrap_or_default(),
             settings: delta.settings.as_ref().map(settings_to_wire),
         };
+        let subsets = self.lock_subsets().apply(&wire).map(|per_key| {
+            let slot: SubsetSlot = Arc::new(Mutex::new(Some(per_key)));
+            let mut recent = self
+                .recent_subsets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            recent.push_back(Arc::clone(&slot));
+            if recent.len() > SUBSET_WINDOW
+                && let Some(old) = recent.pop_front()
+            {
+                *old.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            slot
+        });
         let encoded = Arc::new(EncodedDelta {
             version: delta.version,
             service: delta.service.clone(),
             bytes: encode_delta(&wire),
             committed,
+            subsets,
         });
         {
             let mut h = self.history.lock().unwrap_or_else(PoisonError::into_inner);
@@ -217,7 +251,19 @@ impl Distributor {
             {
                 h.dropped_up_to = h.dropped_up_to.max(old.version);
             }
-            h.deltas.push_back(Arc::clone(&encoded));
+            // Resumption replays whole services only: the history keeps no
+            // subset payloads (subsets are sent whole on reconnect).
+            let kept = match encoded.subsets {
+                None => Arc::clone(&encoded),
+                Some(_) => Arc::new(EncodedDelta {
+                    version: encoded.version,
+                    service: encoded.service.clone(),
+                    bytes: encoded.bytes.clone(),
+                    committed: encoded.committed,
+                    subsets: None,
+                }),
+            };
+            h.deltas.push_back(kept);
         }
         self.metrics.deltas.inc();
         let _ = self.tx.send(encoded);
@@ -284,6 +330,84 @@ impl Distributor {
                 .cloned()
                 .collect(),
         )
+    }
+}
+
+/// The published view of every service the registry holds now.
+fn seed_subsets(reg: &Registry) -> Subsets {
+    let mut subsets = Subsets::default();
+    for key in reg.service_keys() {
+        if let Some((version, endpoints)) = reg.snapshot(&key) {
+            let wire = endpoints
+                .iter()
+                .map(|(e, s)| endpoint_to_wire(e, s))
+                .collect();
+            subsets.seed(
+                &key,
+                version,
+                wire,
+                reg.settings(&key).map(settings_to_wire),
+            );
+        }
+    }
+    subsets
+}
+
+/// One subsetted subscription of a stream: holds its index in the
+/// service's group until dropped.
+#[derive(Debug)]
+pub(crate) struct SubsetLease<'a> {
+    d: &'a Distributor,
+    pub service: String,
+    identity: String,
+    pub key: SubsetKey,
+    /// Deltas of the service at or below this version are in what the
+    /// subscriber was sent (its subset reset).
+    pub floor: u64,
+}
+
+impl Drop for SubsetLease<'_> {
+    fn drop(&mut self) {
+        self.d
+            .lock_subsets()
+            .release(&self.service, self.key.size, &self.identity);
+        self.d.metrics.subset_subscriptions.dec();
+    }
+}
+
+impl SubsetLease<'_> {
+    /// A reset of this subscription's current members; moves the floor.
+    pub fn reset(&mut self) -> Bytes {
+        let (version, bytes) = self.d.lock_subsets().reset(&self.service, self.key);
+        self.floor = version;
+        bytes
+    }
+}
+
+impl Distributor {
+    fn lock_subsets(&self) -> std::sync::MutexGuard<'_, Subsets> {
+        self.subsets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `identity` follows a subset of `size` of `service`: the lease (its
+    /// index, held until dropped) and a reset holding its members. Call
+    /// after subscribing to the broadcast: deltas above `floor` follow.
+    pub(crate) fn lease_subset(
+        &self,
+        service: &str,
+        size: u32,
+        identity: &str,
+    ) -> (SubsetLease<'_>, Bytes) {
+        let (key, floor, bytes) = self.lock_subsets().register(service, size, identity);
+        self.metrics.subset_subscriptions.inc();
+        let lease = SubsetLease {
+            d: self,
+            service: service.to_owned(),
+            identity: identity.to_owned(),
+            key,
+            floor,
+        };
+        (lease, bytes)
     }
 }
 

@@ -21,4 +21,6 @@ pub mod registry;
 pub mod scaling;
 pub mod state;
 pub mod store;
+mod subscriber;
+pub mod subsets;
 pub mod tasks;

@@ -22,9 +22,13 @@ pub struct ReadyLabels {
 pub struct ControlMetrics {
     pub registry: Registry,
     pub subscribers: Gauge,
+    /// Subsetted subscriptions held (one per stream and subsetted service).
+    pub subset_subscriptions: Gauge,
     pub deltas: Counter,
     pub bytes_sent: Counter,
     pub messages_sent: Counter,
+    /// Batches handed to subscribers' streams (one write each, at most).
+    pub stream_writes: Counter,
     pub coalesced: Counter,
     pub snapshots: Counter,
     pub propagation: Histogram,
@@ -59,6 +63,18 @@ impl ControlMetrics {
             "subscribers",
             "Proxies connected to the distribution stream",
             subscribers.clone(),
+        );
+        let subset_subscriptions = Gauge::default();
+        registry.register(
+            "subset_subscriptions",
+            "Subsetted subscriptions held (one per stream and subsetted service)",
+            subset_subscriptions.clone(),
+        );
+        let stream_writes = Counter::default();
+        registry.register(
+            "stream_writes",
+            "Batches of messages handed to subscribers' streams (each written in one go)",
+            stream_writes.clone(),
         );
         let deltas = Counter::default();
         registry.register(
@@ -174,9 +190,11 @@ impl ControlMetrics {
             instance_start_failures,
             activation_to_spawn,
             subscribers,
+            subset_subscriptions,
             deltas,
             bytes_sent,
             messages_sent,
+            stream_writes,
             coalesced,
             snapshots,
             propagation,

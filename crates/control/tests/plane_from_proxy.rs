@@ -133,7 +133,7 @@ async fn open_stream(
             services: vec![service.into()],
             resume_version: 0,
             resume_incarnation: 0,
-            peer_address: String::new(),
+            ..Default::default()
         })),
     })
     .await

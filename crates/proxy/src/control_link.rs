@@ -5,7 +5,7 @@
 //! endpoints it had while it reconnects with backoff and resumes from its
 //! last version.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use tonic::transport::Endpoint as GrpcEndpoint;
 
 use crate::config::NodeConfig;
 use crate::merge_window::MergeWindow;
-use crate::snapshot::ServiceFeed;
+use crate::snapshot::{ServiceFeed, Watched};
 use crate::state::ProxyState;
 
 /// No message (heartbeats included) for this long: the stream is dead.
@@ -96,6 +96,34 @@ fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
         .collect()
 }
 
+/// The services and subset requests of a `Hello` or `Subscribe`.
+fn requests(w: &Watched) -> (Vec<String>, Vec<v1::SubsetRequest>) {
+    let subsets = w
+        .subsets
+        .iter()
+        .map(|(service, &size)| v1::SubsetRequest {
+            service: service.clone(),
+            size,
+        })
+        .collect();
+    (w.services.iter().cloned().collect(), subsets)
+}
+
+/// This proxy's identity for subset indices: its node name, else an id
+/// drawn once per process (the std hasher's random keys over the clock).
+fn subscriber_identity(node: &NodeConfig) -> String {
+    use std::hash::BuildHasher;
+    if let Some(name) = node.name.as_ref().filter(|n| !n.is_empty()) {
+        return name.clone();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let id = std::collections::hash_map::RandomState::new().hash_one((now, std::process::id()));
+    format!("proxy-{id:016x}")
+}
+
 /// The proxy's own view of the streamed services: endpoints per service.
 /// Per service: its endpoints by id and its settings, as received.
 type Table = BTreeMap<String, TableEntry>;
@@ -114,7 +142,7 @@ pub async fn run(
     token: Option<String>,
     merge_window: Duration,
     node: NodeConfig,
-    mut watched: watch::Receiver<BTreeSet<String>>,
+    mut watched: watch::Receiver<Watched>,
     mut activate: mpsc::UnboundedReceiver<String>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -127,11 +155,13 @@ pub async fn run(
     let mut merge = MergeWindow::new(merge_window);
     let mut resume = Resume::default();
     let mut backoff = BACKOFF_MIN;
+    let subscriber = subscriber_identity(&node);
     loop {
         let link = Link {
             table: &mut table,
             merge: &mut merge,
             resume: &mut resume,
+            subscriber: &subscriber,
         };
         let session = session(
             &state,
@@ -177,6 +207,8 @@ struct Link<'a> {
     table: &'a mut Table,
     merge: &'a mut MergeWindow,
     resume: &'a mut Resume,
+    /// This proxy's identity for subset indices, the same on every stream.
+    subscriber: &'a str,
 }
 
 /// One stream, from connect to disconnect.
@@ -185,7 +217,7 @@ async fn session(
     uri: &str,
     token: Option<&str>,
     node: &NodeConfig,
-    watched: &mut watch::Receiver<BTreeSet<String>>,
+    watched: &mut watch::Receiver<Watched>,
     activate: &mut mpsc::UnboundedReceiver<String>,
     link: Link<'_>,
 ) -> Result<(), LinkError> {
@@ -193,6 +225,7 @@ async fn session(
         table,
         merge,
         resume,
+        subscriber,
     } = link;
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
@@ -212,7 +245,7 @@ async fn session(
             Ok(req)
         });
     let (tx, rx) = mpsc::channel::<ClientMessage>(16);
-    let services: Vec<String> = watched.borrow_and_update().iter().cloned().collect();
+    let (services, subsets) = requests(&watched.borrow_and_update());
     let hello = ClientMessage {
         msg: Some(client_message::Msg::Hello(v1::Hello {
             node: node.name.clone().unwrap_or_default(),
@@ -225,6 +258,8 @@ async fn session(
                 .get()
                 .map(ToString::to_string)
                 .unwrap_or_default(),
+            subsets,
+            subscriber: subscriber.to_owned(),
         })),
     };
     tx.send(hello).await?;
@@ -306,10 +341,10 @@ async fn session(
                 if changed.is_err() {
                     return Ok(());
                 }
-                let services: Vec<String> = watched.borrow_and_update().iter().cloned().collect();
+                let (services, subsets) = requests(&watched.borrow_and_update());
                 table.retain(|s, _| services.contains(s));
                 merge.retain(|s| services.iter().any(|w| w == s));
-                let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services })) };
+                let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services, subsets })) };
                 tx.send(sub).await?;
             }
         }

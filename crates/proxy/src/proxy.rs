@@ -62,7 +62,7 @@ pub struct Proxy {
     admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
     /// The services `service:` clusters reference; the control link follows it.
-    watched: watch::Sender<std::collections::BTreeSet<String>>,
+    watched: watch::Sender<crate::snapshot::Watched>,
     tasks: Vec<JoinHandle<()>>,
     reloading: Mutex<()>,
     /// A copy of the admin server's listening socket, to hand over.
@@ -102,7 +102,7 @@ impl Proxy {
                 .ok()
         });
         let snapshot = Snapshot::build(config, None, &Default::default())?;
-        let watched = snapshot.watched_services();
+        let watched = snapshot.watched();
         let (activate_tx, activate_rx) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ProxyState {
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -312,7 +312,7 @@ impl Proxy {
         };
         let snapshot =
             Snapshot::build(config.clone(), Some(&current), &self.state.service_feeds())?;
-        let watched = snapshot.watched_services();
+        let watched = snapshot.watched();
         let mut listeners = self.listeners.lock().await;
         // Certificates read and checked, and new listeners bound, before
         // anything changes.
@@ -355,7 +355,7 @@ impl Proxy {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut snapshot = snapshot;
-            for service in &watched {
+            for service in &watched.services {
                 snapshot = snapshot.with_service(service, &services)?;
             }
             self.state.snapshot.store(Arc::new(snapshot));

@@ -98,8 +98,8 @@ impl UpstreamCluster {
             tracing::warn!(
                 cluster = %config.name,
                 endpoints = endpoints.len(),
-                table_size = balance.balancer.table_size,
-                "Maglev table under 100 entries per endpoint: keys spread unevenly; set balancer.table_size to a prime of at least 100x the endpoints (at most 5,000,011)"
+                table_size = balance.maglev_table_size(endpoints.len()),
+                "Maglev table at its cap (balancer.max_table_size) is under 100 entries per endpoint: keys spread unevenly"
             );
         }
         let lb = match previous {
@@ -257,6 +257,40 @@ impl Snapshot {
             .filter_map(|c| c.service.clone())
             .collect()
     }
+
+    /// What the control link asks for: every referenced service, and a
+    /// subset size for a service when every cluster referencing it asks
+    /// for one (the largest; one cluster without `subset` needs every
+    /// endpoint, and the proxy holds one view per service).
+    pub fn watched(&self) -> Watched {
+        let mut subsets = std::collections::BTreeMap::new();
+        let mut whole = std::collections::BTreeSet::new();
+        for c in &self.config.clusters {
+            let Some(service) = &c.service else { continue };
+            match c.subset {
+                Some(s) => {
+                    let size = subsets.entry(service.clone()).or_insert(s.size);
+                    *size = (*size).max(s.size);
+                }
+                None => {
+                    whole.insert(service.clone());
+                }
+            }
+        }
+        subsets.retain(|s, _| !whole.contains(s));
+        Watched {
+            services: self.watched_services(),
+            subsets,
+        }
+    }
+}
+
+/// The services a proxy follows, and the subset size of those it follows
+/// as a subset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Watched {
+    pub services: std::collections::BTreeSet<String>,
+    pub subsets: std::collections::BTreeMap<String, u32>,
 }
 
 #[cfg(test)]
@@ -300,5 +334,34 @@ mod tests {
         assert_eq!(c.balancer.policy, "maglev");
         let (c, e) = effective_config(&declared, None, 3, false);
         assert!(e.is_none() && c == declared);
+    }
+
+    /// A service is asked as a subset only when every cluster on it asks
+    /// for one (the largest size); one cluster without `subset` needs all.
+    #[test]
+    fn watched_asks_a_subset_only_when_every_cluster_does() {
+        let yaml = "control: { address: \"127.0.0.1:1\" }\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: a }]\nclusters:\n  - { name: a, service: ns/a, subset: { size: 5 } }\n  - { name: a2, service: ns/a, subset: { size: 8 } }\n  - { name: b, service: ns/b, subset: { size: 5 } }\n  - { name: b2, service: ns/b }\n  - { name: c, service: ns/c }\n";
+        let config = crate::ProxyConfig::parse(yaml, "p.yaml").expect("valid");
+        let snap = Snapshot::build(config, None, &Default::default()).expect("snapshot");
+        let w = snap.watched();
+        assert_eq!(
+            w.services.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["ns/a", "ns/b", "ns/c"]
+        );
+        assert_eq!(
+            w.subsets.into_iter().collect::<Vec<_>>(),
+            [("ns/a".to_owned(), 8)]
+        );
+        let bad = |extra: &str| {
+            let y = yaml.replace("subset: { size: 5 } }\n  - { name: b2", extra);
+            crate::ProxyConfig::parse(&y, "p.yaml")
+                .expect_err("invalid")
+                .to_string()
+        };
+        let e = bad("subset: { size: 0 } }\n  - { name: b2");
+        assert!(
+            e.contains("clusters[2].subset.size: must be 1..=100000, got 0"),
+            "{e}"
+        );
     }
 }

@@ -74,7 +74,7 @@ async fn subscribe(
             services: vec!["shop/cart".into()],
             resume_version: resume.0,
             resume_incarnation: resume.1,
-            peer_address: String::new(),
+            ..Default::default()
         })),
     })
     .await

@@ -9,6 +9,34 @@ use crate::context::PickContext;
 pub const DEFAULT_TABLE_SIZE: usize = 65_537;
 /// Largest lookup-table size (Envoy's limit; prime).
 pub const MAX_TABLE_SIZE: usize = 5_000_011;
+/// Entries per endpoint a table grows to (Envoy's guidance: at least 100,
+/// for an ownership spread within about 1%).
+pub const ENTRIES_PER_ENDPOINT: usize = 100;
+
+/// The table size for `endpoints` endpoints with `floor` configured
+/// (`balancer.table_size`, prime) and `cap` (`balancer.max_table_size`,
+/// prime, at most [`MAX_TABLE_SIZE`]): `floor` while it holds
+/// [`ENTRIES_PER_ENDPOINT`] per endpoint, else the smallest prime at or
+/// above `floor x 2^k` for the smallest `k` that does, at most `cap` (with
+/// the default cap, above 50,000 endpoints the table stays at the cap).
+///
+/// A pure function of `(floor, cap, endpoints)`, so every proxy with the
+/// same endpoints builds the same table; the size changes (and every key
+/// may move, as on any resize) only when the count crosses a class
+/// boundary `floor x 2^k / 100`: 655, 1,310, 2,621, ... endpoints for the
+/// default floor. Between boundaries a change moves keys as Maglev does.
+pub fn table_size_for(floor: usize, cap: usize, endpoints: usize) -> usize {
+    let want = endpoints.saturating_mul(ENTRIES_PER_ENDPOINT);
+    let cap = cap.max(floor);
+    if floor >= want || floor >= cap {
+        return floor;
+    }
+    let mut class = floor.max(1);
+    while class < want && class < cap {
+        class = class.saturating_mul(2);
+    }
+    next_prime(class.min(cap)).min(cap)
+}
 
 const OFFSET_SEED: u64 = 0x6d61_676c_6576_6f66; // "maglevof"
 const SKIP_SEED: u64 = 0x6d61_676c_6576_736b; // "maglevsk"

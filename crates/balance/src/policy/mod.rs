@@ -14,7 +14,10 @@ use std::fmt;
 
 pub use bounded::{BoundedLoad, load_factor_percent};
 pub use least_request::LeastRequest;
-pub use maglev::{DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, Maglev, is_prime, next_prime};
+pub use maglev::{
+    DEFAULT_TABLE_SIZE, ENTRIES_PER_ENDPOINT, MAX_TABLE_SIZE, Maglev, is_prime, next_prime,
+    table_size_for,
+};
 pub use p2c::{DEFAULT_CHOICES, PowerOfChoices};
 pub use random::Random;
 pub use ring_hash::{MAX_RING_SIZE, RingHash, auto_ring_size};

@@ -23,9 +23,12 @@ pub struct BalancerYaml {
     /// Draws per pick for p2c.
     #[serde(default = "default_choices")]
     pub choices: usize,
-    /// Maglev table size (prime).
+    /// The smallest Maglev table (prime); it grows with the endpoints.
     #[serde(default = "default_table_size")]
     pub table_size: usize,
+    /// The largest the Maglev table grows to (prime).
+    #[serde(default = "default_max_table_size")]
+    pub max_table_size: usize,
     /// Ring size; absent = 160 points per endpoint.
     #[serde(default)]
     pub ring_size: Option<usize>,
@@ -51,6 +54,7 @@ impl Default for BalancerYaml {
             load_factor: default_load_factor(),
             choices: default_choices(),
             table_size: default_table_size(),
+            max_table_size: default_max_table_size(),
             ring_size: None,
             over: default_over(),
             declared: false,
@@ -70,6 +74,9 @@ fn default_choices() -> usize {
 }
 fn default_table_size() -> usize {
     BalancerConfig::default().table_size
+}
+fn default_max_table_size() -> usize {
+    BalancerConfig::default().max_table_size
 }
 fn default_over() -> String {
     BalancerConfig::default().over.name().to_owned()

@@ -30,6 +30,10 @@ pub struct ClusterConfig {
     /// Endpoints from the control plane: `NAMESPACE/NAME` (instead of `endpoints`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// Follow a deterministic subset of the service's endpoints (with
+    /// `service` only; absent: every endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<SubsetConfig>,
     /// Algorithm and affinity key.
     #[serde(default)]
     pub balancer: BalancerYaml,
@@ -91,6 +95,18 @@ fn default_panic_mode() -> bool {
     true
 }
 
+/// `subset:` of a `service:` cluster: the control plane streams this proxy
+/// `size` of the service's endpoints (deterministic subsetting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsetConfig {
+    /// Endpoints in the subset, 1..=[`MAX_SUBSET_SIZE`].
+    pub size: u32,
+}
+
+/// The largest `subset.size` accepted.
+pub const MAX_SUBSET_SIZE: u32 = 100_000;
+
 /// One static endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -135,6 +151,20 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             return fail(
                 "service".to_owned(),
                 "needs the top-level `control` block".into(),
+            );
+        }
+    }
+    if let Some(subset) = &c.subset {
+        if c.service.is_none() {
+            return fail(
+                "subset".to_owned(),
+                "needs `service` (static endpoints are never subset)".into(),
+            );
+        }
+        if !(1..=MAX_SUBSET_SIZE).contains(&subset.size) {
+            return fail(
+                "subset.size".to_owned(),
+                format!("must be 1..={MAX_SUBSET_SIZE}, got {}", subset.size),
             );
         }
     }
@@ -281,6 +311,7 @@ impl ClusterConfig {
                 choices: b.choices,
                 ring_size: b.ring_size,
                 table_size: b.table_size,
+                max_table_size: b.max_table_size,
                 load_factor: b.load_factor,
                 over,
             },

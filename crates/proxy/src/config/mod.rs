@@ -521,6 +521,11 @@ clusters:
             e.contains("clusters[1].balancer.table_size: must be prime, got 4"),
             "{e}"
         );
+        let e = invalid(&GOOD.replace(
+            "balancer: { policy: p2c,",
+            "subset: { size: 3 }\n    balancer: { policy: p2c,",
+        ));
+        assert!(e.contains("clusters[1].subset: needs `service`"), "{e}");
         let e = invalid(&GOOD.replace("cluster: api\n", "\n"));
         assert!(
             e.contains("listeners[0].routes[0]: exactly one of `cluster` or `weighted_clusters`"),

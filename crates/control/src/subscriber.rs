@@ -1,0 +1,621 @@
+//! One subscriber's stream task: a snapshot (or a replay from its resume
+//! version), then deltas from the shared broadcast ring and heartbeats,
+//! while it reads the subscriber's load reports, activations and changes
+//! of what it watches.
+//!
+//! A watched service is followed whole (the shared encoding of every
+//! delta) or, when the subscriber asked for a subset of it, through a
+//! [`SubsetLease`]: a reset of its members, then only the deltas of its
+//! subset key. Each service has a floor: deltas at or below it are already
+//! in what the subscriber was sent (its snapshot, replay or reset).
+//!
+//! Placements: the task also sends the ahead-of-time placement of every
+//! watched service at zero (`placement.rs`), and what changes of them.
+//!
+//! Batched writes: messages are gathered in `pending`; when the task wakes
+//! for a delta it also takes every delta already queued in the ring (up
+//! to `stream_batch` messages) and hands them to the stream as one batch,
+//! which tonic encodes into one buffer: one HTTP/2 DATA frame and one
+//! write for many messages, and one wake of the connection's task.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
+use tokio::sync::{broadcast, mpsc, watch};
+use tonic::{Status, Streaming};
+
+use crate::distributor::{Distributor, EncodedDelta, SubsetLease};
+use crate::placement::Peer;
+
+/// How often an idle stream carries a heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Why a subscriber's stream ended early.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StreamEnd {
+    #[error("subscriber went away")]
+    Gone,
+    #[error("inbound stream: {0}")]
+    Inbound(Status),
+}
+
+/// Batches of messages, written in one go each.
+pub(crate) type Out = mpsc::Sender<Vec<ServerMessage>>;
+
+/// The response stream: the messages of each batch in order, all ready at
+/// once, so tonic's encoder puts a whole batch into one buffer.
+pub(crate) struct Batches {
+    rx: mpsc::Receiver<Vec<ServerMessage>>,
+    current: std::vec::IntoIter<ServerMessage>,
+}
+
+impl Batches {
+    pub(crate) fn new(rx: mpsc::Receiver<Vec<ServerMessage>>) -> Self {
+        Self {
+            rx,
+            current: Vec::new().into_iter(),
+        }
+    }
+}
+
+impl tokio_stream::Stream for Batches {
+    type Item = Result<ServerMessage, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        loop {
+            if let Some(m) = self.current.next() {
+                return Poll::Ready(Some(Ok(m)));
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(batch)) => self.current = batch.into_iter(),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+fn delta_msg(bytes: Bytes) -> ServerMessage {
+    ServerMessage {
+        msg: Some(server_message::Msg::Delta(bytes)),
+    }
+}
+
+/// The services a `Hello` or `Subscribe` asks for: every watched service,
+/// and the subset size of those asked as subsets (size 0: whole).
+fn requested(
+    services: Vec<String>,
+    subsets: Vec<v1::SubsetRequest>,
+) -> (BTreeSet<String>, BTreeMap<String, u32>) {
+    let mut watched: BTreeSet<String> = services.into_iter().collect();
+    let mut sizes = BTreeMap::new();
+    for s in subsets.into_iter().filter(|s| s.size > 0) {
+        watched.insert(s.service.clone());
+        sizes.insert(s.service, s.size);
+    }
+    (watched, sizes)
+}
+
+/// What one stream follows and has been sent.
+struct Follow<'a> {
+    d: &'a Distributor,
+    out: Out,
+    /// Who holds subset indices: the `Hello`'s subscriber, else its node,
+    /// else this stream.
+    identity: String,
+    watched: BTreeSet<String>,
+    /// Per service followed whole: its floor.
+    floors: BTreeMap<String, u64>,
+    /// Per service followed as a subset.
+    leases: BTreeMap<String, SubsetLease<'a>>,
+    /// The highest version sent (heartbeats carry it).
+    sent_up_to: u64,
+    /// Messages gathered for the next write.
+    pending: Vec<ServerMessage>,
+    /// Messages per write at most (`stream_batch`).
+    batch: usize,
+}
+
+impl<'a> Follow<'a> {
+    /// Queues `msg` for the next write; writes when the batch is full.
+    async fn send(&mut self, msg: ServerMessage, delta_bytes: usize) -> Result<(), StreamEnd> {
+        self.pending.push(msg);
+        self.d.metrics.messages_sent.inc();
+        self.d.metrics.bytes_sent.inc_by(delta_bytes as u64);
+        if self.pending.len() >= self.batch {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is gathered, as one batch.
+    async fn flush(&mut self) -> Result<(), StreamEnd> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(self.batch));
+        self.out.send(batch).await.map_err(|_| StreamEnd::Gone)?;
+        self.d.metrics.stream_writes.inc();
+        Ok(())
+    }
+
+    /// After a delta: takes the deltas already queued in the ring too
+    /// (up to a batch), then writes them all at once.
+    async fn drain(
+        &mut self,
+        rx: &mut broadcast::Receiver<std::sync::Arc<EncodedDelta>>,
+    ) -> Result<bool, StreamEnd> {
+        use broadcast::error::TryRecvError;
+        // Bounded, so a ring full of other services' deltas cannot keep
+        // this task from its other duties.
+        for _ in 0..self.batch * 4 {
+            if self.pending.len() >= self.batch {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(delta) if self.watched.contains(&delta.service) => self.on_delta(&delta).await?,
+                Ok(_) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Lagged(_)) => {
+                    *rx = self.d.tx.subscribe();
+                    self.catch_up().await?;
+                    break;
+                }
+                Err(TryRecvError::Closed) => {
+                    self.flush().await?;
+                    return Ok(false);
+                }
+            }
+        }
+        self.flush().await?;
+        Ok(true)
+    }
+
+    async fn send_delta(&mut self, bytes: Bytes) -> Result<(), StreamEnd> {
+        let n = bytes.len();
+        self.send(delta_msg(bytes), n).await
+    }
+
+    /// Whole resets of `services`; their floors move to the version read.
+    async fn send_resets(&mut self, services: &[String]) -> Result<u64, StreamEnd> {
+        let (version, resets) = self.d.resets(services);
+        for s in services {
+            self.floors.insert(s.clone(), version);
+        }
+        for bytes in resets {
+            self.send_delta(bytes).await?;
+        }
+        Ok(version)
+    }
+
+    /// Starts following `service` as a subset of `size`: its reset.
+    async fn lease(&mut self, service: &str, size: u32) -> Result<(), StreamEnd> {
+        self.floors.remove(service);
+        let (lease, bytes) = self.d.lease_subset(service, size, &self.identity);
+        self.leases.insert(service.to_owned(), lease);
+        self.send_delta(bytes).await
+    }
+
+    /// Services followed whole.
+    fn whole(&self) -> Vec<String> {
+        self.watched
+            .iter()
+            .filter(|s| !self.leases.contains_key(*s))
+            .cloned()
+            .collect()
+    }
+
+    /// Hands a published delta to the subscriber if it concerns it.
+    async fn on_delta(&mut self, delta: &EncodedDelta) -> Result<(), StreamEnd> {
+        let bytes = if let Some(lease) = self.leases.get_mut(&delta.service) {
+            if delta.version <= lease.floor {
+                return Ok(());
+            }
+            match &delta.subsets {
+                None => Some(delta.bytes.clone()),
+                Some(slot) => {
+                    let kept = slot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .as_ref()
+                        .map(|per_key| per_key.get(&lease.key).cloned());
+                    // Payloads gone (the delta is SUBSET_WINDOW old): the
+                    // subset's current members instead; the floor moves.
+                    kept.unwrap_or_else(|| {
+                        self.d.metrics.coalesced.inc();
+                        Some(lease.reset())
+                    })
+                }
+            }
+        } else {
+            match self.floors.get(&delta.service) {
+                Some(&floor) if delta.version > floor => Some(delta.bytes.clone()),
+                _ => return Ok(()),
+            }
+        };
+        if let Some(bytes) = bytes {
+            self.send_delta(bytes).await?;
+            let age = delta.committed.elapsed().as_secs_f64();
+            self.d.metrics.propagation.observe(age);
+        }
+        self.sent_up_to = self.sent_up_to.max(delta.version);
+        Ok(())
+    }
+
+    /// Too slow for the ring: one reset per service replaces what it missed.
+    async fn catch_up(&mut self) -> Result<(), StreamEnd> {
+        self.d.metrics.coalesced.inc();
+        let whole = self.whole();
+        let v = self.send_resets(&whole).await?;
+        self.sent_up_to = self.sent_up_to.max(v);
+        let resets: Vec<Bytes> = self.leases.values_mut().map(|l| l.reset()).collect();
+        for bytes in resets {
+            self.send_delta(bytes).await?;
+        }
+        Ok(())
+    }
+
+    /// A `Subscribe`: follows what it asks from now on; services newly
+    /// followed (or followed another way) get a reset.
+    async fn resubscribe(&mut self, s: v1::Subscribe) -> Result<(), StreamEnd> {
+        let (watched, sizes) = requested(s.services, s.subsets);
+        let mut fresh: Vec<String> = Vec::new();
+        let changed: Vec<String> = self
+            .leases
+            .iter()
+            .filter(|(service, l)| sizes.get(*service) != Some(&l.key.size))
+            .map(|(service, _)| service.clone())
+            .collect();
+        for service in changed {
+            self.leases.remove(&service);
+            if watched.contains(&service) && !sizes.contains_key(&service) {
+                fresh.push(service);
+            }
+        }
+        for service in &watched {
+            let new = !self.watched.contains(service);
+            if new && !sizes.contains_key(service) {
+                fresh.push(service.clone());
+            }
+        }
+        self.floors.retain(|s, _| watched.contains(s));
+        self.watched = watched;
+        for (service, size) in sizes {
+            if !self.leases.contains_key(&service) {
+                self.lease(&service, size).await?;
+            }
+        }
+        self.send_resets(&fresh).await?;
+        Ok(())
+    }
+
+    /// The snapshot (or a replay of whole services from the resume
+    /// version) and every subset's reset; returns the version it covers.
+    async fn start(
+        &mut self,
+        hello: &v1::Hello,
+        sizes: BTreeMap<String, u32>,
+    ) -> Result<(), StreamEnd> {
+        for (service, size) in sizes {
+            self.lease(&service, size).await?;
+        }
+        let whole = self.whole();
+        let same_incarnation = hello.resume_incarnation == self.d.incarnation;
+        let replay = (hello.resume_version > 0 && same_incarnation)
+            .then(|| {
+                self.d
+                    .replay(hello.resume_version, &whole.iter().cloned().collect())
+            })
+            .flatten();
+        let v = match replay {
+            Some(deltas) => {
+                let mut v = hello.resume_version;
+                for delta in deltas {
+                    v = v.max(delta.version);
+                    self.send_delta(delta.bytes.clone()).await?;
+                }
+                v
+            }
+            None => {
+                self.d.metrics.snapshots.inc();
+                let v = self.send_resets(&whole).await?;
+                let done = v1::SnapshotDone {
+                    version: v,
+                    incarnation: self.d.incarnation,
+                };
+                let msg = server_message::Msg::SnapshotDone(done);
+                self.send(ServerMessage { msg: Some(msg) }, 0).await?;
+                v
+            }
+        };
+        for s in whole {
+            self.floors.insert(s, v);
+        }
+        self.sent_up_to = v;
+        self.flush().await
+    }
+}
+
+/// Serves one subscriber until it leaves, the plane closes or the ring
+/// closes. Subset leases are released when this returns or is dropped.
+pub(crate) async fn serve(
+    d: &Distributor,
+    id: u64,
+    hello: v1::Hello,
+    mut inbound: Streaming<ClientMessage>,
+    out: Out,
+    batch: usize,
+) -> Result<(), StreamEnd> {
+    let mut closing = d.closing.subscribe();
+    if *closing.borrow() {
+        return Ok(());
+    }
+    let identity = [&hello.subscriber, &hello.node]
+        .into_iter()
+        .find(|s| !s.is_empty())
+        .cloned()
+        .unwrap_or_else(|| format!("stream-{id}"));
+    d.placements.join(id, &hello.node, &hello.peer_address);
+    let (watched, sizes) = requested(hello.services.clone(), hello.subsets.clone());
+    // Subscribe before reading state, so no delta falls between the two.
+    let mut rx = d.tx.subscribe();
+    let mut f = Follow {
+        d,
+        out,
+        identity,
+        watched,
+        floors: BTreeMap::new(),
+        leases: BTreeMap::new(),
+        sent_up_to: 0,
+        pending: Vec::with_capacity(batch.max(1)),
+        batch: batch.max(1),
+    };
+    f.start(&hello, sizes).await?;
+    let mut placed = PlacementsSent::new(d);
+    placed.send_changes(&mut f).await?;
+    f.flush().await?;
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.tick().await;
+    loop {
+        tokio::select! {
+            got = rx.recv() => match got {
+                Ok(delta) => {
+                    if f.watched.contains(&delta.service) {
+                        f.on_delta(&delta).await?;
+                    }
+                    if !f.drain(&mut rx).await? {
+                        return Ok(());
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    rx = d.tx.subscribe();
+                    f.catch_up().await?;
+                    f.flush().await?;
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            msg = inbound.message() => match msg {
+                Ok(Some(ClientMessage { msg: Some(m) })) => {
+                    let resubscribed = matches!(m, client_message::Msg::Subscribe(_));
+                    on_message(&mut f, id, &hello.node, m).await?;
+                    if resubscribed {
+                        placed.send_changes(&mut f).await?;
+                    }
+                    f.flush().await?;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(s) => return Err(StreamEnd::Inbound(s)),
+            },
+            Ok(()) = placed.changed.changed() => {
+                placed.send_changes(&mut f).await?;
+                f.flush().await?;
+            }
+            _ = closing.changed() => return Ok(()),
+            _ = heartbeat.tick() => {
+                let hb = v1::Heartbeat { version: f.sent_up_to };
+                let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
+                f.send(msg, 0).await?;
+                f.flush().await?;
+            }
+        }
+    }
+}
+
+/// What one subscriber was last told of the placements of the services it
+/// watches; it is sent what differs (an empty node: withdrawn).
+struct PlacementsSent {
+    changed: watch::Receiver<u64>,
+    sent: BTreeMap<String, Peer>,
+}
+
+impl PlacementsSent {
+    fn new(d: &Distributor) -> Self {
+        Self {
+            changed: d.placements.changed(),
+            sent: BTreeMap::new(),
+        }
+    }
+
+    /// Queues on `f` the placements of its watched services that differ
+    /// from what it was told.
+    async fn send_changes(&mut self, f: &mut Follow<'_>) -> Result<(), StreamEnd> {
+        self.changed.mark_unchanged();
+        let mut now = f.d.placements.current();
+        now.retain(|s, _| f.watched.contains(s));
+        let withdrawn: Vec<String> = self
+            .sent
+            .keys()
+            .filter(|s| !now.contains_key(*s))
+            .cloned()
+            .collect();
+        for service in withdrawn {
+            self.sent.remove(&service);
+            let gone = v1::Placement {
+                service,
+                ..Default::default()
+            };
+            f.send(placement_msg(gone), 0).await?;
+        }
+        for (service, peer) in now {
+            if self.sent.get(&service) == Some(&peer) {
+                continue;
+            }
+            let msg = v1::Placement {
+                service: service.clone(),
+                node: peer.node.clone(),
+                address: peer.address.clone(),
+            };
+            self.sent.insert(service, peer);
+            f.send(placement_msg(msg), 0).await?;
+        }
+        Ok(())
+    }
+}
+
+fn placement_msg(p: v1::Placement) -> ServerMessage {
+    ServerMessage {
+        msg: Some(server_message::Msg::Placement(p)),
+    }
+}
+
+/// One message from the subscriber.
+async fn on_message(
+    f: &mut Follow<'_>,
+    id: u64,
+    hello_node: &str,
+    msg: client_message::Msg,
+) -> Result<(), StreamEnd> {
+    match msg {
+        client_message::Msg::Subscribe(s) => f.resubscribe(s).await?,
+        client_message::Msg::Load(load) => f.d.record_load(id, hello_node, &load),
+        client_message::Msg::Activate(a) => {
+            // Node-local activation: the node that holds the request.
+            let node = if a.node.is_empty() {
+                hello_node.to_owned()
+            } else {
+                a.node
+            };
+            f.d.request_activation(&a.service, node);
+        }
+        client_message::Msg::Hello(_) | client_message::Msg::Ack(_) => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use meshless_model::{Endpoint, EndpointId};
+
+    use super::*;
+    use crate::metrics::ControlMetrics;
+    use crate::registry::{Registry, ServiceDelta};
+
+    fn delta(version: u64) -> ServiceDelta {
+        ServiceDelta {
+            service: "ns/a".into(),
+            version,
+            upserted: vec![(
+                Endpoint::new("e", "10.0.0.1:80".parse().expect("addr")),
+                "s".into(),
+            )],
+            removed: vec![EndpointId::new("gone")],
+            reset: false,
+            activation_error: None,
+            settings: None,
+        }
+    }
+
+    /// Deltas already queued when the task wakes leave in one batch (up to
+    /// `batch`), in order; the rest in the next.
+    #[tokio::test]
+    async fn queued_deltas_leave_in_one_write() {
+        let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
+        let metrics = Arc::new(ControlMetrics::new());
+        let d = Distributor::new(Arc::clone(&registry), metrics, 64);
+        let mut rx = d.tx.subscribe();
+        for _ in 0..20 {
+            let v = registry.lock().expect("lock").next_version();
+            d.publish(&delta(v), Instant::now());
+        }
+        let (out, mut batches) = mpsc::channel(4);
+        let mut f = Follow {
+            d: &d,
+            out,
+            identity: "n".into(),
+            watched: ["ns/a".to_owned()].into(),
+            floors: [("ns/a".to_owned(), 0)].into(),
+            leases: BTreeMap::new(),
+            sent_up_to: 0,
+            pending: Vec::new(),
+            batch: 16,
+        };
+        let first = rx.recv().await.expect("delta");
+        f.on_delta(&first).await.expect("sent");
+        assert!(f.drain(&mut rx).await.expect("drained"));
+        assert!(f.drain(&mut rx).await.expect("drained"));
+        let sizes: Vec<usize> = std::iter::from_fn(|| batches.try_recv().ok())
+            .map(|b| b.len())
+            .collect();
+        assert_eq!(sizes, [16, 4]);
+        assert_eq!(d.metrics.stream_writes.get(), 2);
+        assert_eq!(d.metrics.messages_sent.get(), 20);
+        assert_eq!(f.sent_up_to, 20);
+    }
+
+    /// A subsetted subscriber reaching a delta whose subset payloads were
+    /// dropped (older than SUBSET_WINDOW) gets one reset of its subset,
+    /// then nothing it already has.
+    #[tokio::test]
+    async fn a_subscriber_past_the_subset_window_gets_a_reset() {
+        let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
+        let metrics = Arc::new(ControlMetrics::new());
+        let d = Distributor::new(Arc::clone(&registry), metrics, 4096);
+        let mut rx = d.tx.subscribe();
+        let (lease, _) = d.lease_subset("ns/a", 1, "n");
+        let n = crate::distributor::SUBSET_WINDOW + 10;
+        for _ in 0..n {
+            let v = registry.lock().expect("lock").next_version();
+            d.publish(&delta(v), Instant::now());
+        }
+        let (out, mut batches) = mpsc::channel(64);
+        let mut f = Follow {
+            d: &d,
+            out,
+            identity: "n".into(),
+            watched: ["ns/a".to_owned()].into(),
+            floors: BTreeMap::new(),
+            leases: [("ns/a".to_owned(), lease)].into(),
+            sent_up_to: 0,
+            pending: Vec::new(),
+            batch: 16,
+        };
+        let first = rx.recv().await.expect("delta");
+        f.on_delta(&first).await.expect("sent");
+        while !rx.is_empty() {
+            assert!(f.drain(&mut rx).await.expect("drained"));
+        }
+        f.flush().await.expect("flushed");
+        let msgs: Vec<ServerMessage> = std::iter::from_fn(|| batches.try_recv().ok())
+            .flatten()
+            .collect();
+        assert_eq!(msgs.len(), 1, "one reset, then nothing it already has");
+        let Some(server_message::Msg::Delta(bytes)) = &msgs[0].msg else {
+            panic!("a delta");
+        };
+        let reset = meshless_api::decode_delta(bytes).expect("decodes");
+        assert!(reset.reset);
+        assert_eq!(reset.version, n as u64);
+        assert_eq!(reset.upserted.len(), 1);
+        assert_eq!(d.metrics.coalesced.get(), 1);
+    }
+}

@@ -1,0 +1,194 @@
+//! Deterministic subsetting in the stream (`meshless_control::subsets`):
+//! what every subsetted subscriber holds equals `meshless_model::subset`
+//! of the published endpoints after any sequence of changes.
+
+#![allow(clippy::unwrap_used)]
+use std::collections::BTreeMap;
+
+use meshless_api::v1;
+use meshless_control::subsets::{SubsetKey, Subsets};
+use proptest::prelude::*;
+
+fn ep(id: &str, port: u32) -> v1::Endpoint {
+    v1::Endpoint {
+        id: id.to_owned(),
+        addresses: vec!["10.0.0.1".into()],
+        port,
+        ..v1::Endpoint::default()
+    }
+}
+
+/// What a subscriber holds after applying `bytes` (the proxy's rule:
+/// reset clears; upserts, then removals).
+fn follow(view: &mut BTreeMap<String, v1::Endpoint>, bytes: &[u8]) {
+    let d = meshless_api::decode_delta(bytes).unwrap();
+    if d.reset {
+        view.clear();
+    }
+    for e in d.upserted {
+        view.insert(e.id.clone(), e);
+    }
+    for id in d.removed {
+        view.remove(&id);
+    }
+}
+
+/// A change to the service: put endpoint `id` (new, or a new port), or
+/// remove it, or a reset to a set.
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, u32),
+    Remove(u8),
+    Replace(u8, u8),
+    Reset(Vec<u8>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0u8..40, 1u32..4).prop_map(|(i, p)| Op::Put(i, p)),
+        4 => (0u8..40).prop_map(Op::Remove),
+        4 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::Replace(a, b)),
+        1 => proptest::collection::vec(0u8..40, 0..30).prop_map(Op::Reset),
+    ]
+}
+
+fn delta_of(op: &Op, version: u64) -> v1::Delta {
+    let id = |i: &u8| format!("pod-{i}");
+    let mut d = v1::Delta {
+        version,
+        service: "ns/a".into(),
+        ..v1::Delta::default()
+    };
+    match op {
+        Op::Put(i, p) => d.upserted.push(ep(&id(i), *p)),
+        Op::Remove(i) => d.removed.push(id(i)),
+        Op::Replace(a, b) => {
+            d.upserted.push(ep(&id(a), 9));
+            if a != b {
+                d.removed.push(id(b));
+            }
+        }
+        Op::Reset(ids) => {
+            d.reset = true;
+            d.upserted = ids.iter().map(|i| ep(&id(i), 1)).collect();
+        }
+    }
+    d
+}
+
+proptest! {
+    /// After any sequence of changes, every subscriber holds exactly
+    /// `subset()` of the current endpoints, with their latest fields,
+    /// whether it joined at the start or half-way.
+    #[test]
+    fn streamed_subsets_equal_the_model(
+        initial in proptest::collection::vec(0u8..40, 0..30),
+        ops in proptest::collection::vec(op(), 0..40),
+        sizes in proptest::collection::vec(1u32..8, 1..6),
+        join_at in 0usize..40,
+    ) {
+        let mut s = Subsets::default();
+        let mut truth: BTreeMap<String, v1::Endpoint> = BTreeMap::new();
+        let seed: Vec<v1::Endpoint> = initial.iter().map(|i| ep(&format!("pod-{i}"), 1)).collect();
+        s.seed("ns/a", 1, seed.clone(), None);
+        for e in seed {
+            truth.insert(e.id.clone(), e);
+        }
+        let mut subs: Vec<(SubsetKey, BTreeMap<String, v1::Endpoint>)> = Vec::new();
+        let join = |s: &mut Subsets, subs: &mut Vec<_>, n: usize| {
+            for (k, size) in sizes.iter().enumerate() {
+                let (key, _, bytes) = s.register("ns/a", *size, &format!("node-{n}-{k}"));
+                let mut view = BTreeMap::new();
+                follow(&mut view, &bytes);
+                subs.push((key, view));
+            }
+        };
+        join(&mut s, &mut subs, 0);
+        for (step, op) in ops.iter().enumerate() {
+            if step == join_at {
+                join(&mut s, &mut subs, 1);
+            }
+            let delta = delta_of(op, step as u64 + 2);
+            if delta.reset {
+                truth.clear();
+            }
+            for e in &delta.upserted {
+                truth.insert(e.id.clone(), e.clone());
+            }
+            for id in &delta.removed {
+                truth.remove(id);
+            }
+            let out = s.apply(&delta).unwrap();
+            for (key, view) in &mut subs {
+                if let Some(bytes) = out.get(key) {
+                    follow(view, bytes);
+                }
+            }
+            let ids: Vec<&str> = truth.keys().map(String::as_str).collect();
+            for (key, view) in &subs {
+                let want = meshless_model::subset::subset(&ids, key.index, key.size as usize);
+                let got: Vec<&str> = view.keys().map(String::as_str).collect();
+                prop_assert_eq!(&got, &want, "key {:?} after {:?}", key, op);
+                prop_assert_eq!(s.members("ns/a", *key), want.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+                for (id, e) in view {
+                    prop_assert_eq!(Some(e), truth.get(id), "stale fields of {}", id);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn identities_take_the_lowest_free_index_and_keep_it_while_held() {
+    let mut s = Subsets::default();
+    let eps: Vec<v1::Endpoint> = (0..10).map(|i| ep(&format!("p{i}"), 1)).collect();
+    s.seed("ns/a", 1, eps, None);
+    let (a, _, _) = s.register("ns/a", 3, "a");
+    let (b, _, _) = s.register("ns/a", 3, "b");
+    let (a2, _, _) = s.register("ns/a", 3, "a");
+    assert_eq!((a.index, b.index, a2.index), (0, 1, 0));
+    s.release("ns/a", 3, "a");
+    let (c, _, _) = s.register("ns/a", 3, "c");
+    assert_eq!(c.index, 2, "a still holds 0 through its second stream");
+    s.release("ns/a", 3, "a");
+    let (d, _, _) = s.register("ns/a", 3, "d");
+    assert_eq!(d.index, 0, "freed by a's last stream");
+    assert_eq!(s.members("ns/a", d).len(), 3);
+}
+
+#[test]
+fn a_change_outside_the_subset_sends_nothing_and_an_activation_error_goes_to_all() {
+    let mut s = Subsets::default();
+    let eps: Vec<v1::Endpoint> = (0..12).map(|i| ep(&format!("p{i}"), 1)).collect();
+    s.seed("ns/a", 1, eps, None);
+    let (key, _, _) = s.register("ns/a", 3, "a");
+    let members = s.members("ns/a", key);
+    let outside = (0..12)
+        .map(|i| format!("p{i}"))
+        .find(|id| !members.contains(id))
+        .unwrap();
+    let change = v1::Delta {
+        version: 2,
+        service: "ns/a".into(),
+        upserted: vec![ep(&outside, 7)],
+        ..v1::Delta::default()
+    };
+    assert!(s.apply(&change).unwrap().is_empty());
+    let inside = v1::Delta {
+        version: 3,
+        service: "ns/a".into(),
+        upserted: vec![ep(&members[0], 7)],
+        ..v1::Delta::default()
+    };
+    let out = s.apply(&inside).unwrap();
+    let got = meshless_api::decode_delta(&out[&key]).unwrap();
+    assert_eq!(got.upserted, vec![ep(&members[0], 7)]);
+    assert!(got.removed.is_empty());
+    let error = v1::Delta {
+        version: 4,
+        service: "ns/a".into(),
+        activation_error: "no".into(),
+        ..v1::Delta::default()
+    };
+    assert!(s.apply(&error).is_none(), "the shared bytes go to everyone");
+}

@@ -1,0 +1,227 @@
+//! Deterministic subsetting through real sockets: a control plane, real
+//! backends and a proxy whose cluster asks for `subset: { size: 3 }` of a
+//! 10-endpoint service, through a rolling update.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use common::*;
+use http::{Method, StatusCode};
+use meshless_backend::Backend;
+use meshless_control::plane::ControlPlane;
+use meshless_model::subset::subset;
+
+const SIZE: usize = 3;
+const N: usize = 10;
+
+/// Keeps sending requests through the proxy until `stop`; counts the
+/// requests and the ones that did not answer 200.
+fn client_loop(
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let c = client();
+        let mut errors = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let req = http::Request::get(format!("http://{addr}/"))
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .expect("request");
+            sent.fetch_add(1, Ordering::Relaxed);
+            match c.request(req).await {
+                Ok(r) if r.status() == StatusCode::OK => {}
+                Ok(r) => {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    errors.push(format!("status {}", r.status()));
+                }
+                Err(e) => {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        errors
+    })
+}
+
+/// Polls `/clusters` until `stop`; returns the most endpoints `cart`
+/// listed at once.
+fn monitor(p: Arc<meshless_proxy::Proxy>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
+    let most = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            let n = cluster_addresses(&p, "cart").await.len();
+            most.fetch_max(n, Ordering::Relaxed);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        most.load(Ordering::Relaxed)
+    })
+}
+
+async fn put(api: SocketAddr, id: &str, b: &Backend) {
+    let (s, body) = api_call(
+        api,
+        Method::PUT,
+        &format!("/v1/services/shop/cart/endpoints/{id}"),
+        endpoint_json(id, b.local_addr()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+}
+
+async fn delete(api: SocketAddr, id: &str) {
+    let (s, body) = api_call(
+        api,
+        Method::DELETE,
+        &format!("/v1/services/shop/cart/endpoints/{id}"),
+        serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+}
+
+/// Waits until the proxy's cluster holds exactly `subset()` of `live`
+/// (id -> backend) for index 0: the only subscriber holds index 0.
+async fn follows_the_model(p: &meshless_proxy::Proxy, live: &BTreeMap<String, Backend>) {
+    follows_a_subset_of(p, live, SIZE).await;
+}
+
+async fn follows_a_subset_of(
+    p: &meshless_proxy::Proxy,
+    live: &BTreeMap<String, Backend>,
+    size: usize,
+) {
+    let ids: Vec<&str> = live.keys().map(String::as_str).collect();
+    let want: BTreeSet<String> = subset(&ids, 0, size)
+        .into_iter()
+        .map(|id| live[id].local_addr().to_string())
+        .collect();
+    eventually("the proxy holds subset() of the live endpoints", || async {
+        let got: BTreeSet<String> = cluster_addresses(p, "cart").await.into_iter().collect();
+        got == want
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
+    let plane = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let mut live: BTreeMap<String, Backend> = BTreeMap::new();
+    for i in 0..N {
+        live.insert(format!("old-{i}"), backend(&format!("old-{i}")).await);
+    }
+    let initial: Vec<(&str, SocketAddr)> = live
+        .iter()
+        .map(|(id, b)| (id.as_str(), b.local_addr()))
+        .collect();
+    register_cart(api, &initial).await;
+    let yaml = cart_proxy_yaml(
+        plane.grpc_addr(),
+        &format!("    subset: {{ size: {SIZE} }}\n"),
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let p = Arc::new(p);
+    follows_the_model(&p, &live).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let clients: Vec<_> = (0..2)
+        .map(|_| client_loop(addr, stop.clone(), sent.clone(), failed.clone()))
+        .collect();
+    let most = monitor(Arc::clone(&p), stop.clone());
+
+    // Every endpoint replaced, one at a time: the new one registered ready
+    // (its process already listens), then the old one removed. Removed
+    // processes stay up until the end, as a terminating pod finishes its
+    // in-flight requests within its grace period.
+    let mut retired = Vec::new();
+    for i in 0..N {
+        let new_id = format!("new-{i}");
+        live.insert(new_id.clone(), backend(&new_id).await);
+        put(api, &new_id, &live[&new_id]).await;
+        follows_the_model(&p, &live).await;
+        let old_id = format!("old-{i}");
+        delete(api, &old_id).await;
+        retired.extend(live.remove(&old_id));
+        follows_the_model(&p, &live).await;
+    }
+    let before = sent.load(Ordering::Relaxed);
+    eventually("requests keep flowing after the update", || async {
+        sent.load(Ordering::Relaxed) > before + 20
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let errors = c.await.expect("client");
+        assert!(errors.is_empty(), "failed requests: {errors:?}");
+    }
+    let most = most.await.expect("monitor");
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert!(sent.load(Ordering::Relaxed) > 0);
+    assert!(
+        most <= SIZE,
+        "/clusters listed {most} endpoints, more than {SIZE}"
+    );
+    assert_eq!(most, SIZE);
+
+    // Requests now reach only the subset's backends, all of them new.
+    let ids: Vec<&str> = live.keys().map(String::as_str).collect();
+    let members: BTreeSet<&str> = subset(&ids, 0, SIZE).into_iter().collect();
+    let counts = |live: &BTreeMap<String, Backend>| -> BTreeMap<String, u64> {
+        live.iter()
+            .map(|(id, b)| (id.clone(), b.requests()))
+            .collect()
+    };
+    let start = counts(&live);
+    let c = client();
+    for _ in 0..30 {
+        let (status, _, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let end = counts(&live);
+    let served: Vec<&String> = end.keys().filter(|id| end[*id] > start[*id]).collect();
+    assert!(!served.is_empty());
+    assert!(
+        served.iter().all(|id| members.contains(id.as_str())),
+        "served by {served:?}, subset {members:?}"
+    );
+    drop(retired);
+
+    // A reload with another size, then without a subset, then with one
+    // again: each is a `Subscribe` the control plane answers with a reset.
+    let p = Arc::into_inner(p).expect("the monitor is done");
+    for size in [5, 0, SIZE] {
+        let extra = if size == 0 {
+            String::new()
+        } else {
+            format!("    subset: {{ size: {size} }}\n")
+        };
+        let yaml = cart_proxy_yaml(plane.grpc_addr(), &extra);
+        let cfg = meshless_proxy::ProxyConfig::parse(&yaml, "p.yaml").expect("valid");
+        p.reload(cfg).await.expect("reload");
+        follows_a_subset_of(&p, &live, if size == 0 { N } else { size }).await;
+        let held = if size == 0 { 0.0 } else { 1.0 };
+        eventually("one subset subscription while subsetted", || async {
+            let page = get(&client(), api, "/metrics", &[]).await.2;
+            metric(&page, "meshless_control_subset_subscriptions") == Some(held)
+        })
+        .await;
+    }
+    // The stream's end releases its subset index (the lease's guard).
+    p.shutdown().await;
+    eventually("no subset subscription left", || async {
+        let page = get(&client(), api, "/metrics", &[]).await.2;
+        metric(&page, "meshless_control_subset_subscriptions") == Some(0.0)
+    })
+    .await;
+    plane.shutdown().await;
+}
