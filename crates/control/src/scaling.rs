@@ -332,8 +332,10 @@ pub async fn run(
             }
         }
         // Ahead-of-time placement: a node is chosen for the next instance
-        // while there is none.
-        let at_zero = instances.is_empty() && registered(&state, &service) == 0;
+        // while there is none. Only the process scaler starts an instance
+        // on the asking node; placing for the others would add a hop.
+        let local = matches!(cfg.scaler, ScalerConfig::Process(_));
+        let at_zero = local && instances.is_empty() && registered(&state, &service) == 0;
         state.distributor.placements.set_at_zero(&service, at_zero);
     }
     state.distributor.placements.set_at_zero(&service, false);

@@ -348,6 +348,7 @@ async fn forwarding_headers_and_request_ids() {
         .header("x-secret", "hop")
         .header("proxy-authorization", "Basic Zm9vOmJhcg==")
         .header("x-custom", "kept")
+        .header("x-meshless-forwarded-by", "node-z")
         .body(Full::new(Bytes::new()))
         .expect("request");
     let resp = c.request(req).await.expect("response");
@@ -367,6 +368,8 @@ async fn forwarding_headers_and_request_ids() {
     );
     assert_eq!(text("x-forwarded-proto").as_deref(), Some("http"), "{h:?}");
     assert_eq!(text("x-custom").as_deref(), Some("kept"), "{h:?}");
+    // Placement's one-hop marker is between proxies only.
+    assert!(h.get("x-meshless-forwarded-by").is_none(), "{h:?}");
     for hop in ["x-secret", "proxy-authorization", "connection"] {
         assert!(
             h.get(hop).is_none(),

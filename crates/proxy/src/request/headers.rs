@@ -222,6 +222,8 @@ pub fn build_request(
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = Uri::from_parts(target)?;
     *req.headers_mut() = headers;
+    // Between proxies only (ahead-of-time placement's one-hop marker).
+    req.headers_mut().remove(crate::placement::FORWARDED_BY);
     if !req.headers().contains_key(header::HOST) {
         let host = match parts.uri.authority() {
             Some(a) => HeaderValue::from_str(a.as_str()).ok(),

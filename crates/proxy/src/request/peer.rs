@@ -7,7 +7,12 @@
 //! Fallback: when no connection to the chosen proxy can be had (it is
 //! gone, or unreachable within the connect timeout), nothing was sent, the
 //! body is untouched, and the request is held here as without placement:
-//! this proxy asks for the instance itself.
+//! this proxy asks for the instance itself. A body already handed to a
+//! pooled connection that turned out closed, with no new connection after
+//! it, cannot be held again: that request is answered 502.
+//!
+//! The marker is removed from requests sent to endpoints
+//! (`headers::build_request`): it is between proxies only.
 
 use std::time::{Duration, Instant};
 
@@ -118,7 +123,10 @@ pub async fn forward(
             span(&state, record, target, started, &status);
             return Forwarded::Answered(resp, lease);
         }
-        Ok(Err(SendError::Connect(ConnectError::Connect | ConnectError::Limit))) => {
+        // No connection and the body untouched: hold the request here.
+        Ok(Err(SendError::Connect(ConnectError::Connect | ConnectError::Limit)))
+            if body.is_some() =>
+        {
             (Forwarded::Unreachable, "unreachable")
         }
         Ok(Err(_)) if record.fault.is_set() => (
