@@ -4,10 +4,10 @@
 //! forward that service's first requests to the chosen node's proxy and
 //! the activation is local there.
 //!
-//! Rule ([`choose`], pure): the node of the proxy that last reported
-//! requests for the service, if that proxy is still connected and announced
-//! a peer address; else the node with the highest rendezvous hash
-//! (`xxh3(service, node)`) among the connected proxies that announced one.
+//! Rule ([`choose`], pure): among the connected proxies that announced a
+//! peer address and watch the service (so they route it and can activate
+//! it), the node of the proxy that last reported requests for it; else the
+//! node with the highest rendezvous hash (`xxh3(service, node)`).
 //! A choice is kept while the service stays at zero and its node has a
 //! connected proxy: proxies joining do not move it; it is dropped when the
 //! service gets an instance, and made again when the node's last proxy
@@ -59,8 +59,9 @@ fn rendezvous<'a>(service: &str, node: &'a str) -> (u64, &'a str) {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Connected proxies that announced a peer address, by subscriber id.
-    peers: HashMap<u64, Peer>,
+    /// Connected proxies that announced a peer address, by subscriber id,
+    /// with the services each watches.
+    peers: HashMap<u64, (Peer, BTreeSet<String>)>,
     /// Autoscaled services at zero instances now.
     at_zero: BTreeSet<String>,
     /// Per service: the node of the proxy that last reported requests.
@@ -70,10 +71,16 @@ struct Inner {
 }
 
 impl Inner {
-    /// Node -> peer address of the connected proxies (the lowest
-    /// subscriber id's address when a node has several proxies).
-    fn nodes(&self) -> BTreeMap<String, String> {
-        let mut ids: Vec<(&u64, &Peer)> = self.peers.iter().collect();
+    /// Node -> peer address of the connected proxies that watch
+    /// `service` (the lowest subscriber id's address when a node has
+    /// several).
+    fn nodes(&self, service: &str) -> BTreeMap<String, String> {
+        let mut ids: Vec<(&u64, &Peer)> = self
+            .peers
+            .iter()
+            .filter(|(_, (_, watched))| watched.contains(service))
+            .map(|(id, (p, _))| (id, p))
+            .collect();
         ids.sort_by_key(|(id, _)| **id);
         let mut nodes = BTreeMap::new();
         for (_, p) in ids {
@@ -87,17 +94,26 @@ impl Inner {
     /// Drops choices that no longer hold and makes the missing ones; true
     /// if anything changed.
     fn settle(&mut self) -> bool {
-        let nodes = self.nodes();
         let before = self.chosen.clone();
-        let at_zero = &self.at_zero;
-        self.chosen
-            .retain(|s, p| at_zero.contains(s) && nodes.get(&p.node) == Some(&p.address));
-        for service in &self.at_zero {
-            if !self.chosen.contains_key(service) {
-                let last = self.last_active.get(service).map(String::as_str);
-                if let Some(p) = choose(service, last, &nodes) {
-                    self.chosen.insert(service.clone(), p);
-                }
+        let kept: Vec<String> = self
+            .chosen
+            .iter()
+            .filter(|(s, p)| {
+                self.at_zero.contains(*s) && self.nodes(s).get(&p.node) == Some(&p.address)
+            })
+            .map(|(s, _)| s.clone())
+            .collect();
+        self.chosen.retain(|s, _| kept.contains(s));
+        let missing: Vec<String> = self
+            .at_zero
+            .iter()
+            .filter(|s| !self.chosen.contains_key(*s))
+            .cloned()
+            .collect();
+        for service in missing {
+            let last = self.last_active.get(&service).map(String::as_str);
+            if let Some(p) = choose(&service, last, &self.nodes(&service)) {
+                self.chosen.insert(service, p);
             }
         }
         self.chosen != before
@@ -133,8 +149,8 @@ impl Placements {
     }
 
     /// A proxy connected on `node`, taking forwarded requests at `address`
-    /// (either empty: it takes none).
-    pub fn join(&self, subscriber: u64, node: &str, address: &str) {
+    /// (either empty: it takes none) for the services it `watches`.
+    pub fn join(&self, subscriber: u64, node: &str, address: &str, watches: &BTreeSet<String>) {
         if node.is_empty() || address.is_empty() {
             return;
         }
@@ -142,7 +158,19 @@ impl Placements {
             node: node.to_owned(),
             address: address.to_owned(),
         };
-        self.update(|i| i.peers.insert(subscriber, peer).is_none());
+        let entry = (peer, watches.clone());
+        self.update(|i| i.peers.insert(subscriber, entry).is_none());
+    }
+
+    /// A connected proxy now watches `watches` (a `Subscribe`).
+    pub fn watching(&self, subscriber: u64, watches: &BTreeSet<String>) {
+        self.update(|i| match i.peers.get_mut(&subscriber) {
+            Some((_, w)) if w != watches => {
+                w.clone_from(watches);
+                true
+            }
+            _ => false,
+        });
     }
 
     /// A proxy's stream ended.
@@ -254,16 +282,17 @@ mod tests {
 
     #[test]
     fn a_choice_is_kept_until_the_service_scales_or_its_node_leaves() {
+        let a: BTreeSet<String> = ["ns/a".to_owned()].into();
         let p = Placements::default();
         let mut changed = p.changed();
         p.set_at_zero("ns/a", true);
         assert!(p.current().is_empty(), "no proxy yet: no choice");
-        p.join(1, "n1", "10.0.0.1:80");
+        p.join(1, "n1", "10.0.0.1:80", &a);
         assert_eq!(p.current()["ns/a"].node, "n1");
         assert!(changed.has_changed().expect("open"));
         changed.mark_unchanged();
         // Another proxy joins and reports requests: the choice stays.
-        p.join(2, "n2", "10.0.0.2:80");
+        p.join(2, "n2", "10.0.0.2:80", &a);
         p.record_activity("ns/a", "n2");
         assert_eq!(p.current()["ns/a"].node, "n1");
         assert!(!changed.has_changed().expect("open"));
@@ -273,14 +302,35 @@ mod tests {
         // An instance starts: no placement; back at zero, chosen again.
         p.set_at_zero("ns/a", false);
         assert!(p.current().is_empty());
-        p.join(3, "n1", "10.0.0.1:80");
+        p.join(3, "n1", "10.0.0.1:80", &a);
         p.record_activity("ns/a", "n1");
         p.set_at_zero("ns/a", true);
         assert_eq!(p.current()["ns/a"].node, "n1", "the last active node");
         // A proxy without a peer address takes no forwarded requests.
         p.leave(2);
         p.leave(3);
-        p.join(4, "n4", "");
+        p.join(4, "n4", "", &a);
+        assert!(p.current().is_empty());
+    }
+
+    /// Only a proxy that watches the service (routes it, can activate it)
+    /// is chosen; one that starts watching it can be, one that stops
+    /// watching it loses the placement.
+    #[test]
+    fn only_a_proxy_that_watches_the_service_is_chosen() {
+        let a: BTreeSet<String> = ["ns/a".to_owned()].into();
+        let other: BTreeSet<String> = ["ns/b".to_owned()].into();
+        let p = Placements::default();
+        p.set_at_zero("ns/a", true);
+        p.join(1, "n1", "10.0.0.1:80", &other);
+        assert!(p.current().is_empty(), "n1 does not route ns/a");
+        p.join(2, "n2", "10.0.0.2:80", &a);
+        assert_eq!(p.current()["ns/a"].node, "n2");
+        p.watching(1, &a);
+        assert_eq!(p.current()["ns/a"].node, "n2", "kept while n2 watches it");
+        p.watching(2, &other);
+        assert_eq!(p.current()["ns/a"].node, "n1", "n2 stopped watching it");
+        p.watching(1, &other);
         assert!(p.current().is_empty());
     }
 }

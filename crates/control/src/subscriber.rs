@@ -361,8 +361,9 @@ pub(crate) async fn serve(
         .find(|s| !s.is_empty())
         .cloned()
         .unwrap_or_else(|| format!("stream-{id}"));
-    d.placements.join(id, &hello.node, &hello.peer_address);
     let (watched, sizes) = requested(hello.services.clone(), hello.subsets.clone());
+    d.placements
+        .join(id, &hello.node, &hello.peer_address, &watched);
     // Subscribe before reading state, so no delta falls between the two.
     let mut rx = d.tx.subscribe();
     let mut f = Follow {
@@ -405,6 +406,7 @@ pub(crate) async fn serve(
                     let resubscribed = matches!(m, client_message::Msg::Subscribe(_));
                     on_message(&mut f, id, &hello.node, m).await?;
                     if resubscribed {
+                        d.placements.watching(id, &f.watched);
                         placed.send_changes(&mut f).await?;
                     }
                     f.flush().await?;
