@@ -390,6 +390,17 @@ impl Subsets {
             view.groups.remove(&size);
         }
         view.ensure_rounds();
+        // A view made only because a subscriber named a service that was
+        // never published (a typo, a service not created yet): gone with
+        // its last group, so unknown names cannot grow the map.
+        if view.groups.is_empty() && view.version == 0 && view.endpoints.is_empty() {
+            self.services.remove(service);
+        }
+    }
+
+    /// How many services have a view (tests and diagnostics).
+    pub fn services(&self) -> usize {
+        self.services.len()
     }
 
     /// The current members of `key` (tests and diagnostics).

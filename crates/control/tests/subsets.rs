@@ -192,3 +192,27 @@ fn a_change_outside_the_subset_sends_nothing_and_an_activation_error_goes_to_all
     };
     assert!(s.apply(&error).is_none(), "the shared bytes go to everyone");
 }
+
+/// Subscribers naming services that were never published leave nothing
+/// behind once they go; a published service keeps its view (its
+/// endpoints and settings), with or without subscribers.
+#[test]
+fn unknown_services_leave_no_view_behind() {
+    let mut s = Subsets::default();
+    for i in 0..50 {
+        let name = format!("ns/typo-{i}");
+        s.register(&name, 3, "proxy-a");
+        s.release(&name, 3, "proxy-a");
+    }
+    assert_eq!(s.services(), 0);
+    s.apply(&v1::Delta {
+        service: "ns/real".into(),
+        version: 1,
+        reset: true,
+        upserted: vec![ep("a", 80)],
+        ..v1::Delta::default()
+    });
+    s.register("ns/real", 3, "proxy-a");
+    s.release("ns/real", 3, "proxy-a");
+    assert_eq!(s.services(), 1);
+}
