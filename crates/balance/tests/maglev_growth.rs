@@ -77,6 +77,11 @@ fn sizes_at_known_counts_and_under_a_cap() {
     assert_eq!(size(655), DEFAULT_TABLE_SIZE);
     assert_eq!(size(656), 131_101);
     assert_eq!(size(60_000), MAX_TABLE_SIZE);
+    // The class 524,296 (65,537 x 2^3) is under 5,243 x 100 = 524,300,
+    // but its prime is not: that prime is the size, not the next class's.
+    let m = size(5_243);
+    assert!((524_300..600_000).contains(&m), "{m}");
+    assert_eq!(size(5_242), m);
     // A cap stops the growth there.
     assert_eq!(table_size_for(DEFAULT_TABLE_SIZE, 262_151, 20_000), 262_151);
     assert_eq!(table_size_for(DEFAULT_TABLE_SIZE, 200_003, 20_000), 200_003);

@@ -23,19 +23,25 @@ pub const ENTRIES_PER_ENDPOINT: usize = 100;
 /// A pure function of `(floor, cap, endpoints)`, so every proxy with the
 /// same endpoints builds the same table; the size changes (and every key
 /// may move, as on any resize) only when the count crosses a class
-/// boundary `floor x 2^k / 100`: 655, 1,310, 2,621, ... endpoints for the
-/// default floor. Between boundaries a change moves keys as Maglev does.
+/// boundary (the prime at or above `floor x 2^k`, over 100): 655, 1,311,
+/// 2,621, ... endpoints for the default floor. Between boundaries a change moves keys as Maglev does.
 pub fn table_size_for(floor: usize, cap: usize, endpoints: usize) -> usize {
     let want = endpoints.saturating_mul(ENTRIES_PER_ENDPOINT);
     let cap = cap.max(floor);
     if floor >= want || floor >= cap {
         return floor;
     }
+    // The classes floor x 2^k in turn; the first whose prime reaches
+    // `want` (the prime, not the class: a class just under `want` may
+    // have its prime at or above it).
     let mut class = floor.max(1);
-    while class < want && class < cap {
+    loop {
+        let m = next_prime(class.min(cap)).min(cap);
+        if m >= want || class >= cap {
+            return m;
+        }
         class = class.saturating_mul(2);
     }
-    next_prime(class.min(cap)).min(cap)
 }
 
 const OFFSET_SEED: u64 = 0x6d61_676c_6576_6f66; // "maglevof"
