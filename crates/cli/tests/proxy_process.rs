@@ -169,7 +169,6 @@ fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
         !out.status.success() && err.contains("drain_timeot"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -228,7 +227,6 @@ fn sighup_and_watch_reload_and_sigterm_drains() {
     let exit = proxy.0.wait().expect("wait");
     assert!(exit.success(), "exit status {exit:?}");
     assert!(TcpStream::connect(listen).is_err(), "listener closed");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The README's main command: three backends and a proxy (on free ports
@@ -314,7 +312,20 @@ fn sighup_reloads_without_watch_and_sigint_drains() {
     let exit = proxy.0.wait().expect("wait");
     assert!(exit.success(), "exit status {exit:?}");
     assert!(TcpStream::connect(listen).is_err(), "listener closed");
-    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `meshless up --config DIR/stack.yaml` with `stack` written there.
+fn spawn_up(dir: &Path, stack: &str) -> Running {
+    let path = dir.join("stack.yaml");
+    std::fs::write(&path, stack).expect("write");
+    let child = meshless()
+        .args(["up", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn up");
+    Running(child)
 }
 
 /// `meshless up`: control plane, proxy and backends from one file; the
@@ -328,16 +339,7 @@ fn up_runs_control_plane_proxy_and_backends_from_one_file() {
         "control:\n  api_address: \"{api}\"\n  grpc_address: \"{grpc}\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\n  - {{ name: two, listen: \"{b2}\" }}\nproxy:\n  admin: {{ address: \"{admin}\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",
         b1.port()
     );
-    let path = dir.join("stack.yaml");
-    std::fs::write(&path, stack).expect("write");
-    let child = meshless()
-        .args(["up", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn up");
-    let mut up = Running(child);
+    let mut up = spawn_up(dir, &stack);
     wait_until("first endpoint", || {
         http_get(web, "/").is_ok_and(|r| r.1 == "one\n")
     });
@@ -360,7 +362,6 @@ fn up_runs_control_plane_proxy_and_backends_from_one_file() {
     });
     signal(&up.0, "-TERM");
     assert!(up.0.wait().expect("wait").success());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `meshless up` with the control plane on port 0: the proxy dials the
@@ -374,22 +375,12 @@ fn up_proxy_follows_a_control_plane_bound_to_port_zero() {
         "control:\n  api_address: \"127.0.0.1:0\"\n  grpc_address: \"127.0.0.1:0\"\n  services:\n    - namespace: demo\n      name: web\n      endpoints:\n        - {{ id: one, addresses: [127.0.0.1], port: {} }}\nbackends:\n  - {{ name: one, listen: \"{b1}\" }}\nproxy:\n  admin: {{ address: \"127.0.0.1:0\" }}\n  listeners:\n    - name: web\n      address: \"{web}\"\n      routes: [{{ cluster: web }}]\n  clusters:\n    - {{ name: web, service: demo/web }}\n",
         b1.port()
     );
-    let path = dir.join("stack.yaml");
-    std::fs::write(&path, stack).expect("write");
-    let child = meshless()
-        .args(["up", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn up");
-    let mut up = Running(child);
+    let mut up = spawn_up(dir, &stack);
     wait_until("the endpoint from the control plane", || {
         http_get(web, "/").is_ok_and(|r| r.1 == "one\n")
     });
     signal(&up.0, "-TERM");
     assert!(up.0.wait().expect("wait").success());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The shipped examples stay valid.

@@ -425,11 +425,12 @@ fn new_incarnation() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use meshless_model::{Endpoint, EndpointId};
 
-    fn delta(service: &str, version: u64) -> ServiceDelta {
+    /// A delta of `service` at `version`: one endpoint put, one removed.
+    pub(crate) fn delta(service: &str, version: u64) -> ServiceDelta {
         ServiceDelta {
             service: service.into(),
             version,

@@ -516,25 +516,12 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
-    use meshless_model::{Endpoint, EndpointId};
-
     use super::*;
     use crate::metrics::ControlMetrics;
     use crate::registry::{Registry, ServiceDelta};
 
     fn delta(version: u64) -> ServiceDelta {
-        ServiceDelta {
-            service: "ns/a".into(),
-            version,
-            upserted: vec![(
-                Endpoint::new("e", "10.0.0.1:80".parse().expect("addr")),
-                "s".into(),
-            )],
-            removed: vec![EndpointId::new("gone")],
-            reset: false,
-            activation_error: None,
-            settings: None,
-        }
+        crate::distributor::tests::delta("ns/a", version)
     }
 
     /// Deltas already queued when the task wakes leave in one batch (up to

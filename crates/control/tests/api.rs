@@ -199,7 +199,6 @@ async fn one_token_guards_the_api_and_the_stream_but_not_ready_or_metrics() {
         .expect_err("no token");
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
     plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test]

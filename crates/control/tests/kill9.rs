@@ -179,5 +179,4 @@ async fn every_acknowledged_write_survives_kill_9() {
         "checked {checked} acknowledged writes"
     );
     drop(registry);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -277,7 +277,6 @@ async fn state_survives_a_restart() {
         "{v} vs {before}"
     );
     plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,7 +336,6 @@ async fn a_token_guards_the_api_and_the_stream() {
     let d = next_delta(&mut inbound).await;
     assert!(d.reset && d.upserted.iter().any(|e| e.id == "b0"), "{d:?}");
     plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
     // Non-loopback addresses without a token are refused at load time.
     let err = ControlConfig::parse("api_address: 0.0.0.0:9400\n", "c.yaml").expect_err("no token");
     assert!(err.to_string().contains("token_file"), "{err}");

@@ -147,7 +147,6 @@ async fn silent_stream_is_dropped_and_resumed_by_version_and_a_restart_costs_not
     p.shutdown().await;
     plane.shutdown().await;
     relay.stop().await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -530,5 +530,4 @@ async fn a_proxy_configured_with_the_token_gets_endpoints() {
     .await;
     p.shutdown().await;
     plane.shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
 }
