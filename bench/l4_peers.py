@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import cpu_seconds, wait_port
+from peers_common import cpu_seconds, spawn, wait_port
 
 DURATION = float(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -95,14 +95,7 @@ def start(name, workdir):
         path = f"{workdir}/meshless.yaml"
         open(path, "w").write(MESHLESS_CONF)
         cmd = [MESHLESS, "proxy", "--threads", "1", "--config", path]
-    log = open(f"{workdir}/{name}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        wait_port(PORTS[name])
-    except RuntimeError:
-        proc.kill()
-        sys.exit(f"{name} did not start:\n" + open(f"{workdir}/{name}.log").read())
-    return proc
+    return spawn(cmd, PORTS[name], f"{workdir}/{name}.log", timeout=10)
 
 
 async def throughput(port):

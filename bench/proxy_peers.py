@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import cpu_seconds, status_kb, tree, wait_port, stop
+from peers_common import cpu_seconds, spawn, status_kb, tree, wait_port, stop
 
 DURATION = int(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -106,14 +106,7 @@ def start(name, workdir):
         open(path, "w").write(conf)
         binary = BASELINE if name == "baseline" else MESHLESS
         cmd = [binary, "proxy", "--threads", "1", "--config", path]
-    log = open(f"{workdir}/{name}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        wait_port(PORTS[name][0])
-    except RuntimeError:
-        proc.kill()
-        sys.exit(f"{name} did not start:\n" + open(f"{workdir}/{name}.log").read())
-    return proc
+    return spawn(cmd, PORTS[name][0], f"{workdir}/{name}.log", timeout=10)
 
 
 def wrk(port, connections, close=False):

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from peers_common import wait_port, tree, cpu_seconds
+from peers_common import cpu_seconds, spawn, tree, wait_port
 
 DURATION = int(os.environ.get("DURATION", "10"))
 PARALLEL = int(os.environ.get("PARALLEL", "4"))
@@ -96,9 +96,7 @@ def start(name, d):
         conf = f"{d}/nginx.conf"
         open(conf, "w").write(NGINX_CONF.format(**fmt))
         args = ["nginx", "-c", conf, "-p", d]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(PORTS[name])
-    return proc
+    return spawn(args, PORTS[name], f"{d}/{name}.log", timeout=10)
 
 
 def s_time(port, mode):
