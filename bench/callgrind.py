@@ -10,13 +10,20 @@ The counts cover every thread of the process (runtime, access log).
   python3 bench/callgrind.py                       # all scenarios
   SCENARIOS=ka32 N=20000 python3 bench/callgrind.py
   MESHLESS=/tmp/meshless-old TOP=25 python3 bench/callgrind.py
+  MESHLESS=/tmp/meshless-67d1ef3 OLD=1 python3 bench/callgrind.py  # a binary older
+                                   # than `listeners[].max_connections`
   KEEP=/tmp/cg python3 bench/callgrind.py          # keep the dumps there
+  CACHE_SIM=1 SCENARIOS=ka256 python3 bench/callgrind.py  # also L1/LL misses
 
 Scenarios: ka32 and ka256 (HTTP/1.1 keep-alive, 32 or 256 connections,
 `h2load --h1`; ka256 runs when asked: SCENARIOS=ka256),
 close (a new connection per request, 32 at once), h2 (4 connections x 32
 streams). With TOP=n, the n costliest functions (self cost) of each
-scenario are printed from `callgrind_annotate`.
+scenario are printed from `callgrind_annotate`. With CACHE_SIM=1,
+callgrind simulates the caches (the host's sizes) and the data-cache misses
+per request are printed too: D1mr/D1mw are first-level read/write misses,
+DLmr/DLmw last-level ones. Memory touched per request shows there when
+instructions do not move.
 """
 
 import asyncio
@@ -33,6 +40,7 @@ from peers_common import wait_port
 
 N = int(os.environ.get("N", "20000"))
 TOP = int(os.environ.get("TOP", "0"))
+CACHE_SIM = os.environ.get("CACHE_SIM") == "1"
 SCENARIOS = os.environ.get("SCENARIOS", "ka32,close,h2").split(",")
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 BACKEND, PROXY, ADMIN, BACKEND_H2 = 18100, 18103, 18104, 18110
@@ -101,10 +109,14 @@ def load(scenario, n):
     sys.exit(f"unknown scenario {scenario}")
 
 
-def total_ir(path):
+def totals(path):
+    """Every event's total in a callgrind dump, by event name (Ir first)."""
+    events = []
     for line in open(path):
+        if line.startswith("events:"):
+            events = line.split()[1:]
         if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
+            return dict(zip(events, (int(v) for v in line.split()[1:])))
     raise RuntimeError(f"no totals in {path}")
 
 
@@ -124,10 +136,13 @@ def measure(pid, workdir, scenario):
         time.sleep(0.2)
     dump = max(new, key=os.path.getmtime)
     time.sleep(1)  # let the dump finish writing
-    ir = total_ir(dump)
+    events = totals(dump)
+    ir = events["Ir"]
     if os.environ.get("KEEP"):
         shutil.copy(dump, os.path.join(os.environ["KEEP"], f"callgrind.{scenario}.out"))
-    print(f"{scenario:6} {served:7} requests  {ir / served:10,.0f} Ir/request", flush=True)
+    misses = "".join(f"  {name} {events[name] / served:7,.1f}"
+                     for name in ("D1mr", "D1mw", "DLmr", "DLmw") if name in events)
+    print(f"{scenario:6} {served:7} requests  {ir / served:10,.0f} Ir/request{misses}", flush=True)
     if TOP:
         out = subprocess.run(["callgrind_annotate", "--threshold=100", dump],
                              capture_output=True, text=True).stdout
@@ -140,8 +155,10 @@ def measure(pid, workdir, scenario):
 def main():
     workdir = tempfile.mkdtemp(prefix="meshless-cg-")
     open(f"{workdir}/backend.conf", "w").write(BACKEND_CONF.format(dir=workdir, port=BACKEND))
-    open(f"{workdir}/meshless.yaml", "w").write(
-        MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND))
+    conf = MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND)
+    if os.environ.get("OLD") == "1":
+        conf = conf.replace("    max_connections: 20000\n", "")
+    open(f"{workdir}/meshless.yaml", "w").write(conf)
     backend = subprocess.Popen(["nginx", "-c", f"{workdir}/backend.conf", "-p", workdir],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proxy = None
@@ -149,6 +166,7 @@ def main():
         wait_port(BACKEND, 60)
         proxy = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/cg.out.%p",
+             f"--cache-sim={'yes' if CACHE_SIM else 'no'}",
              MESHLESS, "proxy", "--threads", "1", "--config", f"{workdir}/meshless.yaml"],
             stdout=subprocess.DEVNULL, stderr=open(f"{workdir}/valgrind.log", "w"))
         wait_port(PROXY, 60)

@@ -171,11 +171,17 @@ async fn serve_http<I>(
         Protocol::Http1 => {
             let closing = Arc::new(AtomicBool::new(false));
             let close = Arc::clone(&closing);
+            // Boxed, once per request: hyper keeps the service's future in a
+            // slot of every connection, which at hundreds of connections is
+            // cold memory on each request, and idle memory between requests;
+            // a fresh allocation is the one the last request just freed.
             let service = service_fn(move |req| {
-                let handled = crate::request::handle(Arc::clone(&downstream), peer.clone(), req);
+                let (downstream, peer) = (Arc::clone(&downstream), peer.clone());
                 let close = Arc::clone(&close);
-                async move {
-                    let mut resp = handled.await?;
+                // The request's future is made inside the block: made
+                // outside and moved in, it would take room twice.
+                Box::pin(async move {
+                    let mut resp = crate::request::handle(downstream, peer, req).await?;
                     if close.load(Ordering::Acquire)
                         && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
                     {
@@ -185,7 +191,7 @@ async fn serve_http<I>(
                         );
                     }
                     Ok::<_, std::convert::Infallible>(resp)
-                }
+                })
             });
             let conn = http1_builder(&settings)
                 .serve_connection(io, service)

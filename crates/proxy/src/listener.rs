@@ -235,13 +235,24 @@ fn serve_connection(
             let Some((stream, client)) = accepted.await else {
                 return;
             };
+            // TLS and L4 boxed: the task of every connection is as large
+            // as its largest arm, and plain HTTP is the one to keep small.
             match (settings.protocol, tls) {
                 (ListenerProtocol::Tcp, _) => {
-                    crate::l4::serve(downstream.clone(), stream, client, draining).await
+                    Box::pin(crate::l4::serve(
+                        downstream.clone(),
+                        stream,
+                        client,
+                        draining,
+                    ))
+                    .await
                 }
                 (ListenerProtocol::Http, Some(tls)) => {
-                    crate::connection::serve_tls(downstream.clone(), tls, stream, client, draining)
-                        .await
+                    let d = downstream.clone();
+                    Box::pin(crate::connection::serve_tls(
+                        d, tls, stream, client, draining,
+                    ))
+                    .await
                 }
                 (ListenerProtocol::Http, None) => {
                     crate::connection::serve(downstream.clone(), stream, client, draining).await

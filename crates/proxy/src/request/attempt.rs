@@ -194,7 +194,9 @@ pub async fn send(
     timeout: Option<Duration>,
     fault: &ClientFault,
 ) -> Result<(Response<Incoming>, Lease), Failure> {
-    let exchange = cluster.endpoint_pools[index].send(req);
+    // Pinned in place: moved into `timeout` by value, the exchange would
+    // take room in this future twice.
+    let exchange = std::pin::pin!(cluster.endpoint_pools[index].send(req));
     let sent = match timeout {
         Some(t) => tokio::time::timeout(t, exchange).await,
         None => Ok(exchange.await),

@@ -175,9 +175,11 @@ pub async fn handle(
         parts: &parts,
         upgrading: upgrade.is_some(),
     };
-    // Boxed: hyper keeps room for this future in every connection, idle
-    // or not; the exchange's state exists only while there is one.
-    let sent = Box::pin(exchange.forward(&routed, body, upstream_headers, &mut record)).await;
+    // Not boxed here: HTTP/1 boxes the whole request future once
+    // (`connection::serve_http`), and HTTP/2 runs each stream as its own task.
+    let sent = exchange
+        .forward(&routed, body, upstream_headers, &mut record)
+        .await;
     Ok(match sent {
         Ok((resp, guard, lease)) => {
             record.guard = guard;
@@ -258,15 +260,19 @@ impl Exchange<'_> {
                 {
                     let limit = self.peer_limit(base);
                     let h = h.clone();
-                    match peer::forward(base, &target, self.parts, h, &mut next, limit, record)
-                        .await
-                    {
+                    // Boxed, as the hold below: rare paths, kept out of the
+                    // size of every request's future (a future is moved by
+                    // copying all of its bytes).
+                    let forwarded = Box::pin(peer::forward(
+                        base, &target, self.parts, h, &mut next, limit, record,
+                    ));
+                    match forwarded.await {
                         peer::Forwarded::Answered(resp, lease) => return Ok((resp, None, lease)),
                         peer::Forwarded::Failed(reply) => return Err(reply),
                         peer::Forwarded::Unreachable => {}
                     }
                 }
-                cluster = activate::hold(self.state, base, &record.trace).await?;
+                cluster = Box::pin(activate::hold(self.state, base, &record.trace)).await?;
                 held.get_or_insert(record.started);
                 released = Some(Instant::now());
                 continue;

@@ -291,12 +291,14 @@ impl EndpointPool {
             return Ok((self.lease1(s), false));
         }
         let connecting = Connecting::start(self);
-        let opened = connect::open(
+        // Boxed: opening is the rare path, and the connect's state would
+        // otherwise take room in every request's future.
+        let opened = Box::pin(connect::open(
             self.addr,
             &self.shared.settings,
             connecting.slot()?,
             &self.streams_hint,
-        )
+        ))
         .await;
         drop(connecting);
         let Ok(Sender::Http1(sender)) = opened else {
@@ -348,12 +350,14 @@ impl EndpointPool {
             }
         }
         let connecting = Connecting::start(self);
-        let opened = connect::open(
+        // Boxed: opening is the rare path, and the connect's state would
+        // otherwise take room in every request's future.
+        let opened = Box::pin(connect::open(
             self.addr,
             &self.shared.settings,
             connecting.slot()?,
             &self.streams_hint,
-        )
+        ))
         .await;
         let Ok(Sender::Http2(sender, max)) = opened else {
             return Err(opened.err().unwrap_or(ConnectError::Connect));
