@@ -209,6 +209,27 @@ fn budget(
     }
 }
 
+/// Before an attempt to endpoint `index` of `cluster`: counts it, and
+/// the first one sets the deadline, which covers the exchange from the
+/// first send (not the activation hold) to the last response byte.
+fn begin(
+    policy: &mut RetryPolicy,
+    base: &UpstreamCluster,
+    cluster: &UpstreamCluster,
+    index: usize,
+    headers: Option<&http::HeaderMap>,
+    record: &mut Completion,
+) {
+    if !policy.retrying() {
+        let asked = headers.and_then(grpc::timeout);
+        record.deadline =
+            budget(base, record.grpc, asked).and_then(|d| Instant::now().checked_add(d));
+    }
+    policy.record(index);
+    record.attempts = policy.attempts();
+    record.endpoint = Arc::clone(&cluster.endpoint_labels[index]);
+}
+
 /// What every attempt of one request shares.
 struct Exchange<'a> {
     state: &'a ProxyState,
@@ -216,6 +237,35 @@ struct Exchange<'a> {
     /// The request head, its headers taken out (see `forward`).
     parts: &'a http::request::Parts,
     upgrading: bool,
+}
+
+/// A request's time held for activation, and whether a peer proxy was
+/// tried (once per request).
+#[derive(Default)]
+struct Held {
+    /// When the request arrived, if it was ever held.
+    at: Option<Instant>,
+    /// When the last hold ended.
+    released: Option<Instant>,
+    peer_tried: bool,
+}
+
+impl Held {
+    /// Records the response of a request that was held (a no-op if it was
+    /// never held).
+    fn answered(&self, state: &ProxyState, record: &Completion, status: u16) {
+        if let (Some(at), Some(free)) = (self.at, self.released) {
+            activate::answered(state, (at, free), record, status);
+        }
+    }
+}
+
+/// How a wait for an endpoint ended.
+enum Waited {
+    /// The cluster (as of then) can take the request.
+    Ready(Arc<UpstreamCluster>),
+    /// A peer proxy answered it.
+    Answered(Response<Incoming>, Lease),
 }
 
 impl Exchange<'_> {
@@ -242,10 +292,8 @@ impl Exchange<'_> {
         let mut body = RequestBody::new(downstream, replayable && base.config.retries.count > 0);
         let mut next = body.attempt();
         let mut cluster = Arc::clone(base);
-        let mut held: Option<Instant> = None;
-        let mut released: Option<Instant> = None;
+        let mut held = Held::default();
         let mut retry: Option<Slot> = None;
-        let mut peer_tried = false;
         loop {
             let picked = policy.pick(&cluster, &ctx);
             if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
@@ -254,42 +302,26 @@ impl Exchange<'_> {
                     ctx.key = None;
                 }
                 drop(picked);
-                if !std::mem::replace(&mut peer_tried, true)
-                    && let Some(h) = headers.as_ref()
-                    && let Some(target) = peer::target(self.state, base, h, node.name.as_deref())
-                {
-                    let limit = self.peer_limit(base);
-                    let h = h.clone();
-                    // Boxed, as the hold below: rare paths, kept out of the
-                    // size of every request's future (a future is moved by
-                    // copying all of its bytes).
-                    let forwarded = Box::pin(peer::forward(
-                        base, &target, self.parts, h, &mut next, limit, record,
-                    ));
-                    match forwarded.await {
-                        peer::Forwarded::Answered(resp, lease) => return Ok((resp, None, lease)),
-                        peer::Forwarded::Failed(reply) => return Err(reply),
-                        peer::Forwarded::Unreachable => {}
-                    }
+                // Boxed: a rare path, kept out of the size of every
+                // request's future (a future is moved by copying its bytes).
+                let waited = self.wait(base, headers.as_ref(), &mut next, &mut held, record);
+                match Box::pin(waited).await? {
+                    Waited::Answered(resp, lease) => return Ok((resp, None, lease)),
+                    Waited::Ready(ready) => cluster = ready,
                 }
-                cluster = Box::pin(activate::hold(self.state, base, &record.trace)).await?;
-                held.get_or_insert(record.started);
-                released = Some(Instant::now());
                 continue;
             }
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
-            if !policy.retrying() {
-                // The deadline covers the exchange from the first send (not
-                // the activation hold) to the last response byte.
-                let asked = headers.as_ref().and_then(grpc::timeout);
-                record.deadline =
-                    budget(base, record.grpc, asked).and_then(|d| Instant::now().checked_add(d));
-            }
-            policy.record(guard.index());
-            record.attempts = policy.attempts();
-            record.endpoint = Arc::clone(&cluster.endpoint_labels[guard.index()]);
+            begin(
+                &mut policy,
+                base,
+                &cluster,
+                guard.index(),
+                headers.as_ref(),
+                record,
+            );
             let these = if policy.last() {
                 headers.take()
             } else {
@@ -302,19 +334,10 @@ impl Exchange<'_> {
             match sent {
                 Ok((resp, lease)) => {
                     let (status, on) = attempt::judge(&resp, record.grpc);
-                    if on.is_some_and(|on| policy.may_retry(on)) {
-                        (next, retry) = self.retry(&mut body, &cluster);
-                    }
+                    retry = self.retry(&policy, on, &mut body, &cluster, &mut next);
                     if retry.is_none() {
                         guard.set_outcome(status);
-                        if let (Some(at), Some(free)) = (held, released) {
-                            activate::answered(
-                                self.state,
-                                (at, free),
-                                record,
-                                resp.status().as_u16(),
-                            );
-                        }
+                        held.answered(self.state, record, resp.status().as_u16());
                         return Ok((resp, Some(guard), lease));
                     }
                     guard.finish(status);
@@ -324,9 +347,7 @@ impl Exchange<'_> {
                         admit::overflow(self.state, &cluster, "max_connections");
                     }
                     guard.finish(failure.outcome());
-                    if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
-                        (next, retry) = self.retry(&mut body, &cluster);
-                    }
+                    retry = self.retry(&policy, failure.retry_on(), &mut body, &cluster, &mut next);
                     if retry.is_none() {
                         return Err(failure.reply());
                     }
@@ -335,6 +356,35 @@ impl Exchange<'_> {
         }
     }
 
+    /// No endpoint can take the request yet: hands it to the peer proxy
+    /// placed for the service (once per request), else holds it until the
+    /// cluster can take it.
+    async fn wait(
+        &self,
+        base: &Arc<UpstreamCluster>,
+        headers: Option<&http::HeaderMap>,
+        next: &mut Option<UpstreamBody>,
+        held: &mut Held,
+        record: &mut Completion,
+    ) -> Result<Waited, LocalReply> {
+        let node = self.snapshot.config.node.name.as_deref();
+        if !std::mem::replace(&mut held.peer_tried, true)
+            && let Some(h) = headers
+            && let Some(target) = peer::target(self.state, base, h, node)
+        {
+            let limit = self.peer_limit(base);
+            let h = h.clone();
+            match peer::forward(base, &target, self.parts, h, next, limit, record).await {
+                peer::Forwarded::Answered(resp, lease) => return Ok(Waited::Answered(resp, lease)),
+                peer::Forwarded::Failed(reply) => return Err(reply),
+                peer::Forwarded::Unreachable => {}
+            }
+        }
+        let cluster = activate::hold(self.state, base, &record.trace).await?;
+        held.at.get_or_insert(record.started);
+        held.released = Some(Instant::now());
+        Ok(Waited::Ready(cluster))
+    }
     /// How long a request forwarded to a peer proxy may wait for its
     /// response headers: that proxy's hold (`activation.queue_timeout`),
     /// then the request (`timeouts.request`).
@@ -348,18 +398,24 @@ impl Exchange<'_> {
         hold + cluster.config.timeouts.request
     }
 
-    /// A retry's body and retry-budget slot: no slot when the body can no
-    /// longer be replayed or the budget is spent.
+    /// After an attempt that failed `on` (`None`: not retryable): the next
+    /// attempt's body and its retry-budget slot, or `None` when there is
+    /// no retry (not allowed, the body can no longer be replayed, or the
+    /// budget is spent).
     fn retry(
         &self,
+        policy: &RetryPolicy,
+        on: Option<crate::config::RetryOn>,
         body: &mut RequestBody,
         cluster: &UpstreamCluster,
-    ) -> (Option<UpstreamBody>, Option<Slot>) {
-        let next = body.attempt();
-        let slot = next
-            .as_ref()
-            .and_then(|_| admit::retry(self.state, cluster));
-        (next, slot)
+        next: &mut Option<UpstreamBody>,
+    ) -> Option<Slot> {
+        if !on.is_some_and(|on| policy.may_retry(on)) {
+            return None;
+        }
+        *next = body.attempt();
+        next.as_ref()
+            .and_then(|_| admit::retry(self.state, cluster))
     }
 
     /// One attempt to endpoint `index`, holding a `max_pending` slot until
