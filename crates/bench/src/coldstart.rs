@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -50,8 +51,15 @@ pub struct ColdstartReport {
     pub overhead_ms_max: f64,
     pub burst_requests: usize,
     pub burst_failures: usize,
+    /// Failed burst requests by status and body (or client error).
+    pub burst_failure_reasons: BTreeMap<String, usize>,
+    /// Retries the proxy made during the burst (`proxy_retries`).
+    pub burst_retries: f64,
     pub burst_instances_started: usize,
     pub burst_latency_ms_p99: f64,
+    /// Burst requests that took over 1 s (a dropped SYN is retransmitted
+    /// after 1 s: the sign of an overflowing accept queue).
+    pub burst_over_1s: usize,
     /// The proxy's spans of the measured cold starts, phase by phase.
     pub phases: Vec<Phase>,
 }
@@ -150,20 +158,80 @@ async fn stack(
     Ok((plane, proxy, addr))
 }
 
-async fn get(
-    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    addr: SocketAddr,
-) -> Result<u16> {
-    let req = http::Request::get(format!("http://{addr}/"))
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn get(client: &HttpClient, addr: SocketAddr) -> Result<u16> {
+    Ok(get_text(client, addr, "/").await?.0)
+}
+
+/// Status and body of `GET http://addr{path}`.
+async fn get_text(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let req = http::Request::get(format!("http://{addr}{path}"))
         .body(Full::new(Bytes::new()))
         .map_err(|e| BenchError::Failed(e.to_string()))?;
     let resp = client
         .request(req)
         .await
-        .map_err(|e| BenchError::Failed(format!("GET http://{addr}/: {e}")))?;
+        .map_err(|e| BenchError::Failed(format!("GET http://{addr}{path}: {e}")))?;
     let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    Ok(status)
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// What the burst at zero measured.
+#[derive(Debug, Default)]
+struct Burst {
+    latency_ms: Vec<f64>,
+    failures: BTreeMap<String, usize>,
+    retries: f64,
+    started: usize,
+}
+
+/// `n` concurrent requests to a fresh stack at zero (up to 20 instances).
+async fn run_burst(cmd: &[String], client: &HttpClient, n: usize) -> Result<Burst> {
+    let (plane, proxy, addr) = stack(cmd, 10, 20, None).await?;
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let got = get_text(&client, addr, "/").await;
+            (got, t.elapsed().as_secs_f64() * 1000.0)
+        }));
+    }
+    let mut burst = Burst::default();
+    for t in tasks {
+        let (got, ms) = t
+            .await
+            .map_err(|e| BenchError::Failed(format!("burst request: {e}")))?;
+        let failure = match got {
+            Ok((200, _)) => None,
+            Ok((status, body)) => Some(format!("{status} {}", body.trim())),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(reason) = failure {
+            *burst.failures.entry(reason).or_default() += 1;
+        }
+        burst.latency_ms.push(ms);
+    }
+    let (_, metrics) = get_text(client, proxy.admin_addr(), "/metrics").await?;
+    burst.retries = metrics
+        .lines()
+        .filter(|l| l.starts_with("proxy_retries_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let view = ApiClient::new(plane.api_addr())
+        .service("bench/cold")
+        .await?;
+    burst.started = view.endpoints.len();
+    proxy.shutdown().await;
+    plane.shutdown().await;
+    Ok(burst)
 }
 
 impl fmt::Display for ColdstartReport {
@@ -199,6 +267,14 @@ impl fmt::Display for ColdstartReport {
                 self.burst_instances_started,
                 self.burst_latency_ms_p99
             )?;
+            write!(
+                f,
+                ", {} over 1 s, {} retries",
+                self.burst_over_1s, self.burst_retries
+            )?;
+            for (reason, n) in &self.burst_failure_reasons {
+                write!(f, "\n  failed {n:>5}  {reason}")?;
+            }
         }
         Ok(())
     }
@@ -246,34 +322,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let phases = receiver.phases(&PHASES);
-    let (mut burst_latency, mut failures, mut started) = (Vec::new(), 0, 0);
+    let mut burst = Burst::default();
     if args.burst > 0 {
-        let (plane, proxy, addr) = stack(&cmd, 10, 20, None).await?;
-        let mut tasks = Vec::with_capacity(args.burst);
-        for _ in 0..args.burst {
-            let client = client.clone();
-            tasks.push(tokio::spawn(async move {
-                let t = Instant::now();
-                let ok = matches!(get(&client, addr).await, Ok(200));
-                (ok, t.elapsed().as_secs_f64() * 1000.0)
-            }));
-        }
-        for t in tasks {
-            let (ok, ms) = t
-                .await
-                .map_err(|e| BenchError::Failed(format!("burst request: {e}")))?;
-            if !ok {
-                failures += 1;
-            }
-            burst_latency.push(ms);
-        }
-        let view = ApiClient::new(plane.api_addr())
-            .service("bench/cold")
-            .await?;
-        started = view.endpoints.len();
-        proxy.shutdown().await;
-        plane.shutdown().await;
+        burst = run_burst(&cmd, &client, args.burst).await?;
     }
+    let mut burst_latency = std::mem::take(&mut burst.latency_ms);
     for v in [&mut first, &mut base, &mut overhead, &mut burst_latency] {
         v.sort_by(f64::total_cmp);
     }
@@ -286,9 +339,12 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         overhead_ms_p99: percentile(&overhead, 0.99),
         overhead_ms_max: percentile(&overhead, 1.0),
         burst_requests: args.burst,
-        burst_failures: failures,
-        burst_instances_started: started,
+        burst_failures: burst.failures.values().sum(),
+        burst_failure_reasons: burst.failures,
+        burst_retries: burst.retries,
+        burst_instances_started: burst.started,
         burst_latency_ms_p99: percentile(&burst_latency, 0.99),
+        burst_over_1s: burst_latency.iter().filter(|ms| **ms > 1000.0).count(),
         phases,
     })
 }

@@ -14,6 +14,7 @@
 //! queued count nor a service stuck in `probing`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,10 +30,11 @@ use crate::request::respond::LocalReply;
 use crate::request::trace::RequestTrace;
 use crate::snapshot::UpstreamCluster;
 use crate::state::ProxyState;
+use crate::upstream::ClusterCounters;
 
 /// Whether this pick must wait for activation: the cluster activates, this
-/// is not a retry, and there is no endpoint or the picked one is over
-/// `container_concurrency`.
+/// is not a retry, and there is no endpoint or the picked one is over the
+/// per-instance limit ([`limit`]; the pick already counts in its load).
 pub fn needed(cluster: &UpstreamCluster, picked: Option<&InFlight>, retrying: bool) -> bool {
     let Some(act) = cluster.config.activation.as_ref() else {
         return false;
@@ -40,10 +42,26 @@ pub fn needed(cluster: &UpstreamCluster, picked: Option<&InFlight>, retrying: bo
     if retrying || cluster.config.service.is_none() {
         return false;
     }
+    let held = cluster.counters.queued.load(Ordering::Relaxed) > 0;
     picked.is_none_or(|g| {
-        act.container_concurrency > 0
-            && cluster.lb.set().load(g.index()) > act.container_concurrency
+        let limit = limit(act, held);
+        limit > 0 && cluster.lb.set().load(g.index()) > limit
     })
+}
+
+/// Requests in flight per instance that a request may join (0: any
+/// number): `container_concurrency` always; else, while requests are
+/// `held` for the cluster, `release_concurrency`, so a fresh instance is
+/// given the held burst that many at a time (and new arrivals queue
+/// behind it) instead of all at once.
+fn limit(act: &Activation, held: bool) -> u32 {
+    if act.container_concurrency > 0 {
+        act.container_concurrency
+    } else if held {
+        act.release_concurrency
+    } else {
+        0
+    }
 }
 
 /// Whether `c` can take a request now: an available endpoint, under the
@@ -51,6 +69,29 @@ pub fn needed(cluster: &UpstreamCluster, picked: Option<&InFlight>, retrying: bo
 fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
     let set = c.lb.set();
     (0..set.len()).any(|i| set.is_available(i) && (limit == 0 || set.load(i) < limit))
+}
+
+/// Held by the record of a request sent to an activating cluster: when
+/// the request ends (after its endpoint's in-flight count was lowered),
+/// wakes one held request, which may now fit under the limit.
+#[derive(Debug)]
+pub struct CapacityNotice(Arc<ClusterCounters>);
+
+impl CapacityNotice {
+    /// A notice for requests of `cluster`, if it limits them per instance.
+    pub fn of(cluster: &UpstreamCluster) -> Option<Self> {
+        let act = cluster.config.activation.as_ref()?;
+        (act.container_concurrency > 0 || act.release_concurrency > 0)
+            .then(|| Self(Arc::clone(&cluster.counters)))
+    }
+}
+
+impl Drop for CapacityNotice {
+    fn drop(&mut self) {
+        if self.0.queued.load(Ordering::Relaxed) > 0 {
+            self.0.capacity_freed.notify_one();
+        }
+    }
 }
 
 /// Endpoints of `service` that are announced but not ready yet.
@@ -174,6 +215,7 @@ fn refusal(
 struct HeldSpan<'a> {
     state: &'a ProxyState,
     trace: &'a RequestTrace,
+    name: &'static str,
     start: Instant,
     result: &'static str,
 }
@@ -181,19 +223,19 @@ struct HeldSpan<'a> {
 impl Drop for HeldSpan<'_> {
     fn drop(&mut self) {
         let result = [("meshless.result", self.result)];
-        self.trace.child(
-            self.state,
-            "activation.held",
-            self.start,
-            Instant::now(),
-            &result,
-        );
+        self.trace
+            .child(self.state, self.name, self.start, Instant::now(), &result);
     }
 }
 
 /// Holds a request until `base`'s cluster can take it; returns that
 /// cluster (from the snapshot current then) or the reply that refuses it.
 /// With tracing on, records the phases as children of `trace`'s span.
+///
+/// A request that finds an instance ready but every one at the limit
+/// ([`limit`]) is *paced*: it waits its turn (woken by a request that
+/// ends, [`CapacityNotice`]) without asking for an instance again, is not
+/// counted as an activation, and its span is `activation.paced`.
 pub async fn hold(
     state: &ProxyState,
     base: &UpstreamCluster,
@@ -204,9 +246,21 @@ pub async fn hold(
         return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
     };
     let held = Instant::now();
+    let paced = act.container_concurrency == 0
+        && state
+            .snapshot
+            .load()
+            .clusters
+            .get(&*base.name)
+            .is_some_and(|c| has_capacity(c, 0));
     let mut span = HeldSpan {
         state,
         trace,
+        name: if paced {
+            "activation.paced"
+        } else {
+            "activation.held"
+        },
         start: held,
         result: "cancelled",
     };
@@ -219,8 +273,11 @@ pub async fn hold(
         let reply = LocalReply::text(StatusCode::SERVICE_UNAVAILABLE, text, "queue_full");
         return Err(reply.retry_after(Some(1)));
     };
-    let _ = state.activate.send(service.to_owned());
-    trace.child(state, "activation.sent", held, Instant::now(), &[]);
+    if !paced {
+        let _ = state.activate.send(service.to_owned());
+        trace.child(state, "activation.sent", held, Instant::now(), &[]);
+    }
+    let limit = limit(act, true);
     let mut announced: Option<Instant> = None;
     let mut probed = false;
     let mut backoff = ProbeBackoff::new(act.probe_interval);
@@ -230,25 +287,17 @@ pub async fn hold(
         // wakes only registered waiters; a change missed here would wait
         // for the probe backoff, up to `probe_interval`).
         let changed = state.endpoints_changed.notified();
-        tokio::pin!(changed);
+        let freed = base.counters.capacity_freed.notified();
+        tokio::pin!(changed, freed);
         changed.as_mut().enable();
+        freed.as_mut().enable();
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
-            && has_capacity(c, act.container_concurrency)
+            && has_capacity(c, limit)
         {
-            phase(state, "ready", held);
-            count(state, "sent");
-            let via = [(
-                "meshless.ready_via",
-                if probed { "probe" } else { "stream" },
-            )];
-            trace.child(
-                state,
-                "instance.ready",
-                announced.unwrap_or(held),
-                Instant::now(),
-                &via,
-            );
+            if !paced {
+                released(state, trace, (held, announced), probed);
+            }
             span.result = "sent";
             return Ok(Arc::clone(c));
         }
@@ -281,9 +330,33 @@ pub async fn hold(
         let remaining = act.queue_timeout.saturating_sub(held.elapsed());
         tokio::select! {
             () = &mut changed => {}
+            () = &mut freed => {}
             () = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
         }
     }
+}
+
+/// Counts a held request released to a ready instance and records its
+/// `instance.ready` span (from `announced`, else from `held`).
+fn released(
+    state: &ProxyState,
+    trace: &RequestTrace,
+    (held, announced): (Instant, Option<Instant>),
+    probed: bool,
+) {
+    phase(state, "ready", held);
+    count(state, "sent");
+    let via = [(
+        "meshless.ready_via",
+        if probed { "probe" } else { "stream" },
+    )];
+    trace.child(
+        state,
+        "instance.ready",
+        announced.unwrap_or(held),
+        Instant::now(),
+        &via,
+    );
 }
 
 /// Records the cold-start timeline of a held request whose response

@@ -40,6 +40,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use meshless_balance::{InFlight, PickContext};
+use meshless_model::probe_backoff::ProbeBackoff;
 
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
@@ -207,6 +208,10 @@ fn budget(
     }
 }
 
+/// The longest wait before a released request connects again to its
+/// instance (the waits start at 200 µs and double, [`ProbeBackoff`]).
+const RECONNECT_MAX_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// What every attempt of one request shares.
 struct Exchange<'a> {
     state: &'a ProxyState,
@@ -237,13 +242,18 @@ impl Exchange<'_> {
             && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
         let mut policy = RetryPolicy::new(&base.config.retries, replayable);
         let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
-        let mut body = RequestBody::new(downstream, replayable && base.config.retries.count > 0);
+        // Kept for a reconnect too: a request held for activation may find
+        // the fresh instance's accept queue full (see `reconnect`).
+        let activating = base.config.activation.is_some() && !self.upgrading;
+        let keep = (replayable && base.config.retries.count > 0) || activating;
+        let mut body = RequestBody::new(downstream, keep);
         let mut next = body.attempt();
         let mut cluster = Arc::clone(base);
         let mut held: Option<Instant> = None;
         let mut released: Option<Instant> = None;
         let mut retry: Option<Slot> = None;
         let mut peer_tried = false;
+        let mut reconnects = ProbeBackoff::new(RECONNECT_MAX_WAIT);
         loop {
             let picked = policy.pick(&cluster, &ctx);
             if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
@@ -274,7 +284,7 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
-            if !policy.retrying() {
+            if record.deadline.is_none() && !policy.retrying() {
                 // The deadline covers the exchange from the first send (not
                 // the activation hold) to the last response byte.
                 let asked = headers.as_ref().and_then(grpc::timeout);
@@ -301,6 +311,7 @@ impl Exchange<'_> {
                     }
                     if retry.is_none() {
                         guard.set_outcome(status);
+                        record.capacity = activate::CapacityNotice::of(&cluster);
                         if let (Some(at), Some(free)) = (held, released) {
                             activate::answered(
                                 self.state,
@@ -317,6 +328,17 @@ impl Exchange<'_> {
                     if matches!(failure, attempt::Failure::ConnectionLimit) {
                         admit::overflow(self.state, &cluster, "max_connections");
                     }
+                    if held.is_some() && failure == attempt::Failure::ConnectFailed {
+                        let from = (&**base, released.unwrap_or(record.started));
+                        if let Some(again) = self.reconnect(&mut body, record, from) {
+                            // Not the instance's fault, nor an attempt.
+                            guard.finish(meshless_balance::Outcome::Cancelled);
+                            policy.forget_last();
+                            next = Some(again);
+                            tokio::time::sleep(reconnects.next_wait()).await;
+                            continue;
+                        }
+                    }
                     guard.finish(failure.outcome());
                     if failure.retry_on().is_some_and(|on| policy.may_retry(on)) {
                         (next, retry) = self.retry(&mut body, &cluster);
@@ -327,6 +349,36 @@ impl Exchange<'_> {
                 }
             }
         }
+    }
+
+    /// The body to send again after a request released from an activation
+    /// hold could not connect to its instance, or `None` when it may not
+    /// be tried again: past its deadline (from the first send; without
+    /// one, `activation.queue_timeout` after `released`), or its body
+    /// outgrew the replay copy.
+    ///
+    /// Safe because nothing was sent: the connection never opened. A burst
+    /// released to a fresh instance that accepts slowly fills its accept
+    /// queue, and the kernel drops the SYNs past it (the connect times
+    /// out): such a request connects again after a short wait
+    /// ([`RECONNECT_MAX_WAIT`]) instead of failing with 502, counted as
+    /// `activations_total{result="reconnected"}`.
+    fn reconnect(
+        &self,
+        body: &mut RequestBody,
+        record: &Completion,
+        (base, released): (&UpstreamCluster, Instant),
+    ) -> Option<UpstreamBody> {
+        let until = record.deadline.or_else(|| {
+            let act = base.config.activation.as_ref()?;
+            released.checked_add(act.queue_timeout)
+        })?;
+        if Instant::now() + RECONNECT_MAX_WAIT >= until {
+            return None;
+        }
+        let again = body.attempt()?;
+        activate::count(self.state, "reconnected");
+        Some(again)
     }
 
     /// How long a request forwarded to a peer proxy may wait for its

@@ -45,6 +45,10 @@ pub struct ClusterCounters {
     /// Of `active_requests`, those forwarded to the chosen node's proxy
     /// (ahead-of-time placement): that proxy reports them as its load.
     pub forwarded: AtomicU64,
+    /// Woken (one waiter per finished request) when a request of an
+    /// activating cluster ends while others are held: capacity under
+    /// `container_concurrency` or `release_concurrency` may be free.
+    pub capacity_freed: tokio::sync::Notify,
 }
 
 /// Settings that require a new pool when they change.
