@@ -37,6 +37,8 @@ pub struct ColdstartSettings {
     pub runs: usize,
     /// Concurrent requests of the burst at zero (0 skips it).
     pub burst: usize,
+    /// The proxy's `activation.release_concurrency` (`None`: its default).
+    pub release_concurrency: Option<u32>,
 }
 
 /// What the benchmark measured (milliseconds).
@@ -55,6 +57,9 @@ pub struct ColdstartReport {
     pub burst_failure_reasons: BTreeMap<String, usize>,
     /// Retries the proxy made during the burst (`proxy_retries`).
     pub burst_retries: f64,
+    /// Released requests that connected again to their fresh instance
+    /// (`activations_total{result="reconnected"}`).
+    pub burst_reconnects: f64,
     pub burst_instances_started: usize,
     pub burst_latency_ms_p99: f64,
     /// Burst requests that took over 1 s (a dropped SYN is retransmitted
@@ -129,7 +134,9 @@ async fn stack(
     target: u32,
     max: u32,
     otlp: Option<&str>,
+    release: Option<u32>,
 ) -> Result<(ControlPlane, Proxy, SocketAddr)> {
+    let release = release.map_or_else(String::new, |n| format!(", release_concurrency: {n}"));
     let tracing = otlp.map_or_else(String::new, |url| {
         format!("tracing: {{ otlp_endpoint: \"{url}\", flush_interval: 20ms }}\n")
     });
@@ -143,7 +150,7 @@ async fn stack(
     let plane = ControlPlane::start(control).await?;
     let proxy = ProxyConfig::parse(
         &format!(
-            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
+            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s{release} }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
             plane.grpc_addr()
         ),
         "bench",
@@ -183,18 +190,34 @@ async fn get_text(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<(
     Ok((status, body))
 }
 
+/// The sum of the samples of a Prometheus text page whose line starts
+/// with `prefix`.
+fn metric_sum(page: &str, prefix: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b)
+}
+
 /// What the burst at zero measured.
 #[derive(Debug, Default)]
 struct Burst {
     latency_ms: Vec<f64>,
     failures: BTreeMap<String, usize>,
     retries: f64,
+    reconnects: f64,
     started: usize,
 }
 
-/// `n` concurrent requests to a fresh stack at zero (up to 20 instances).
-async fn run_burst(cmd: &[String], client: &HttpClient, n: usize) -> Result<Burst> {
-    let (plane, proxy, addr) = stack(cmd, 10, 20, None).await?;
+/// `args.burst` concurrent requests to a fresh stack at zero (up to 20
+/// instances).
+async fn run_burst(
+    cmd: &[String],
+    client: &HttpClient,
+    args: &ColdstartSettings,
+) -> Result<Burst> {
+    let n = args.burst;
+    let (plane, proxy, addr) = stack(cmd, 10, 20, None, args.release_concurrency).await?;
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
         let client = client.clone();
@@ -220,11 +243,11 @@ async fn run_burst(cmd: &[String], client: &HttpClient, n: usize) -> Result<Burs
         burst.latency_ms.push(ms);
     }
     let (_, metrics) = get_text(client, proxy.admin_addr(), "/metrics").await?;
-    burst.retries = metrics
-        .lines()
-        .filter(|l| l.starts_with("proxy_retries_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    burst.retries = metric_sum(&metrics, "meshless_proxy_retries_total");
+    burst.reconnects = metric_sum(
+        &metrics,
+        "meshless_proxy_activations_total{result=\"reconnected\"}",
+    );
     let view = ApiClient::new(plane.api_addr())
         .service("bench/cold")
         .await?;
@@ -269,8 +292,8 @@ impl fmt::Display for ColdstartReport {
             )?;
             write!(
                 f,
-                ", {} over 1 s, {} retries",
-                self.burst_over_1s, self.burst_retries
+                ", {} over 1 s, {} retries, {} reconnects",
+                self.burst_over_1s, self.burst_retries, self.burst_reconnects
             )?;
             for (reason, n) in &self.burst_failure_reasons {
                 write!(f, "\n  failed {n:>5}  {reason}")?;
@@ -299,7 +322,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
         let b = baseline(&cmd).await?.as_secs_f64() * 1000.0;
-        let (plane, proxy, addr) = stack(&cmd, 10, 5, Some(&otlp)).await?;
+        let (plane, proxy, addr) = stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
         let f = start.elapsed().as_secs_f64() * 1000.0;
@@ -324,7 +347,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let phases = receiver.phases(&PHASES);
     let mut burst = Burst::default();
     if args.burst > 0 {
-        burst = run_burst(&cmd, &client, args.burst).await?;
+        burst = run_burst(&cmd, &client, args).await?;
     }
     let mut burst_latency = std::mem::take(&mut burst.latency_ms);
     for v in [&mut first, &mut base, &mut overhead, &mut burst_latency] {
@@ -342,6 +365,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         burst_failures: burst.failures.values().sum(),
         burst_failure_reasons: burst.failures,
         burst_retries: burst.retries,
+        burst_reconnects: burst.reconnects,
         burst_instances_started: burst.started,
         burst_latency_ms_p99: percentile(&burst_latency, 0.99),
         burst_over_1s: burst_latency.iter().filter(|ms| **ms > 1000.0).count(),
