@@ -319,6 +319,9 @@ async fn session(
                         // versions of another incarnation say nothing.
                         *resume = Resume { version: done.version, incarnation: done.incarnation };
                     }
+                    Some(server_message::Msg::Peers(p)) => {
+                        state.placements.change_peers(&p.added, &p.removed);
+                    }
                     Some(server_message::Msg::Placement(p)) => {
                         state.placements.set(&p.service, &p.node, &p.address);
                     }

@@ -136,7 +136,12 @@ pub async fn handle(
     if let Some(reply) = path::apply(&settings.paths, &mut parts) {
         return Ok(reply.respond(record));
     }
-    let client_ip = headers::client_ip(&parts.headers, client, &settings.forwarding);
+    let hop = peer::hop(state, &mut parts.headers, client);
+    let client_ip = if hop {
+        headers::hop_client_ip(&parts.headers).unwrap_or_else(|| client.ip())
+    } else {
+        headers::client_ip(&parts.headers, client, &settings.forwarding)
+    };
     record.client = Some(client_ip);
     let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
         Ok(r) => r,
@@ -162,6 +167,7 @@ pub async fn handle(
         upgrading: upgrade.is_some(),
         forwarding: &settings.forwarding,
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
+        hop,
     };
     // Made once, moved into the last attempt (cloned only for retries).
     let mut upstream_headers =
