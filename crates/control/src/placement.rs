@@ -186,6 +186,19 @@ impl Placements {
         let entry = (peer, watches.clone());
         self.update(|i| {
             let fresh = i.peers.insert(subscriber, entry).is_none();
+            let twin = i
+                .peers
+                .iter()
+                .any(|(id, (p, _))| *id != subscriber && p.node == node && p.address != address);
+            if twin {
+                tracing::warn!(
+                    node,
+                    address,
+                    "two connected proxies claim this node at different peer addresses: they count \
+                     as one node (the first one's address is used) and share its subset index; \
+                     node names must be unique per machine"
+                );
+            }
             if i.mixed() {
                 tracing::warn!(
                     node,
@@ -383,6 +396,23 @@ mod tests {
         }
         p.leave(3);
         assert_eq!(p.current()["ns/a"].node, "n4", "alone again");
+    }
+
+    /// Proxies with one node name are one node (as for subset indices: a
+    /// node's proxies, e.g. both processes of a binary upgrade, share
+    /// one): the first connected one's address is used, the other's once
+    /// it is alone.
+    #[test]
+    fn proxies_with_one_node_name_are_one_node() {
+        let a: BTreeSet<String> = ["ns/a".to_owned()].into();
+        let p = Placements::default();
+        p.set_at_zero("ns/a", true);
+        p.join(1, "n1", "10.0.0.1:80", &a);
+        p.join(2, "n1", "10.0.0.9:80", &a);
+        assert_eq!(p.current()["ns/a"].address, "10.0.0.1:80");
+        assert_eq!(p.peer_ips().len(), 2, "both addresses are peers");
+        p.leave(1);
+        assert_eq!(p.current()["ns/a"].address, "10.0.0.9:80");
     }
 
     #[test]
