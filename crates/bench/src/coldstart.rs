@@ -211,11 +211,7 @@ struct Burst {
 
 /// `args.burst` concurrent requests to a fresh stack at zero (up to 20
 /// instances).
-async fn run_burst(
-    cmd: &[String],
-    client: &HttpClient,
-    args: &ColdstartSettings,
-) -> Result<Burst> {
+async fn run_burst(cmd: &[String], client: &HttpClient, args: &ColdstartSettings) -> Result<Burst> {
     let n = args.burst;
     let (plane, proxy, addr) = stack(cmd, 10, 20, None, args.release_concurrency).await?;
     let mut tasks = Vec::with_capacity(n);
@@ -322,7 +318,8 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
         let b = baseline(&cmd).await?.as_secs_f64() * 1000.0;
-        let (plane, proxy, addr) = stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
+        let (plane, proxy, addr) =
+            stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
         let f = start.elapsed().as_secs_f64() * 1000.0;

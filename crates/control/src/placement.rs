@@ -384,7 +384,10 @@ mod tests {
         p.set_at_zero("ns/a", true);
         p.join(1, "n1", "127.0.0.1:80", &a);
         p.join(2, "n2", "127.0.0.1:81", &a);
-        assert!(p.current().contains_key("ns/a"), "one machine: loopback is fine");
+        assert!(
+            p.current().contains_key("ns/a"),
+            "one machine: loopback is fine"
+        );
         p.join(3, "n3", "10.0.0.3:80", &a);
         p.leave(1);
         p.leave(2);

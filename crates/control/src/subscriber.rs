@@ -452,8 +452,15 @@ impl PlacementsSent {
     /// last one sent, if any.
     async fn send_peers(&mut self, f: &mut Follow<'_>) -> Result<(), StreamEnd> {
         let now = f.d.placements.peer_ips();
-        let added: Vec<String> = now.difference(&self.peers).map(ToString::to_string).collect();
-        let removed: Vec<String> = self.peers.difference(&now).map(ToString::to_string).collect();
+        let added: Vec<String> = now
+            .difference(&self.peers)
+            .map(ToString::to_string)
+            .collect();
+        let removed: Vec<String> = self
+            .peers
+            .difference(&now)
+            .map(ToString::to_string)
+            .collect();
         if added.is_empty() && removed.is_empty() {
             return Ok(());
         }

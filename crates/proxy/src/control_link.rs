@@ -333,12 +333,23 @@ async fn session(
                 let _ = tx.try_send(load);
             }
             Some(service) = activate.recv() => {
-                // Tell the control plane at once, with the load that explains it.
+                // Tell the control plane at once, with the load that
+                // explains it: one load report and one Activate per
+                // service for every request held since (a burst held at
+                // once is one message, not one per request).
+                let mut services = vec![service];
+                while let Ok(more) = activate.try_recv() {
+                    if !services.contains(&more) {
+                        services.push(more);
+                    }
+                }
                 let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
                 tx.send(load).await?;
                 let node = node.name.clone().unwrap_or_default();
-                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node })) };
-                tx.send(act).await?;
+                for service in services {
+                    let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node: node.clone() })) };
+                    tx.send(act).await?;
+                }
             }
             changed = watched.changed() => {
                 if changed.is_err() {

@@ -203,7 +203,10 @@ mod tests {
     async fn only_the_peers_sent_are_trusted() {
         let p = Placements::default();
         let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
-        p.change_peers(&["10.0.0.1".into(), "::ffff:10.0.0.2".into(), "x".into()], &[]);
+        p.change_peers(
+            &["10.0.0.1".into(), "::ffff:10.0.0.2".into(), "x".into()],
+            &[],
+        );
         assert!(p.is_peer(ip("10.0.0.1")));
         assert!(p.is_peer(ip("10.0.0.2")), "v4-mapped is the same address");
         assert!(!p.is_peer(ip("10.0.0.3")));

@@ -175,6 +175,15 @@ async fn held_requests_are_released_a_few_at_a_time_and_none_overflows_the_backl
     assert_eq!(count(&c, "upstream_connections"), RELEASE as u64, "{c}");
     std::fs::write(&g.serve, b"go").expect("serve gate");
     all_ok(tasks).await;
+    // Requests re-held only for their turn did not ask for an instance
+    // again: at most one Activate per request (fewer: a burst held while
+    // the stream is busy leaves in one message per service).
+    let asked = metric(
+        &get(&client(), plane.api_addr(), "/metrics", &[]).await.2,
+        "meshless_control_activation_requests_total",
+    )
+    .unwrap_or(0.0);
+    assert!((1.0..=BURST as f64).contains(&asked), "{asked}");
     // No SYN was dropped, so no connect failed.
     assert_eq!(
         proxy_metric(

@@ -18,7 +18,9 @@ use meshless_proxy::Proxy;
 /// A control plane with `demo/lazy` at zero, one instance at most, each a
 /// Python HTTP server on `$PORT`.
 fn lazy_plane() -> ControlConfig {
-    plane_running("[python3, -c, \"import http.server as h, os\\nh.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()\"]")
+    plane_running(
+        "[python3, -c, \"import http.server as h, os\\nh.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()\"]",
+    )
 }
 
 /// Like [`lazy_plane`], with instances that answer with the request's
@@ -246,7 +248,12 @@ async fn a_forwarding_marker_from_a_client_that_is_no_peer_is_not_trusted() {
     // Treated as any client's request: its address appended, the
     // protocol it used set.
     assert_eq!(body, "203.0.113.7, 127.0.0.1|http");
-    assert!(!here.state().placements.is_peer("127.0.0.1".parse().expect("ip")));
+    assert!(
+        !here
+            .state()
+            .placements
+            .is_peer("127.0.0.1".parse().expect("ip"))
+    );
     here.shutdown().await;
     plane.shutdown().await;
 }

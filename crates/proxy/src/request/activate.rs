@@ -312,7 +312,11 @@ pub async fn hold(
             phase(state, "announced", held);
             trace.child(state, "instance.announced", held, now, &[]);
         }
-        if let Some(turn) = state.probing.turn(service) {
+        // One held request per service probes (with the backoff); the
+        // others wait for a change, a request that ends, or at most
+        // `WAITER_WAIT` (to take over the probing if the prober is gone).
+        let mut wait = WAITER_WAIT;
+        if let Some(turn) = state.probing.turn(service).filter(|_| !paced) {
             let timeout = act.probe_interval.max(Duration::from_millis(50));
             let ok = probe_once(state, service, timeout).await;
             drop(turn);
@@ -326,15 +330,24 @@ pub async fn hold(
                 );
                 continue;
             }
+            wait = backoff.next_wait();
         }
         let remaining = act.queue_timeout.saturating_sub(held.elapsed());
         tokio::select! {
             () = &mut changed => {}
             () = &mut freed => {}
-            () = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
+            () = tokio::time::sleep(wait.min(remaining)) => {}
         }
     }
 }
+
+/// The longest a held request that is not the service's prober sleeps
+/// between checks: changes and ended requests wake it at once; this only
+/// bounds how long probing pauses when the prober's client goes away.
+/// (Waking every held request at the probe backoff made a burst of
+/// thousands cost the proxy's lock on the services table many times a
+/// millisecond.)
+const WAITER_WAIT: Duration = Duration::from_millis(50);
 
 /// Counts a held request released to a ready instance and records its
 /// `instance.ready` span (from `announced`, else from `held`).

@@ -307,7 +307,10 @@ mod tests {
     #[test]
     fn a_peer_hop_keeps_the_forwarding_proxys_headers() {
         let mut h = HeaderMap::new();
-        h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1, 2.2.2.2"));
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("1.1.1.1, 2.2.2.2"),
+        );
         h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
         let fwd = Forwarding::default();
         let f = Forward {
