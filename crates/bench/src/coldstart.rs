@@ -16,6 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use meshless_control::client::ApiClient;
 use meshless_control::config::ControlConfig;
+use meshless_control::notify::{NotifyCounters, NotifySocket};
 use meshless_control::plane::ControlPlane;
 use meshless_proxy::{Proxy, ProxyConfig};
 use meshless_sim::progress::Progress;
@@ -51,6 +52,13 @@ pub struct ColdstartReport {
     pub overhead_ms_p50: f64,
     pub overhead_ms_p99: f64,
     pub overhead_ms_max: f64,
+    /// The instance's spawn to its `READY=1` (the same spawns).
+    pub baseline_notify_ms_p50: f64,
+    /// First response minus spawn-to-`READY=1`, per run: the overhead
+    /// without the baseline's polling (1-2 ms periods).
+    pub overhead_notify_ms_p50: f64,
+    pub overhead_notify_ms_p99: f64,
+    pub overhead_notify_ms_max: f64,
     pub burst_requests: usize,
     pub burst_failures: usize,
     /// Failed burst requests by status and body (or client error).
@@ -93,8 +101,18 @@ fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
     ]
 }
 
-/// Time from spawning the command to its port accepting, probed every 1 ms.
-async fn baseline(cmd: &[String]) -> Result<Duration> {
+/// The instance's own start, from its spawn: to its port accepting
+/// (probed every 1 ms, as before: Tokio's timer makes that 1-2 ms, so
+/// this is up to ~1 ms late), and to its `READY=1` on `NOTIFY_SOCKET`
+/// (an event: what the process scaler uses, sent once it listens).
+#[derive(Debug, Clone, Copy)]
+struct Baseline {
+    listening: Duration,
+    notified: Duration,
+}
+
+/// Spawns the command once and times its start both ways.
+async fn baseline(cmd: &[String]) -> Result<Baseline> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(BenchError::io("choosing a free port"))?
@@ -104,28 +122,39 @@ async fn baseline(cmd: &[String]) -> Result<Duration> {
         .iter()
         .map(|a| a.replace("{port}", &port.to_string()))
         .collect();
+    let mut notify = NotifySocket::bind(NotifyCounters::default())
+        .map_err(BenchError::io("binding a notification socket"))?;
     let start = Instant::now();
     let mut child = tokio::process::Command::new(&cmd[0])
         .args(&args)
         .env("RUST_LOG", "warn")
+        .env("NOTIFY_SOCKET", notify.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .map_err(BenchError::io("starting the backend"))?;
-    loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            let took = start.elapsed();
-            let _ = child.kill().await;
-            return Ok(took);
-        }
+    let (mut listening, mut notified) = (None, None);
+    while listening.is_none() || notified.is_none() {
         if start.elapsed() > Duration::from_secs(30) {
             return Err(BenchError::Failed(
-                "the backend did not listen within 30 s".into(),
+                "the backend did not listen and notify within 30 s".into(),
             ));
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        if listening.is_none() && tokio::net::TcpStream::connect(addr).await.is_ok() {
+            listening = Some(start.elapsed());
+            continue;
+        }
+        tokio::select! {
+            () = notify.ready(), if notified.is_none() => notified = Some(start.elapsed()),
+            () = tokio::time::sleep(Duration::from_millis(1)), if listening.is_none() => {}
+        }
     }
+    let _ = child.kill().await;
+    Ok(Baseline {
+        listening: listening.unwrap_or_default(),
+        notified: notified.unwrap_or_default(),
+    })
 }
 
 /// A control plane with service bench/cold at zero and a proxy in front.
@@ -270,6 +299,14 @@ impl fmt::Display for ColdstartReport {
             "\noverhead p50/p99/max      {:.1} / {:.1} / {:.1} ms",
             self.overhead_ms_p50, self.overhead_ms_p99, self.overhead_ms_max
         )?;
+        write!(
+            f,
+            "\nagainst READY=1           {:.1} ms baseline; overhead p50/p99/max {:.1} / {:.1} / {:.1} ms",
+            self.baseline_notify_ms_p50,
+            self.overhead_notify_ms_p50,
+            self.overhead_notify_ms_p99,
+            self.overhead_notify_ms_max
+        )?;
         for p in &self.phases {
             write!(
                 f,
@@ -314,10 +351,14 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut first = Vec::new();
     let mut base = Vec::new();
     let mut overhead = Vec::new();
+    let mut base_notify = Vec::new();
+    let mut overhead_notify = Vec::new();
     let (receiver, otlp) = Receiver::start().await?;
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
-        let b = baseline(&cmd).await?.as_secs_f64() * 1000.0;
+        let own = baseline(&cmd).await?;
+        let b = own.listening.as_secs_f64() * 1000.0;
+        let bn = own.notified.as_secs_f64() * 1000.0;
         let (plane, proxy, addr) =
             stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
         let start = Instant::now();
@@ -333,6 +374,8 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         first.push(f);
         base.push(b);
         overhead.push(f - b);
+        base_notify.push(bn);
+        overhead_notify.push(f - bn);
         progress.update(run as u64 + 1);
     }
     progress.finish();
@@ -347,7 +390,14 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         burst = run_burst(&cmd, &client, args).await?;
     }
     let mut burst_latency = std::mem::take(&mut burst.latency_ms);
-    for v in [&mut first, &mut base, &mut overhead, &mut burst_latency] {
+    for v in [
+        &mut first,
+        &mut base,
+        &mut overhead,
+        &mut base_notify,
+        &mut overhead_notify,
+        &mut burst_latency,
+    ] {
         v.sort_by(f64::total_cmp);
     }
     Ok(ColdstartReport {
@@ -358,6 +408,10 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         overhead_ms_p50: percentile(&overhead, 0.5),
         overhead_ms_p99: percentile(&overhead, 0.99),
         overhead_ms_max: percentile(&overhead, 1.0),
+        baseline_notify_ms_p50: percentile(&base_notify, 0.5),
+        overhead_notify_ms_p50: percentile(&overhead_notify, 0.5),
+        overhead_notify_ms_p99: percentile(&overhead_notify, 0.99),
+        overhead_notify_ms_max: percentile(&overhead_notify, 1.0),
         burst_requests: args.burst,
         burst_failures: burst.failures.values().sum(),
         burst_failure_reasons: burst.failures,
