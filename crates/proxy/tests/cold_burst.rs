@@ -222,3 +222,85 @@ async fn without_pacing_connects_dropped_by_a_full_backlog_are_tried_again() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+/// An instance whose answers are long-lived: headers at once, the body
+/// only once `end` exists (a stream, a long poll). Binds once `bind`
+/// exists; one thread per connection.
+fn streaming_instance(bind: &Path, end: &Path) -> String {
+    let script = format!(
+        "import os, time, http.server as h\n\
+         class H(h.BaseHTTPRequestHandler):\n    \
+           protocol_version = 'HTTP/1.1'\n    \
+           def do_GET(self):\n        \
+             self.send_response(200)\n        \
+             self.send_header('transfer-encoding', 'chunked')\n        \
+             self.end_headers()\n        \
+             self.wfile.flush()\n        \
+             while not os.path.exists('{end}'): time.sleep(0.01)\n        \
+             self.wfile.write(b'3\\r\\nok\\n\\r\\n0\\r\\n\\r\\n')\n    \
+           def log_message(self, *a):\n        \
+             pass\n\
+         while not os.path.exists('{bind}'): time.sleep(0.01)\n\
+         h.ThreadingHTTPServer(('127.0.0.1', int(os.environ['PORT'])), H).serve_forever()\n",
+        bind = bind.display(),
+        end = end.display(),
+    );
+    format!("[python3, -c, {script:?}]")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lived_answers_do_not_keep_the_rest_of_the_burst_waiting() {
+    const STREAMS: usize = 40;
+    const RELEASE: usize = 4;
+    let g = gates();
+    let plane = ControlPlane::start(plane(&streaming_instance(&g.bind, &g.serve)))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let activation = format!("release_concurrency: {RELEASE}");
+    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
+    eventually("the proxy subscribed", || async {
+        metric(
+            &get(&client(), api, "/metrics", &[]).await.2,
+            "meshless_control_subscribers",
+        ) == Some(1.0)
+    })
+    .await;
+    let headers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..STREAMS)
+        .map(|_| {
+            let headers = std::sync::Arc::clone(&headers);
+            tokio::spawn(async move {
+                let req = http::Request::get(format!("http://{addr}/"))
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .expect("request");
+                let resp = client().request(req).await.expect("response head");
+                headers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let status = resp.status();
+                let body = http_body_util::BodyExt::collect(resp.into_body())
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                (status, body)
+            })
+        })
+        .collect();
+    eventually("the whole burst held", || async {
+        count(&cluster(&p).await, "queued_requests") == STREAMS as u64
+    })
+    .await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    // Every stream gets its headers while the first ones are still open:
+    // a place in the release is given back at the headers, not at the end.
+    eventually("every stream answered", || async {
+        headers.load(std::sync::atomic::Ordering::SeqCst) == STREAMS
+    })
+    .await;
+    std::fs::write(&g.serve, b"go").expect("end gate");
+    for t in tasks {
+        let (status, body) = t.await.expect("task");
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok\n"[..]));
+    }
+    p.shutdown().await;
+    plane.shutdown().await;
+}

@@ -33,47 +33,96 @@ use crate::state::ProxyState;
 use crate::upstream::ClusterCounters;
 
 /// Whether this pick must wait for activation: the cluster activates, this
-/// is not a retry, and there is no endpoint or the picked one is over the
-/// per-instance limit ([`limit`]; the pick already counts in its load).
-pub fn needed(cluster: &UpstreamCluster, picked: Option<&InFlight>, retrying: bool) -> bool {
+/// is not a retry, and there is no endpoint, or the picked one is over
+/// `container_concurrency` (the pick already counts in its load), or a
+/// held burst is being released and its room is full ([`Ticket`]): a new
+/// request then queues behind it. A request `released` with a ticket is
+/// past that queue.
+pub fn needed(
+    cluster: &UpstreamCluster,
+    picked: Option<&InFlight>,
+    retrying: bool,
+    released: bool,
+) -> bool {
     let Some(act) = cluster.config.activation.as_ref() else {
         return false;
     };
     if retrying || cluster.config.service.is_none() {
         return false;
     }
-    let held = cluster.counters.queued.load(Ordering::Relaxed) > 0;
-    picked.is_none_or(|g| {
-        let limit = limit(act, held);
-        limit > 0 && cluster.lb.set().load(g.index()) > limit
-    })
+    let Some(g) = picked else {
+        return true;
+    };
+    if act.container_concurrency > 0 {
+        return cluster.lb.set().load(g.index()) > act.container_concurrency;
+    }
+    let c = &cluster.counters;
+    !released
+        && act.release_concurrency > 0
+        && c.queued.load(Ordering::Relaxed) > 0
+        && c.releasing.load(Ordering::Relaxed) >= release_room(cluster, act)
 }
 
-/// Requests in flight per instance that a request may join (0: any
-/// number): `container_concurrency` always; else, while requests are
-/// `held` for the cluster, `release_concurrency`, so a fresh instance is
-/// given the held burst that many at a time (and new arrivals queue
-/// behind it) instead of all at once.
-fn limit(act: &Activation, held: bool) -> u32 {
-    if act.container_concurrency > 0 {
-        act.container_concurrency
-    } else if held {
-        act.release_concurrency
-    } else {
-        0
-    }
+/// How many released requests may wait for their response headers at
+/// once: `release_concurrency` per available instance.
+fn release_room(c: &UpstreamCluster, act: &Activation) -> u64 {
+    let set = c.lb.set();
+    let available = (0..set.len()).filter(|&i| set.is_available(i)).count();
+    u64::from(act.release_concurrency) * available as u64
 }
 
 /// Whether `c` can take a request now: an available endpoint, under the
-/// per-instance limit when there is one.
+/// per-instance limit when there is one (0: none).
 fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
     let set = c.lb.set();
     (0..set.len()).any(|i| set.is_available(i) && (limit == 0 || set.load(i) < limit))
 }
 
-/// Held by the record of a request sent to an activating cluster: when
-/// the request ends (after its endpoint's in-flight count was lowered),
-/// wakes one held request, which may now fit under the limit.
+/// A request released from an activation hold, until its response
+/// headers arrive (or it fails): one of `release_concurrency` per
+/// available instance. So a burst reaches a fresh instance that many at a
+/// time, its accept queue (its listen backlog) never takes the whole
+/// burst, and long-lived responses (streams) do not keep the next ones
+/// waiting once their headers came. Dropping it wakes one held request.
+#[derive(Debug)]
+pub struct Ticket {
+    slot: Option<Slot>,
+    counters: Arc<ClusterCounters>,
+}
+
+impl Ticket {
+    /// A ticket for `c`: `Ok(None)` when releases are not limited, `Err`
+    /// when the room is full.
+    fn take(
+        base: &UpstreamCluster,
+        c: &UpstreamCluster,
+        act: &Activation,
+    ) -> Result<Option<Self>, ()> {
+        if act.release_concurrency == 0 || act.container_concurrency > 0 {
+            return Ok(None);
+        }
+        let slot =
+            Slot::acquire(&base.counters, Gauge::Releasing, release_room(c, act)).ok_or(())?;
+        Ok(Some(Self {
+            slot: Some(slot),
+            counters: Arc::clone(&base.counters),
+        }))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        drop(self.slot.take());
+        if self.counters.queued.load(Ordering::Relaxed) > 0 {
+            self.counters.capacity_freed.notify_one();
+        }
+    }
+}
+
+/// Held by the record of a request sent to a cluster with
+/// `container_concurrency`: when the request ends (after its endpoint's
+/// in-flight count was lowered), wakes one held request, which may now
+/// fit under the limit.
 #[derive(Debug)]
 pub struct CapacityNotice(Arc<ClusterCounters>);
 
@@ -81,8 +130,7 @@ impl CapacityNotice {
     /// A notice for requests of `cluster`, if it limits them per instance.
     pub fn of(cluster: &UpstreamCluster) -> Option<Self> {
         let act = cluster.config.activation.as_ref()?;
-        (act.container_concurrency > 0 || act.release_concurrency > 0)
-            .then(|| Self(Arc::clone(&cluster.counters)))
+        (act.container_concurrency > 0).then(|| Self(Arc::clone(&cluster.counters)))
     }
 }
 
@@ -232,15 +280,15 @@ impl Drop for HeldSpan<'_> {
 /// cluster (from the snapshot current then) or the reply that refuses it.
 /// With tracing on, records the phases as children of `trace`'s span.
 ///
-/// A request that finds an instance ready but every one at the limit
-/// ([`limit`]) is *paced*: it waits its turn (woken by a request that
-/// ends, [`CapacityNotice`]) without asking for an instance again, is not
-/// counted as an activation, and its span is `activation.paced`.
+/// A request that finds an instance ready but no room (a [`Ticket`]) is
+/// *paced*: it waits its turn (woken as tickets are given back) without
+/// asking for an instance again, is not counted as an activation, and
+/// its span is `activation.paced`.
 pub async fn hold(
     state: &ProxyState,
     base: &UpstreamCluster,
     trace: &RequestTrace,
-) -> Result<Arc<UpstreamCluster>, LocalReply> {
+) -> Result<(Arc<UpstreamCluster>, Option<Ticket>), LocalReply> {
     let (Some(act), Some(service)) = (&base.config.activation, base.config.service.as_deref())
     else {
         return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
@@ -277,7 +325,6 @@ pub async fn hold(
         let _ = state.activate.send(service.to_owned());
         trace.child(state, "activation.sent", held, Instant::now(), &[]);
     }
-    let limit = limit(act, true);
     let mut announced: Option<Instant> = None;
     let mut probed = false;
     let mut backoff = ProbeBackoff::new(act.probe_interval);
@@ -293,13 +340,14 @@ pub async fn hold(
         freed.as_mut().enable();
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
-            && has_capacity(c, limit)
+            && has_capacity(c, act.container_concurrency)
+            && let Ok(ticket) = Ticket::take(base, c, act)
         {
             if !paced {
                 released(state, trace, (held, announced), probed);
             }
             span.result = "sent";
-            return Ok(Arc::clone(c));
+            return Ok((Arc::clone(c), ticket));
         }
         if let Some(reply) = refusal(state, service, act, held) {
             span.result = "refused";

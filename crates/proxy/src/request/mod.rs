@@ -260,9 +260,12 @@ impl Exchange<'_> {
         let mut retry: Option<Slot> = None;
         let mut peer_tried = false;
         let mut reconnects = ProbeBackoff::new(RECONNECT_MAX_WAIT);
+        // A released request's place among those awaiting headers.
+        let mut ticket: Option<activate::Ticket> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
-            if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
+            let released_now = ticket.is_some();
+            if activate::needed(&cluster, picked.as_ref(), policy.retrying(), released_now) {
                 if picked.is_some() {
                     // The key's endpoint is full: after the wait, pick by load.
                     ctx.key = None;
@@ -282,7 +285,8 @@ impl Exchange<'_> {
                         peer::Forwarded::Unreachable => {}
                     }
                 }
-                cluster = activate::hold(self.state, base, &record.trace).await?;
+                drop(ticket.take());
+                (cluster, ticket) = activate::hold(self.state, base, &record.trace).await?;
                 held.get_or_insert(record.started);
                 released = Some(Instant::now());
                 continue;
@@ -309,6 +313,11 @@ impl Exchange<'_> {
                 .attempt(&cluster, guard.index(), next.take(), these, record)
                 .await;
             drop(retry.take());
+            if !(held.is_some() && sent.as_ref().err() == Some(&attempt::Failure::ConnectFailed)) {
+                // Headers came (or it failed for good): the next held
+                // request may go. A reconnect keeps its place.
+                drop(ticket.take());
+            }
             match sent {
                 Ok((resp, lease)) => {
                     let (status, on) = attempt::judge(&resp, record.grpc);

@@ -45,9 +45,13 @@ pub struct ClusterCounters {
     /// Of `active_requests`, those forwarded to the chosen node's proxy
     /// (ahead-of-time placement): that proxy reports them as its load.
     pub forwarded: AtomicU64,
-    /// Woken (one waiter per finished request) when a request of an
-    /// activating cluster ends while others are held: capacity under
-    /// `container_concurrency` or `release_concurrency` may be free.
+    /// Requests released from an activation hold still waiting for their
+    /// response headers (what `release_concurrency` bounds).
+    pub releasing: AtomicU64,
+    /// Woken (one waiter each time) when a request of an activating
+    /// cluster ends or a released one gets its response headers while
+    /// others are held: room under `container_concurrency` or
+    /// `release_concurrency` may be free.
     pub capacity_freed: tokio::sync::Notify,
 }
 
