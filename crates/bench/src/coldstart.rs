@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -15,6 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use meshless_control::client::ApiClient;
 use meshless_control::config::ControlConfig;
+use meshless_control::notify::{NotifyCounters, NotifySocket};
 use meshless_control::plane::ControlPlane;
 use meshless_proxy::{Proxy, ProxyConfig};
 use meshless_sim::progress::Progress;
@@ -36,6 +38,8 @@ pub struct ColdstartSettings {
     pub runs: usize,
     /// Concurrent requests of the burst at zero (0 skips it).
     pub burst: usize,
+    /// The proxy's `activation.release_concurrency` (`None`: its default).
+    pub release_concurrency: Option<u32>,
 }
 
 /// What the benchmark measured (milliseconds).
@@ -48,10 +52,27 @@ pub struct ColdstartReport {
     pub overhead_ms_p50: f64,
     pub overhead_ms_p99: f64,
     pub overhead_ms_max: f64,
+    /// The instance's spawn to its `READY=1` (the same spawns).
+    pub baseline_notify_ms_p50: f64,
+    /// First response minus spawn-to-`READY=1`, per run: the overhead
+    /// without the baseline's polling (1-2 ms periods).
+    pub overhead_notify_ms_p50: f64,
+    pub overhead_notify_ms_p99: f64,
+    pub overhead_notify_ms_max: f64,
     pub burst_requests: usize,
     pub burst_failures: usize,
+    /// Failed burst requests by status and body (or client error).
+    pub burst_failure_reasons: BTreeMap<String, usize>,
+    /// Retries the proxy made during the burst (`proxy_retries`).
+    pub burst_retries: f64,
+    /// Released requests that connected again to their fresh instance
+    /// (`activations_total{result="reconnected"}`).
+    pub burst_reconnects: f64,
     pub burst_instances_started: usize,
     pub burst_latency_ms_p99: f64,
+    /// Burst requests that took over 1 s (a dropped SYN is retransmitted
+    /// after 1 s: the sign of an overflowing accept queue).
+    pub burst_over_1s: usize,
     /// The proxy's spans of the measured cold starts, phase by phase.
     pub phases: Vec<Phase>,
 }
@@ -80,8 +101,18 @@ fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
     ]
 }
 
-/// Time from spawning the command to its port accepting, probed every 1 ms.
-async fn baseline(cmd: &[String]) -> Result<Duration> {
+/// The instance's own start, from its spawn: to its port accepting
+/// (probed every 1 ms, as before: Tokio's timer makes that 1-2 ms, so
+/// this is up to ~1 ms late), and to its `READY=1` on `NOTIFY_SOCKET`
+/// (an event: what the process scaler uses, sent once it listens).
+#[derive(Debug, Clone, Copy)]
+struct Baseline {
+    listening: Duration,
+    notified: Duration,
+}
+
+/// Spawns the command once and times its start both ways.
+async fn baseline(cmd: &[String]) -> Result<Baseline> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(BenchError::io("choosing a free port"))?
@@ -91,28 +122,39 @@ async fn baseline(cmd: &[String]) -> Result<Duration> {
         .iter()
         .map(|a| a.replace("{port}", &port.to_string()))
         .collect();
+    let mut notify = NotifySocket::bind(NotifyCounters::default())
+        .map_err(BenchError::io("binding a notification socket"))?;
     let start = Instant::now();
     let mut child = tokio::process::Command::new(&cmd[0])
         .args(&args)
         .env("RUST_LOG", "warn")
+        .env("NOTIFY_SOCKET", notify.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .map_err(BenchError::io("starting the backend"))?;
-    loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            let took = start.elapsed();
-            let _ = child.kill().await;
-            return Ok(took);
-        }
+    let (mut listening, mut notified) = (None, None);
+    while listening.is_none() || notified.is_none() {
         if start.elapsed() > Duration::from_secs(30) {
             return Err(BenchError::Failed(
-                "the backend did not listen within 30 s".into(),
+                "the backend did not listen and notify within 30 s".into(),
             ));
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        if listening.is_none() && tokio::net::TcpStream::connect(addr).await.is_ok() {
+            listening = Some(start.elapsed());
+            continue;
+        }
+        tokio::select! {
+            () = notify.ready(), if notified.is_none() => notified = Some(start.elapsed()),
+            () = tokio::time::sleep(Duration::from_millis(1)), if listening.is_none() => {}
+        }
     }
+    let _ = child.kill().await;
+    Ok(Baseline {
+        listening: listening.unwrap_or_default(),
+        notified: notified.unwrap_or_default(),
+    })
 }
 
 /// A control plane with service bench/cold at zero and a proxy in front.
@@ -121,7 +163,9 @@ async fn stack(
     target: u32,
     max: u32,
     otlp: Option<&str>,
+    release: Option<u32>,
 ) -> Result<(ControlPlane, Proxy, SocketAddr)> {
+    let release = release.map_or_else(String::new, |n| format!(", release_concurrency: {n}"));
     let tracing = otlp.map_or_else(String::new, |url| {
         format!("tracing: {{ otlp_endpoint: \"{url}\", flush_interval: 20ms }}\n")
     });
@@ -135,7 +179,7 @@ async fn stack(
     let plane = ControlPlane::start(control).await?;
     let proxy = ProxyConfig::parse(
         &format!(
-            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
+            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s{release} }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
             plane.grpc_addr()
         ),
         "bench",
@@ -150,20 +194,92 @@ async fn stack(
     Ok((plane, proxy, addr))
 }
 
-async fn get(
-    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    addr: SocketAddr,
-) -> Result<u16> {
-    let req = http::Request::get(format!("http://{addr}/"))
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn get(client: &HttpClient, addr: SocketAddr) -> Result<u16> {
+    Ok(get_text(client, addr, "/").await?.0)
+}
+
+/// Status and body of `GET http://addr{path}`.
+async fn get_text(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let req = http::Request::get(format!("http://{addr}{path}"))
         .body(Full::new(Bytes::new()))
         .map_err(|e| BenchError::Failed(e.to_string()))?;
     let resp = client
         .request(req)
         .await
-        .map_err(|e| BenchError::Failed(format!("GET http://{addr}/: {e}")))?;
+        .map_err(|e| BenchError::Failed(format!("GET http://{addr}{path}: {e}")))?;
     let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    Ok(status)
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The sum of the samples of a Prometheus text page whose line starts
+/// with `prefix`.
+fn metric_sum(page: &str, prefix: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b)
+}
+
+/// What the burst at zero measured.
+#[derive(Debug, Default)]
+struct Burst {
+    latency_ms: Vec<f64>,
+    failures: BTreeMap<String, usize>,
+    retries: f64,
+    reconnects: f64,
+    started: usize,
+}
+
+/// `args.burst` concurrent requests to a fresh stack at zero (up to 20
+/// instances).
+async fn run_burst(cmd: &[String], client: &HttpClient, args: &ColdstartSettings) -> Result<Burst> {
+    let n = args.burst;
+    let (plane, proxy, addr) = stack(cmd, 10, 20, None, args.release_concurrency).await?;
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let got = get_text(&client, addr, "/").await;
+            (got, t.elapsed().as_secs_f64() * 1000.0)
+        }));
+    }
+    let mut burst = Burst::default();
+    for t in tasks {
+        let (got, ms) = t
+            .await
+            .map_err(|e| BenchError::Failed(format!("burst request: {e}")))?;
+        let failure = match got {
+            Ok((200, _)) => None,
+            Ok((status, body)) => Some(format!("{status} {}", body.trim())),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(reason) = failure {
+            *burst.failures.entry(reason).or_default() += 1;
+        }
+        burst.latency_ms.push(ms);
+    }
+    let (_, metrics) = get_text(client, proxy.admin_addr(), "/metrics").await?;
+    burst.retries = metric_sum(&metrics, "meshless_proxy_retries_total");
+    burst.reconnects = metric_sum(
+        &metrics,
+        "meshless_proxy_activations_total{result=\"reconnected\"}",
+    );
+    let view = ApiClient::new(plane.api_addr())
+        .service("bench/cold")
+        .await?;
+    burst.started = view.endpoints.len();
+    proxy.shutdown().await;
+    plane.shutdown().await;
+    Ok(burst)
 }
 
 impl fmt::Display for ColdstartReport {
@@ -183,6 +299,14 @@ impl fmt::Display for ColdstartReport {
             "\noverhead p50/p99/max      {:.1} / {:.1} / {:.1} ms",
             self.overhead_ms_p50, self.overhead_ms_p99, self.overhead_ms_max
         )?;
+        write!(
+            f,
+            "\nagainst READY=1           {:.1} ms baseline; overhead p50/p99/max {:.1} / {:.1} / {:.1} ms",
+            self.baseline_notify_ms_p50,
+            self.overhead_notify_ms_p50,
+            self.overhead_notify_ms_p99,
+            self.overhead_notify_ms_max
+        )?;
         for p in &self.phases {
             write!(
                 f,
@@ -199,6 +323,14 @@ impl fmt::Display for ColdstartReport {
                 self.burst_instances_started,
                 self.burst_latency_ms_p99
             )?;
+            write!(
+                f,
+                ", {} over 1 s, {} retries, {} reconnects",
+                self.burst_over_1s, self.burst_retries, self.burst_reconnects
+            )?;
+            for (reason, n) in &self.burst_failure_reasons {
+                write!(f, "\n  failed {n:>5}  {reason}")?;
+            }
         }
         Ok(())
     }
@@ -219,11 +351,16 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut first = Vec::new();
     let mut base = Vec::new();
     let mut overhead = Vec::new();
+    let mut base_notify = Vec::new();
+    let mut overhead_notify = Vec::new();
     let (receiver, otlp) = Receiver::start().await?;
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
-        let b = baseline(&cmd).await?.as_secs_f64() * 1000.0;
-        let (plane, proxy, addr) = stack(&cmd, 10, 5, Some(&otlp)).await?;
+        let own = baseline(&cmd).await?;
+        let b = own.listening.as_secs_f64() * 1000.0;
+        let bn = own.notified.as_secs_f64() * 1000.0;
+        let (plane, proxy, addr) =
+            stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
         let f = start.elapsed().as_secs_f64() * 1000.0;
@@ -237,6 +374,8 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         first.push(f);
         base.push(b);
         overhead.push(f - b);
+        base_notify.push(bn);
+        overhead_notify.push(f - bn);
         progress.update(run as u64 + 1);
     }
     progress.finish();
@@ -246,35 +385,19 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let phases = receiver.phases(&PHASES);
-    let (mut burst_latency, mut failures, mut started) = (Vec::new(), 0, 0);
+    let mut burst = Burst::default();
     if args.burst > 0 {
-        let (plane, proxy, addr) = stack(&cmd, 10, 20, None).await?;
-        let mut tasks = Vec::with_capacity(args.burst);
-        for _ in 0..args.burst {
-            let client = client.clone();
-            tasks.push(tokio::spawn(async move {
-                let t = Instant::now();
-                let ok = matches!(get(&client, addr).await, Ok(200));
-                (ok, t.elapsed().as_secs_f64() * 1000.0)
-            }));
-        }
-        for t in tasks {
-            let (ok, ms) = t
-                .await
-                .map_err(|e| BenchError::Failed(format!("burst request: {e}")))?;
-            if !ok {
-                failures += 1;
-            }
-            burst_latency.push(ms);
-        }
-        let view = ApiClient::new(plane.api_addr())
-            .service("bench/cold")
-            .await?;
-        started = view.endpoints.len();
-        proxy.shutdown().await;
-        plane.shutdown().await;
+        burst = run_burst(&cmd, &client, args).await?;
     }
-    for v in [&mut first, &mut base, &mut overhead, &mut burst_latency] {
+    let mut burst_latency = std::mem::take(&mut burst.latency_ms);
+    for v in [
+        &mut first,
+        &mut base,
+        &mut overhead,
+        &mut base_notify,
+        &mut overhead_notify,
+        &mut burst_latency,
+    ] {
         v.sort_by(f64::total_cmp);
     }
     Ok(ColdstartReport {
@@ -285,10 +408,18 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         overhead_ms_p50: percentile(&overhead, 0.5),
         overhead_ms_p99: percentile(&overhead, 0.99),
         overhead_ms_max: percentile(&overhead, 1.0),
+        baseline_notify_ms_p50: percentile(&base_notify, 0.5),
+        overhead_notify_ms_p50: percentile(&overhead_notify, 0.5),
+        overhead_notify_ms_p99: percentile(&overhead_notify, 0.99),
+        overhead_notify_ms_max: percentile(&overhead_notify, 1.0),
         burst_requests: args.burst,
-        burst_failures: failures,
-        burst_instances_started: started,
+        burst_failures: burst.failures.values().sum(),
+        burst_failure_reasons: burst.failures,
+        burst_retries: burst.retries,
+        burst_reconnects: burst.reconnects,
+        burst_instances_started: burst.started,
         burst_latency_ms_p99: percentile(&burst_latency, 0.99),
+        burst_over_1s: burst_latency.iter().filter(|ms| **ms > 1000.0).count(),
         phases,
     })
 }

@@ -66,6 +66,10 @@ pub struct ColdstartArgs {
     /// Concurrent requests of the burst at zero (0 skips it).
     #[arg(long, default_value_t = 1000)]
     pub burst: usize,
+    /// The proxy's `activation.release_concurrency` (default: the proxy's
+    /// default; 0: held requests are released all at once).
+    #[arg(long)]
+    pub release_concurrency: Option<u32>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -97,6 +101,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 startup_delay: a.startup_delay,
                 runs: a.runs,
                 burst: a.burst,
+                release_concurrency: a.release_concurrency,
             };
             let report = rt.block_on(meshless_bench::coldstart::run(&settings))?;
             crate::simulate::print(a.json, &report)

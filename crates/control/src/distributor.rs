@@ -138,6 +138,7 @@ impl Distributor {
     /// A proxy on `node` holds requests for `service`: remembers the node
     /// (the last asker wins; empty: none) and wakes the service's scaler.
     pub fn request_activation(&self, service: &str, node: String) {
+        self.metrics.activation_requests.inc();
         if !node.is_empty() {
             self.activation_nodes
                 .lock()

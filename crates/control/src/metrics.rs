@@ -41,6 +41,8 @@ pub struct ControlMetrics {
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
     pub activation_to_spawn: Histogram,
+    /// `Activate` messages received from proxies.
+    pub activation_requests: Counter,
     /// Instances seen ready, by how.
     pub instances_ready: Family<ReadyLabels, Counter>,
     /// Datagrams of the instances' notification sockets.
@@ -162,6 +164,12 @@ impl ControlMetrics {
             "Cold start, control side: from a proxy's activation request to the spawn",
             activation_to_spawn.clone(),
         );
+        let activation_requests = Counter::default();
+        registry.register(
+            "activation_requests",
+            "Activate messages received from proxies (one per service per burst of held requests)",
+            activation_requests.clone(),
+        );
         let instances_ready = Family::<ReadyLabels, Counter>::default();
         registry.register(
             "instances_ready",
@@ -189,6 +197,7 @@ impl ControlMetrics {
             instance_start,
             instance_start_failures,
             activation_to_spawn,
+            activation_requests,
             subscribers,
             subset_subscriptions,
             deltas,

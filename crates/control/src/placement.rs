@@ -47,6 +47,13 @@ pub fn choose(
     })
 }
 
+/// Whether `address` (`ip:port`) is a loopback address.
+fn is_loopback(address: &str) -> bool {
+    address
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().to_canonical().is_loopback())
+}
+
 /// The rendezvous (highest random weight) score of `node` for `service`;
 /// the node name breaks the (unlikely) tie so the choice is total.
 fn rendezvous<'a>(service: &str, node: &'a str) -> (u64, &'a str) {
@@ -62,9 +69,13 @@ struct Inner {
     /// Connected proxies that announced a peer address, by subscriber id,
     /// with the services each watches.
     peers: HashMap<u64, (Peer, BTreeSet<String>)>,
+    /// Services whose scaling loop runs (what `last_active` may hold).
+    scaled: BTreeSet<String>,
     /// Autoscaled services at zero instances now.
     at_zero: BTreeSet<String>,
-    /// Per service: the node of the proxy that last reported requests.
+    /// Per service of `scaled`: the node of the proxy that last reported
+    /// requests (bounded by the services scaled, not by what proxies
+    /// report).
     last_active: HashMap<String, String>,
     /// The current choice per service at zero.
     chosen: BTreeMap<String, Peer>,
@@ -75,10 +86,12 @@ impl Inner {
     /// `service` (the lowest subscriber id's address when a node has
     /// several).
     fn nodes(&self, service: &str) -> BTreeMap<String, String> {
+        let mixed = self.mixed();
         let mut ids: Vec<(&u64, &Peer)> = self
             .peers
             .iter()
             .filter(|(_, (_, watched))| watched.contains(service))
+            .filter(|(_, (p, _))| !(mixed && is_loopback(&p.address)))
             .map(|(id, (p, _))| (id, p))
             .collect();
         ids.sort_by_key(|(id, _)| **id);
@@ -89,6 +102,14 @@ impl Inner {
                 .or_insert_with(|| p.address.clone());
         }
         nodes
+    }
+
+    /// Whether some peer addresses are loopback and others are not: then
+    /// the proxies are not all on one machine, and a loopback address
+    /// cannot be reached from the other nodes (it is never chosen).
+    fn mixed(&self) -> bool {
+        let mut loopback = self.peers.values().map(|(p, _)| is_loopback(&p.address));
+        loopback.clone().any(|l| l) && loopback.any(|l| !l)
     }
 
     /// Drops choices that no longer hold and makes the missing ones; true
@@ -140,10 +161,14 @@ impl Default for Placements {
 }
 
 impl Placements {
+    /// Applies `f`; when it `touched` anything, settles the choices and
+    /// tells the subscribers (the peers may have changed even when the
+    /// choices did not: they compare what they sent).
     fn update(&self, f: impl FnOnce(&mut Inner) -> bool) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let touched = f(&mut inner);
-        if touched && inner.settle() {
+        if touched {
+            inner.settle();
             self.generation.send_modify(|g| *g += 1);
         }
     }
@@ -159,7 +184,31 @@ impl Placements {
             address: address.to_owned(),
         };
         let entry = (peer, watches.clone());
-        self.update(|i| i.peers.insert(subscriber, entry).is_none());
+        self.update(|i| {
+            let fresh = i.peers.insert(subscriber, entry).is_none();
+            let twin = i
+                .peers
+                .iter()
+                .any(|(id, (p, _))| *id != subscriber && p.node == node && p.address != address);
+            if twin {
+                tracing::warn!(
+                    node,
+                    address,
+                    "two connected proxies claim this node at different peer addresses: they count \
+                     as one node (the first one's address is used) and share its subset index; \
+                     node names must be unique per machine"
+                );
+            }
+            if i.mixed() {
+                tracing::warn!(
+                    node,
+                    address,
+                    "peer proxies announce loopback and other addresses: the loopback ones are \
+                     never chosen (set control.peer_address to an address other nodes reach)"
+                );
+            }
+            fresh
+        });
     }
 
     /// A connected proxy now watches `watches` (a `Subscribe`).
@@ -178,28 +227,55 @@ impl Placements {
         self.update(|i| i.peers.remove(&subscriber).is_some());
     }
 
-    /// The proxy on `node` reported requests for `service`.
+    /// The proxy on `node` reported requests for `service` (kept only for
+    /// a service whose scaling loop runs).
     pub fn record_activity(&self, service: &str, node: &str) {
         if node.is_empty() {
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if inner.last_active.get(service).map(String::as_str) != Some(node) {
+        if inner.scaled.contains(service)
+            && inner.last_active.get(service).map(String::as_str) != Some(node)
+        {
             inner
                 .last_active
                 .insert(service.to_owned(), node.to_owned());
         }
     }
 
-    /// Whether `service` has no instance now (its scaling loop says).
+    /// Whether `service` has no instance now (its scaling loop says, at
+    /// each decision).
     pub fn set_at_zero(&self, service: &str, at_zero: bool) {
         self.update(|i| {
+            if !i.scaled.contains(service) {
+                i.scaled.insert(service.to_owned());
+            }
             if at_zero {
                 i.at_zero.insert(service.to_owned())
             } else {
                 i.at_zero.remove(service)
             }
         });
+    }
+
+    /// `service`'s scaling loop ended: nothing of it is kept.
+    pub fn forget(&self, service: &str) {
+        self.update(|i| {
+            i.last_active.remove(service);
+            i.at_zero.remove(service) | i.scaled.remove(service)
+        });
+    }
+
+    /// The IP addresses of the connected proxies that take forwarded
+    /// requests (addresses that do not parse as `ip:port` are left out).
+    pub fn peer_ips(&self) -> BTreeSet<std::net::IpAddr> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner
+            .peers
+            .values()
+            .filter_map(|(p, _)| p.address.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.ip().to_canonical())
+            .collect()
     }
 
     /// The current choices.
@@ -211,7 +287,7 @@ impl Placements {
             .clone()
     }
 
-    /// Changes whenever the choices change.
+    /// Changes whenever the choices or the peers may have changed.
     pub fn changed(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
     }
@@ -275,6 +351,73 @@ mod tests {
         }
     }
 
+    /// What is kept of activity is bounded by the services scaled: reports
+    /// for any other name are not kept, and a service whose loop ended is
+    /// forgotten.
+    #[test]
+    fn activity_is_kept_only_for_services_scaled() {
+        let a: BTreeSet<String> = ["ns/a".to_owned()].into();
+        let p = Placements::default();
+        p.join(1, "n1", "10.0.0.1:80", &a);
+        p.join(2, "n2", "10.0.0.2:80", &a);
+        for i in 0..1000 {
+            p.record_activity(&format!("ns/unknown-{i}"), "n1");
+        }
+        p.set_at_zero("ns/a", false);
+        p.record_activity("ns/a", "n2");
+        let kept = |p: &Placements| p.inner.lock().expect("lock").last_active.len();
+        assert_eq!(kept(&p), 1);
+        p.set_at_zero("ns/a", true);
+        assert_eq!(p.current()["ns/a"].node, "n2", "the last active node");
+        p.forget("ns/a");
+        assert_eq!(kept(&p), 0);
+        assert!(p.current().is_empty());
+        assert!(p.inner.lock().expect("lock").scaled.is_empty());
+    }
+
+    /// A loopback peer address is chosen only when every peer's is (all
+    /// proxies on one machine): with others, it cannot be reached.
+    #[test]
+    fn a_loopback_peer_is_not_chosen_beside_reachable_ones() {
+        let a: BTreeSet<String> = ["ns/a".to_owned()].into();
+        let p = Placements::default();
+        p.set_at_zero("ns/a", true);
+        p.join(1, "n1", "127.0.0.1:80", &a);
+        p.join(2, "n2", "127.0.0.1:81", &a);
+        assert!(
+            p.current().contains_key("ns/a"),
+            "one machine: loopback is fine"
+        );
+        p.join(3, "n3", "10.0.0.3:80", &a);
+        p.leave(1);
+        p.leave(2);
+        p.join(4, "n4", "[::1]:80", &a);
+        for _ in 0..3 {
+            assert_eq!(p.current()["ns/a"].node, "n3");
+            p.set_at_zero("ns/a", false);
+            p.set_at_zero("ns/a", true);
+        }
+        p.leave(3);
+        assert_eq!(p.current()["ns/a"].node, "n4", "alone again");
+    }
+
+    /// Proxies with one node name are one node (as for subset indices: a
+    /// node's proxies, e.g. both processes of a binary upgrade, share
+    /// one): the first connected one's address is used, the other's once
+    /// it is alone.
+    #[test]
+    fn proxies_with_one_node_name_are_one_node() {
+        let a: BTreeSet<String> = ["ns/a".to_owned()].into();
+        let p = Placements::default();
+        p.set_at_zero("ns/a", true);
+        p.join(1, "n1", "10.0.0.1:80", &a);
+        p.join(2, "n1", "10.0.0.9:80", &a);
+        assert_eq!(p.current()["ns/a"].address, "10.0.0.1:80");
+        assert_eq!(p.peer_ips().len(), 2, "both addresses are peers");
+        p.leave(1);
+        assert_eq!(p.current()["ns/a"].address, "10.0.0.9:80");
+    }
+
     #[test]
     fn no_nodes_no_choice() {
         assert_eq!(choose("ns/a", Some("x"), &BTreeMap::new()), None);
@@ -291,11 +434,14 @@ mod tests {
         assert_eq!(p.current()["ns/a"].node, "n1");
         assert!(changed.has_changed().expect("open"));
         changed.mark_unchanged();
-        // Another proxy joins and reports requests: the choice stays.
+        // Another proxy joins and reports requests: the choice stays (the
+        // subscribers are told: the peers changed).
         p.join(2, "n2", "10.0.0.2:80", &a);
         p.record_activity("ns/a", "n2");
         assert_eq!(p.current()["ns/a"].node, "n1");
-        assert!(!changed.has_changed().expect("open"));
+        assert!(changed.has_changed().expect("open"));
+        let ips: Vec<String> = p.peer_ips().iter().map(ToString::to_string).collect();
+        assert_eq!(ips, ["10.0.0.1", "10.0.0.2"]);
         // The chosen node leaves: the node with the last requests takes it.
         p.leave(1);
         assert_eq!(p.current()["ns/a"].node, "n2");

@@ -338,7 +338,7 @@ pub async fn run(
         let at_zero = local && instances.is_empty() && registered(&state, &service) == 0;
         state.distributor.placements.set_at_zero(&service, at_zero);
     }
-    state.distributor.placements.set_at_zero(&service, false);
+    state.distributor.placements.forget(&service);
     for m in instances {
         let _ = m.stop.send(true);
     }

@@ -435,6 +435,8 @@ pub(crate) async fn serve(
 struct PlacementsSent {
     changed: watch::Receiver<u64>,
     sent: BTreeMap<String, Peer>,
+    /// The peer proxies' IP addresses sent.
+    peers: BTreeSet<std::net::IpAddr>,
 }
 
 impl PlacementsSent {
@@ -442,13 +444,39 @@ impl PlacementsSent {
         Self {
             changed: d.placements.changed(),
             sent: BTreeMap::new(),
+            peers: BTreeSet::new(),
         }
+    }
+
+    /// Queues on `f` the change of the peer proxies' addresses since the
+    /// last one sent, if any.
+    async fn send_peers(&mut self, f: &mut Follow<'_>) -> Result<(), StreamEnd> {
+        let now = f.d.placements.peer_ips();
+        let added: Vec<String> = now
+            .difference(&self.peers)
+            .map(ToString::to_string)
+            .collect();
+        let removed: Vec<String> = self
+            .peers
+            .difference(&now)
+            .map(ToString::to_string)
+            .collect();
+        if added.is_empty() && removed.is_empty() {
+            return Ok(());
+        }
+        self.peers = now;
+        let msg = v1::PeerAddresses { added, removed };
+        let msg = ServerMessage {
+            msg: Some(server_message::Msg::Peers(msg)),
+        };
+        f.send(msg, 0).await
     }
 
     /// Queues on `f` the placements of its watched services that differ
     /// from what it was told.
     async fn send_changes(&mut self, f: &mut Follow<'_>) -> Result<(), StreamEnd> {
         self.changed.mark_unchanged();
+        self.send_peers(f).await?;
         let mut now = f.d.placements.current();
         now.retain(|s, _| f.watched.contains(s));
         let withdrawn: Vec<String> = self

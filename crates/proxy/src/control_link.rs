@@ -319,6 +319,9 @@ async fn session(
                         // versions of another incarnation say nothing.
                         *resume = Resume { version: done.version, incarnation: done.incarnation };
                     }
+                    Some(server_message::Msg::Peers(p)) => {
+                        state.placements.change_peers(&p.added, &p.removed);
+                    }
                     Some(server_message::Msg::Placement(p)) => {
                         state.placements.set(&p.service, &p.node, &p.address);
                     }
@@ -330,12 +333,23 @@ async fn session(
                 let _ = tx.try_send(load);
             }
             Some(service) = activate.recv() => {
-                // Tell the control plane at once, with the load that explains it.
+                // Tell the control plane at once, with the load that
+                // explains it: one load report and one Activate per
+                // service for every request held since (a burst held at
+                // once is one message, not one per request).
+                let mut services = vec![service];
+                while let Ok(more) = activate.try_recv() {
+                    if !services.contains(&more) {
+                        services.push(more);
+                    }
+                }
                 let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
                 tx.send(load).await?;
                 let node = node.name.clone().unwrap_or_default();
-                let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node })) };
-                tx.send(act).await?;
+                for service in services {
+                    let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node: node.clone() })) };
+                    tx.send(act).await?;
+                }
             }
             changed = watched.changed() => {
                 if changed.is_err() {

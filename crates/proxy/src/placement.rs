@@ -5,8 +5,8 @@
 //! instead when the chosen node is not this proxy's (see
 //! `request/peer.rs`), so the instance starts on the chosen node.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -34,11 +34,14 @@ pub struct Target {
     pub pool: Arc<EndpointPool>,
 }
 
-/// The placements received, by service.
+/// The placements received, by service, and the peer proxies' addresses.
 #[derive(Debug)]
 pub struct Placements {
     pool: Pool,
     by_service: Mutex<HashMap<String, Target>>,
+    /// The IP addresses of the peer proxies (as the control plane sent
+    /// them): the only sources whose [`FORWARDED_BY`] marker is trusted.
+    peers: Mutex<HashSet<IpAddr>>,
 }
 
 impl Default for Placements {
@@ -58,6 +61,7 @@ impl Default for Placements {
         Self {
             pool: Pool::new(settings, counters),
             by_service: Mutex::default(),
+            peers: Mutex::default(),
         }
     }
 }
@@ -97,12 +101,43 @@ impl Placements {
         }
     }
 
-    /// Forgets every placement (a new stream sends the current ones).
+    /// Forgets every placement and peer (a new stream sends the current
+    /// ones).
     pub fn clear(&self) {
         self.by_service
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Applies a change of the peer proxies' addresses (text IPs; one
+    /// that does not parse is skipped with a warning).
+    pub fn change_peers(&self, added: &[String], removed: &[String]) {
+        let parse = |a: &String| match a.parse::<IpAddr>() {
+            Ok(ip) => Some(ip.to_canonical()),
+            Err(e) => {
+                tracing::warn!(address = %a, error = %e, "peer address skipped");
+                None
+            }
+        };
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        for ip in removed.iter().filter_map(parse) {
+            peers.remove(&ip);
+        }
+        peers.extend(added.iter().filter_map(parse));
+    }
+
+    /// Whether `ip` is a peer proxy's address: a request from it marked
+    /// [`FORWARDED_BY`] was forwarded by that proxy.
+    pub fn is_peer(&self, ip: IpAddr) -> bool {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&ip.to_canonical())
     }
 
     /// Where to forward `service`'s held requests from a proxy on
@@ -162,5 +197,22 @@ mod tests {
         assert_eq!(p.list().len(), 1);
         p.clear();
         assert!(p.list().is_empty());
+    }
+
+    #[tokio::test]
+    async fn only_the_peers_sent_are_trusted() {
+        let p = Placements::default();
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        p.change_peers(
+            &["10.0.0.1".into(), "::ffff:10.0.0.2".into(), "x".into()],
+            &[],
+        );
+        assert!(p.is_peer(ip("10.0.0.1")));
+        assert!(p.is_peer(ip("10.0.0.2")), "v4-mapped is the same address");
+        assert!(!p.is_peer(ip("10.0.0.3")));
+        p.change_peers(&[], &["10.0.0.1".into()]);
+        assert!(!p.is_peer(ip("10.0.0.1")));
+        p.clear();
+        assert!(!p.is_peer(ip("10.0.0.2")), "a new stream sends them again");
     }
 }

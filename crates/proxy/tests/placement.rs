@@ -18,7 +18,27 @@ use meshless_proxy::Proxy;
 /// A control plane with `demo/lazy` at zero, one instance at most, each a
 /// Python HTTP server on `$PORT`.
 fn lazy_plane() -> ControlConfig {
-    let command = "[python3, -c, \"import http.server as h, os\\nh.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()\"]";
+    plane_running(
+        "[python3, -c, \"import http.server as h, os\\nh.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()\"]",
+    )
+}
+
+/// Like [`lazy_plane`], with instances that answer with the request's
+/// `X-Forwarded-For|X-Forwarded-Proto`.
+fn echo_plane() -> ControlConfig {
+    let script = "import http.server as h, os\n\
+        class H(h.BaseHTTPRequestHandler):\n    \
+          def do_GET(self):\n        \
+            b = ('%s|%s' % (self.headers.get('x-forwarded-for'), self.headers.get('x-forwarded-proto'))).encode()\n        \
+            self.send_response(200)\n        \
+            self.send_header('content-length', str(len(b)))\n        \
+            self.end_headers()\n        \
+            self.wfile.write(b)\n\
+        h.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), H).serve_forever()\n";
+    plane_running(&format!("[python3, -c, {script:?}]"))
+}
+
+fn plane_running(command: &str) -> ControlConfig {
     let yaml = format!(
         "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 1\n      target_concurrency: 10\n      tick: 100ms\n      scaler:\n        process:\n          command: {command}\n          start_timeout: 20s\n          stop_grace: 2s\n"
     );
@@ -119,6 +139,8 @@ async fn a_first_request_is_served_on_the_chosen_node_through_its_proxy() {
     plane.shutdown().await;
 }
 
+/// A marked request from a peer proxy's address (both proxies are on
+/// 127.0.0.1 here) is held where it arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_already_forwarded_is_never_forwarded_again() {
     let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
@@ -191,5 +213,47 @@ async fn when_the_chosen_node_leaves_the_service_is_placed_on_another() {
     assert_eq!(instance_nodes(api).await, vec![other_node]);
     assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 0.0);
     other.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_hop_keeps_the_original_clients_forwarding_headers() {
+    let plane = ControlPlane::start(echo_plane()).await.expect("plane");
+    let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
+    let xff = [("x-forwarded-for", "203.0.113.7")];
+    let (status, _, body) = get(&client(), other_addr, "/", &xff).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 1.0);
+    // The first proxy appended its client; the chosen one added nothing
+    // (it used to append the first proxy's address, and say `http` for a
+    // client that came over TLS).
+    assert_eq!(body, "203.0.113.7, 127.0.0.1|http");
+    chosen.shutdown().await;
+    other.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarding_marker_from_a_client_that_is_no_peer_is_not_trusted() {
+    let plane = ControlPlane::start(echo_plane()).await.expect("plane");
+    // The only proxy takes no forwarded requests: no peer address is known.
+    let (here, addr) = proxy(&lazy_proxy(plane.grpc_addr(), "node-here", "")).await;
+    let forged = [
+        ("x-meshless-forwarded-by", "node-z"),
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-forwarded-proto", "https"),
+    ];
+    let (status, _, body) = get(&client(), addr, "/", &forged).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Treated as any client's request: its address appended, the
+    // protocol it used set.
+    assert_eq!(body, "203.0.113.7, 127.0.0.1|http");
+    assert!(
+        !here
+            .state()
+            .placements
+            .is_peer("127.0.0.1".parse().expect("ip"))
+    );
+    here.shutdown().await;
     plane.shutdown().await;
 }

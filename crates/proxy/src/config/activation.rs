@@ -24,6 +24,13 @@ pub struct Activation {
     /// Hard limit of requests in flight per instance; 0 = none.
     #[serde(default)]
     pub container_concurrency: u32,
+    /// While requests are held for the cluster, at most this many requests
+    /// in flight per instance (when `container_concurrency` is 0): held
+    /// requests are released to a fresh instance this many at a time, so
+    /// its accept queue (its listen backlog) never takes the whole burst
+    /// at once; 0 = no limit.
+    #[serde(default = "default_release_concurrency")]
+    pub release_concurrency: u32,
 }
 
 impl Default for Activation {
@@ -33,6 +40,7 @@ impl Default for Activation {
             queue_timeout: default_queue_timeout(),
             probe_interval: default_probe_interval(),
             container_concurrency: 0,
+            release_concurrency: default_release_concurrency(),
         }
     }
 }
@@ -45,6 +53,9 @@ fn default_queue_timeout() -> Duration {
 }
 fn default_probe_interval() -> Duration {
     Duration::from_millis(5)
+}
+fn default_release_concurrency() -> u32 {
+    100
 }
 
 /// `fallback:` block.

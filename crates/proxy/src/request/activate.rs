@@ -14,6 +14,7 @@
 //! queued count nor a service stuck in `probing`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,28 +30,116 @@ use crate::request::respond::LocalReply;
 use crate::request::trace::RequestTrace;
 use crate::snapshot::UpstreamCluster;
 use crate::state::ProxyState;
+use crate::upstream::ClusterCounters;
 
 /// Whether this pick must wait for activation: the cluster activates, this
-/// is not a retry, and there is no endpoint or the picked one is over
-/// `container_concurrency`.
-pub fn needed(cluster: &UpstreamCluster, picked: Option<&InFlight>, retrying: bool) -> bool {
+/// is not a retry, and there is no endpoint, or the picked one is over
+/// `container_concurrency` (the pick already counts in its load), or a
+/// held burst is being released and its room is full ([`Ticket`]): a new
+/// request then queues behind it. A request `released` with a ticket is
+/// past that queue.
+pub fn needed(
+    cluster: &UpstreamCluster,
+    picked: Option<&InFlight>,
+    retrying: bool,
+    released: bool,
+) -> bool {
     let Some(act) = cluster.config.activation.as_ref() else {
         return false;
     };
     if retrying || cluster.config.service.is_none() {
         return false;
     }
-    picked.is_none_or(|g| {
-        act.container_concurrency > 0
-            && cluster.lb.set().load(g.index()) > act.container_concurrency
-    })
+    let Some(g) = picked else {
+        return true;
+    };
+    if act.container_concurrency > 0 {
+        return cluster.lb.set().load(g.index()) > act.container_concurrency;
+    }
+    let c = &cluster.counters;
+    !released
+        && act.release_concurrency > 0
+        && c.queued.load(Ordering::Relaxed) > 0
+        && c.releasing.load(Ordering::Relaxed) >= release_room(cluster, act)
+}
+
+/// How many released requests may wait for their response headers at
+/// once: `release_concurrency` per available instance.
+fn release_room(c: &UpstreamCluster, act: &Activation) -> u64 {
+    let set = c.lb.set();
+    let available = (0..set.len()).filter(|&i| set.is_available(i)).count();
+    u64::from(act.release_concurrency) * available as u64
 }
 
 /// Whether `c` can take a request now: an available endpoint, under the
-/// per-instance limit when there is one.
+/// per-instance limit when there is one (0: none).
 fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
     let set = c.lb.set();
     (0..set.len()).any(|i| set.is_available(i) && (limit == 0 || set.load(i) < limit))
+}
+
+/// A request released from an activation hold, until its response
+/// headers arrive (or it fails): one of `release_concurrency` per
+/// available instance. So a burst reaches a fresh instance that many at a
+/// time, its accept queue (its listen backlog) never takes the whole
+/// burst, and long-lived responses (streams) do not keep the next ones
+/// waiting once their headers came. Dropping it wakes one held request.
+#[derive(Debug)]
+pub struct Ticket {
+    slot: Option<Slot>,
+    counters: Arc<ClusterCounters>,
+}
+
+impl Ticket {
+    /// A ticket for `c`: `Ok(None)` when releases are not limited, `Err`
+    /// when the room is full.
+    fn take(
+        base: &UpstreamCluster,
+        c: &UpstreamCluster,
+        act: &Activation,
+    ) -> Result<Option<Self>, ()> {
+        if act.release_concurrency == 0 || act.container_concurrency > 0 {
+            return Ok(None);
+        }
+        let slot =
+            Slot::acquire(&base.counters, Gauge::Releasing, release_room(c, act)).ok_or(())?;
+        Ok(Some(Self {
+            slot: Some(slot),
+            counters: Arc::clone(&base.counters),
+        }))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        drop(self.slot.take());
+        if self.counters.queued.load(Ordering::Relaxed) > 0 {
+            self.counters.capacity_freed.notify_one();
+        }
+    }
+}
+
+/// Held by the record of a request sent to a cluster with
+/// `container_concurrency`: when the request ends (after its endpoint's
+/// in-flight count was lowered), wakes one held request, which may now
+/// fit under the limit.
+#[derive(Debug)]
+pub struct CapacityNotice(Arc<ClusterCounters>);
+
+impl CapacityNotice {
+    /// A notice for requests of `cluster`, if it limits them per instance.
+    pub fn of(cluster: &UpstreamCluster) -> Option<Self> {
+        let act = cluster.config.activation.as_ref()?;
+        (act.container_concurrency > 0).then(|| Self(Arc::clone(&cluster.counters)))
+    }
+}
+
+impl Drop for CapacityNotice {
+    fn drop(&mut self) {
+        if self.0.queued.load(Ordering::Relaxed) > 0 {
+            self.0.capacity_freed.notify_one();
+        }
+    }
 }
 
 /// Endpoints of `service` that are announced but not ready yet.
@@ -174,6 +263,7 @@ fn refusal(
 struct HeldSpan<'a> {
     state: &'a ProxyState,
     trace: &'a RequestTrace,
+    name: &'static str,
     start: Instant,
     result: &'static str,
 }
@@ -181,46 +271,46 @@ struct HeldSpan<'a> {
 impl Drop for HeldSpan<'_> {
     fn drop(&mut self) {
         let result = [("meshless.result", self.result)];
-        self.trace.child(
-            self.state,
-            "activation.held",
-            self.start,
-            Instant::now(),
-            &result,
-        );
+        self.trace
+            .child(self.state, self.name, self.start, Instant::now(), &result);
     }
 }
 
 /// Holds a request until `base`'s cluster can take it; returns that
 /// cluster (from the snapshot current then) or the reply that refuses it.
 /// With tracing on, records the phases as children of `trace`'s span.
+///
+/// A request that finds an instance ready but no room (a [`Ticket`]) is
+/// *paced*: it waits its turn (woken as tickets are given back) without
+/// asking for an instance again, is not counted as an activation, and
+/// its span is `activation.paced`.
 pub async fn hold(
     state: &ProxyState,
     base: &UpstreamCluster,
     trace: &RequestTrace,
-) -> Result<Arc<UpstreamCluster>, LocalReply> {
+) -> Result<(Arc<UpstreamCluster>, Option<Ticket>), LocalReply> {
     let (Some(act), Some(service)) = (&base.config.activation, base.config.service.as_deref())
     else {
         return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
     };
     let held = Instant::now();
+    let paced = pacing_only(state, base, act);
     let mut span = HeldSpan {
         state,
         trace,
+        name: if paced {
+            "activation.paced"
+        } else {
+            "activation.held"
+        },
         start: held,
         result: "cancelled",
     };
-    let Some(_queued) = Slot::acquire(&base.counters, Gauge::Queued, u64::from(act.max_queued))
-    else {
-        count(state, "queue_full");
-        span.result = "queue_full";
-        overflow(state, base, "max_queued");
-        let text = format!("activation queue full ({} held)\n", act.max_queued);
-        let reply = LocalReply::text(StatusCode::SERVICE_UNAVAILABLE, text, "queue_full");
-        return Err(reply.retry_after(Some(1)));
-    };
-    let _ = state.activate.send(service.to_owned());
-    trace.child(state, "activation.sent", held, Instant::now(), &[]);
+    let _queued = enqueue(state, base, act, &mut span)?;
+    if !paced {
+        let _ = state.activate.send(service.to_owned());
+        trace.child(state, "activation.sent", held, Instant::now(), &[]);
+    }
     let mut announced: Option<Instant> = None;
     let mut probed = false;
     let mut backoff = ProbeBackoff::new(act.probe_interval);
@@ -230,27 +320,20 @@ pub async fn hold(
         // wakes only registered waiters; a change missed here would wait
         // for the probe backoff, up to `probe_interval`).
         let changed = state.endpoints_changed.notified();
-        tokio::pin!(changed);
+        let freed = base.counters.capacity_freed.notified();
+        tokio::pin!(changed, freed);
         changed.as_mut().enable();
+        freed.as_mut().enable();
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
             && has_capacity(c, act.container_concurrency)
+            && let Ok(ticket) = Ticket::take(base, c, act)
         {
-            phase(state, "ready", held);
-            count(state, "sent");
-            let via = [(
-                "meshless.ready_via",
-                if probed { "probe" } else { "stream" },
-            )];
-            trace.child(
-                state,
-                "instance.ready",
-                announced.unwrap_or(held),
-                Instant::now(),
-                &via,
-            );
+            if !paced {
+                released(state, trace, (held, announced), probed);
+            }
             span.result = "sent";
-            return Ok(Arc::clone(c));
+            return Ok((Arc::clone(c), ticket));
         }
         if let Some(reply) = refusal(state, service, act, held) {
             span.result = "refused";
@@ -263,27 +346,118 @@ pub async fn hold(
             phase(state, "announced", held);
             trace.child(state, "instance.announced", held, now, &[]);
         }
-        if let Some(turn) = state.probing.turn(service) {
-            let timeout = act.probe_interval.max(Duration::from_millis(50));
-            let ok = probe_once(state, service, timeout).await;
-            drop(turn);
-            if ok && !probed {
-                probed = true;
-                phase(state, "probe_success", held);
-                tracing::info!(
-                    service,
-                    held_to_probe_success_ms = held.elapsed().as_millis() as u64,
-                    "activation: instance answered the proxy's probe"
-                );
-                continue;
+        // One held request per service probes (with the backoff); the
+        // others wait for a change, a request that ends, or at most
+        // `WAITER_WAIT` (to take over the probing if the prober is gone).
+        let wait = if paced {
+            WAITER_WAIT
+        } else {
+            match probe_turn(state, (service, act), held, &mut probed, &mut backoff).await {
+                Some(wait) => wait,
+                None => continue,
             }
-        }
+        };
         let remaining = act.queue_timeout.saturating_sub(held.elapsed());
         tokio::select! {
             () = &mut changed => {}
-            () = tokio::time::sleep(backoff.next_wait().min(remaining)) => {}
+            () = &mut freed => {}
+            () = tokio::time::sleep(wait.min(remaining)) => {}
         }
     }
+}
+
+/// Whether `base` has an instance already, so that a hold only paces the
+/// release of a burst (no instance to activate): only without a
+/// `container_concurrency` limit, which holds requests at capacity instead.
+fn pacing_only(state: &ProxyState, base: &UpstreamCluster, act: &Activation) -> bool {
+    act.container_concurrency == 0
+        && state
+            .snapshot
+            .load()
+            .clusters
+            .get(&*base.name)
+            .is_some_and(|c| has_capacity(c, 0))
+}
+
+/// Takes a place in `base`'s activation queue (`max_queued`), or the 503
+/// that refuses it.
+fn enqueue(
+    state: &ProxyState,
+    base: &UpstreamCluster,
+    act: &Activation,
+    span: &mut HeldSpan<'_>,
+) -> Result<Slot, LocalReply> {
+    if let Some(queued) = Slot::acquire(&base.counters, Gauge::Queued, u64::from(act.max_queued)) {
+        return Ok(queued);
+    }
+    count(state, "queue_full");
+    span.result = "queue_full";
+    overflow(state, base, "max_queued");
+    let text = format!("activation queue full ({} held)\n", act.max_queued);
+    let reply = LocalReply::text(StatusCode::SERVICE_UNAVAILABLE, text, "queue_full");
+    Err(reply.retry_after(Some(1)))
+}
+
+/// The service's prober (one held request per service at a time) probes
+/// its starting instances once. Returns how long to wait before looking
+/// again, or `None` when a probe just succeeded for the first time (look
+/// again at once). A request that is not the prober waits at most
+/// `WAITER_WAIT`.
+async fn probe_turn(
+    state: &ProxyState,
+    (service, act): (&str, &Activation),
+    held: Instant,
+    probed: &mut bool,
+    backoff: &mut ProbeBackoff,
+) -> Option<Duration> {
+    let Some(turn) = state.probing.turn(service) else {
+        return Some(WAITER_WAIT);
+    };
+    let timeout = act.probe_interval.max(Duration::from_millis(50));
+    let ok = probe_once(state, service, timeout).await;
+    drop(turn);
+    if ok && !*probed {
+        *probed = true;
+        phase(state, "probe_success", held);
+        tracing::info!(
+            service,
+            held_to_probe_success_ms = held.elapsed().as_millis() as u64,
+            "activation: instance answered the proxy's probe"
+        );
+        return None;
+    }
+    Some(backoff.next_wait())
+}
+
+/// The longest a held request that is not the service's prober sleeps
+/// between checks: changes and ended requests wake it at once; this only
+/// bounds how long probing pauses when the prober's client goes away.
+/// (Waking every held request at the probe backoff made a burst of
+/// thousands cost the proxy's lock on the services table many times a
+/// millisecond.)
+const WAITER_WAIT: Duration = Duration::from_millis(50);
+
+/// Counts a held request released to a ready instance and records its
+/// `instance.ready` span (from `announced`, else from `held`).
+fn released(
+    state: &ProxyState,
+    trace: &RequestTrace,
+    (held, announced): (Instant, Option<Instant>),
+    probed: bool,
+) {
+    phase(state, "ready", held);
+    count(state, "sent");
+    let via = [(
+        "meshless.ready_via",
+        if probed { "probe" } else { "stream" },
+    )];
+    trace.child(
+        state,
+        "instance.ready",
+        announced.unwrap_or(held),
+        Instant::now(),
+        &via,
+    );
 }
 
 /// Records the cold-start timeline of a held request whose response

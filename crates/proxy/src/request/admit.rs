@@ -25,6 +25,9 @@ pub enum Gauge {
     Queued,
     /// `forwarded`: sent to a peer proxy, until the response body ends.
     Forwarded,
+    /// `releasing`: released from an activation hold, until its response
+    /// headers (`release_concurrency`).
+    Releasing,
 }
 
 impl Gauge {
@@ -35,6 +38,7 @@ impl Gauge {
             Gauge::Retries => &c.active_retries,
             Gauge::Queued => &c.queued,
             Gauge::Forwarded => &c.forwarded,
+            Gauge::Releasing => &c.releasing,
         }
     }
 }

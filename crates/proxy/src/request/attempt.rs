@@ -61,6 +61,13 @@ impl RetryPolicy {
         self.attempts += 1;
     }
 
+    /// Takes back the last attempt recorded: it never reached its
+    /// endpoint and is made again (a released request's reconnect).
+    pub fn forget_last(&mut self) {
+        self.attempts = self.attempts.saturating_sub(1);
+        self.tried[self.attempts as usize % TRIED] = usize::MAX;
+    }
+
     /// Whether a failure of kind `on` may be retried (the budget aside).
     pub fn may_retry(&self, on: RetryOn) -> bool {
         self.attempts < self.max_attempts && self.on.contains(&on)

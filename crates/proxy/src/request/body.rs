@@ -86,6 +86,8 @@ pub struct Completion {
     pub grpc: bool,
     /// The request's trace context (always; spans only with `tracing:`).
     pub trace: crate::request::trace::RequestTrace,
+    /// Wakes a held request when this one ends (dropped after `guard`).
+    pub capacity: Option<crate::request::activate::CapacityNotice>,
 }
 
 impl Completion {
@@ -114,6 +116,7 @@ impl Completion {
             deadline: None,
             grpc: crate::request::grpc::is_grpc(&parts.headers),
             trace: crate::request::trace::RequestTrace::from_headers(&parts.headers),
+            capacity: None,
         }
     }
 

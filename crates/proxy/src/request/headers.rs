@@ -142,6 +142,14 @@ pub fn client_ip(headers: &HeaderMap, peer: SocketAddr, forwarding: &Forwarding)
         .unwrap_or_else(|| peer.ip())
 }
 
+/// The client of a request forwarded by a peer proxy: the last
+/// `X-Forwarded-For` entry, the one that proxy set (`None` when missing or
+/// not an address).
+pub fn hop_client_ip(headers: &HeaderMap) -> Option<IpAddr> {
+    let last = headers.get_all(&X_FORWARDED_FOR).iter().next_back()?;
+    last.to_str().ok()?.rsplit(',').next()?.trim().parse().ok()
+}
+
 /// Whether the client offered `TE: trailers` (gRPC needs it on HTTP/2).
 fn wants_trailers(headers: &HeaderMap) -> bool {
     headers
@@ -164,6 +172,11 @@ pub struct Forward<'a> {
     pub forwarding: &'a Forwarding,
     /// The upstream speaks HTTP/2: `TE: trailers` is kept.
     pub http2: bool,
+    /// The request was forwarded by a peer proxy (ahead-of-time
+    /// placement, its marker trusted): `X-Forwarded-For` and
+    /// `X-Forwarded-Proto` are kept as that proxy set them, so the
+    /// endpoint sees the original client, not the peer hop.
+    pub hop: bool,
 }
 
 /// The headers sent upstream, made from the client's in place:
@@ -172,6 +185,7 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     let trailers = f.http2 && wants_trailers(&headers);
     let prev = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
     let xff = match (prev, f.peer.to_str()) {
+        _ if f.hop => None,
         (Some(prev), Ok(ip)) if f.forwarding.x_forwarded_for == XffMode::Append => {
             HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
         }
@@ -184,8 +198,10 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     if let Some(v) = xff {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    let proto = if f.secure { "https" } else { "http" };
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    if !(f.hop && headers.contains_key(&X_FORWARDED_PROTO)) {
+        let proto = if f.secure { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    }
     if let Ok(v) = HeaderValue::from_str(f.request_id) {
         headers.insert(X_REQUEST_ID.clone(), v);
     }
@@ -284,7 +300,32 @@ mod tests {
             upgrading: false,
             forwarding,
             http2,
+            hop: false,
         }
+    }
+
+    #[test]
+    fn a_peer_hop_keeps_the_forwarding_proxys_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("1.1.1.1, 2.2.2.2"),
+        );
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        let fwd = Forwarding::default();
+        let f = Forward {
+            hop: true,
+            ..forward(&fwd, false)
+        };
+        let out = forwarded_headers(h.clone(), &f);
+        assert_eq!(out["x-forwarded-for"], "1.1.1.1, 2.2.2.2");
+        assert_eq!(out["x-forwarded-proto"], "https");
+        assert_eq!(hop_client_ip(&out), Some("2.2.2.2".parse().expect("ip")));
+        h.remove("x-forwarded-proto");
+        h.insert("x-forwarded-for", HeaderValue::from_static("garbage"));
+        let out = forwarded_headers(h, &f);
+        assert_eq!(out["x-forwarded-proto"], "http", "set when missing");
+        assert_eq!(hop_client_ip(&out), None);
     }
 
     #[test]

@@ -40,6 +40,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use meshless_balance::{InFlight, PickContext};
+use meshless_model::probe_backoff::ProbeBackoff;
 
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
@@ -135,7 +136,12 @@ pub async fn handle(
     if let Some(reply) = path::apply(&settings.paths, &mut parts) {
         return Ok(reply.respond(record));
     }
-    let client_ip = headers::client_ip(&parts.headers, client, &settings.forwarding);
+    let hop = peer::hop(state, &mut parts.headers, client);
+    let client_ip = if hop {
+        headers::hop_client_ip(&parts.headers).unwrap_or_else(|| client.ip())
+    } else {
+        headers::client_ip(&parts.headers, client, &settings.forwarding)
+    };
     record.client = Some(client_ip);
     let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
         Ok(r) => r,
@@ -161,6 +167,7 @@ pub async fn handle(
         upgrading: upgrade.is_some(),
         forwarding: &settings.forwarding,
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
+        hop,
     };
     // Made once, moved into the last attempt (cloned only for retries).
     let mut upstream_headers =
@@ -209,25 +216,31 @@ fn budget(
     }
 }
 
-/// Before an attempt to endpoint `index` of `cluster`: counts it, and
-/// the first one sets the deadline, which covers the exchange from the
-/// first send (not the activation hold) to the last response byte.
+/// Before an attempt to endpoint `index` of `cluster` (picked from
+/// `base`): counts it, and the first one sets the deadline, which covers
+/// the exchange from the first send (not the activation hold) to the last
+/// response byte. Returns the attempt's headers: the last attempt takes
+/// them, the others a copy.
 fn begin(
     policy: &mut RetryPolicy,
-    base: &UpstreamCluster,
-    cluster: &UpstreamCluster,
+    (base, cluster): (&UpstreamCluster, &UpstreamCluster),
     index: usize,
-    headers: Option<&http::HeaderMap>,
+    headers: &mut Option<http::HeaderMap>,
     record: &mut Completion,
-) {
-    if !policy.retrying() {
-        let asked = headers.and_then(grpc::timeout);
+) -> Option<http::HeaderMap> {
+    if record.deadline.is_none() && !policy.retrying() {
+        let asked = headers.as_ref().and_then(grpc::timeout);
         record.deadline =
             budget(base, record.grpc, asked).and_then(|d| Instant::now().checked_add(d));
     }
     policy.record(index);
     record.attempts = policy.attempts();
     record.endpoint = Arc::clone(&cluster.endpoint_labels[index]);
+    if policy.last() {
+        headers.take()
+    } else {
+        headers.clone()
+    }
 }
 
 /// What every attempt of one request shares.
@@ -239,18 +252,43 @@ struct Exchange<'a> {
     upgrading: bool,
 }
 
-/// A request's time held for activation, and whether a peer proxy was
-/// tried (once per request).
-#[derive(Default)]
+/// The longest wait before a released request connects again to its
+/// instance (the waits start at 200 µs and double, [`ProbeBackoff`]).
+const RECONNECT_MAX_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A request's time held for activation, whether a peer proxy was tried
+/// (once per request), and its place among the released requests.
 struct Held {
     /// When the request arrived, if it was ever held.
     at: Option<Instant>,
     /// When the last hold ended.
     released: Option<Instant>,
     peer_tried: bool,
+    /// A released request's place among those awaiting headers.
+    ticket: Option<activate::Ticket>,
+    /// The waits between reconnects to a fresh instance.
+    reconnects: ProbeBackoff,
 }
 
 impl Held {
+    fn new() -> Self {
+        Self {
+            at: None,
+            released: None,
+            peer_tried: false,
+            ticket: None,
+            reconnects: ProbeBackoff::new(RECONNECT_MAX_WAIT),
+        }
+    }
+
+    /// After an attempt: unless it was a released request that could not
+    /// connect (a reconnect keeps its place), the next held request may go.
+    fn attempted<T>(&mut self, sent: &Result<T, attempt::Failure>) {
+        if !(self.at.is_some() && sent.as_ref().err() == Some(&attempt::Failure::ConnectFailed)) {
+            drop(self.ticket.take());
+        }
+    }
+
     /// Records the response of a request that was held (a no-op if it was
     /// never held).
     fn answered(&self, state: &ProxyState, record: &Completion, status: u16) {
@@ -284,19 +322,15 @@ impl Exchange<'_> {
         let node = &self.snapshot.config.node;
         let mut ctx = PickContext::new().with_locality(node.name.as_deref(), node.zone.as_deref());
         ctx.key = routed.key;
-        // A body is kept for retries (up to `replay::REPLAY_LIMIT`).
-        let replayable = !self.upgrading
-            && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
-        let mut policy = RetryPolicy::new(&base.config.retries, replayable);
-        let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
-        let mut body = RequestBody::new(downstream, replayable && base.config.retries.count > 0);
+        let (mut policy, mut body) = self.policy_and_body(base, body, record);
         let mut next = body.attempt();
         let mut cluster = Arc::clone(base);
-        let mut held = Held::default();
+        let mut held = Held::new();
         let mut retry: Option<Slot> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
-            if activate::needed(&cluster, picked.as_ref(), policy.retrying()) {
+            let released = held.ticket.is_some();
+            if activate::needed(&cluster, picked.as_ref(), policy.retrying(), released) {
                 if picked.is_some() {
                     // The key's endpoint is full: after the wait, pick by load.
                     ctx.key = None;
@@ -314,29 +348,25 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
-            begin(
+            let these = begin(
                 &mut policy,
-                base,
-                &cluster,
+                (base, &cluster),
                 guard.index(),
-                headers.as_ref(),
+                &mut headers,
                 record,
             );
-            let these = if policy.last() {
-                headers.take()
-            } else {
-                headers.clone()
-            };
             let sent = self
                 .attempt(&cluster, guard.index(), next.take(), these, record)
                 .await;
             drop(retry.take());
+            held.attempted(&sent);
             match sent {
                 Ok((resp, lease)) => {
                     let (status, on) = attempt::judge(&resp, record.grpc);
                     retry = self.retry(&policy, on, &mut body, &cluster, &mut next);
                     if retry.is_none() {
                         guard.set_outcome(status);
+                        record.capacity = activate::CapacityNotice::of(&cluster);
                         held.answered(self.state, record, resp.status().as_u16());
                         return Ok((resp, Some(guard), lease));
                     }
@@ -346,6 +376,14 @@ impl Exchange<'_> {
                     if matches!(failure, attempt::Failure::ConnectionLimit) {
                         admit::overflow(self.state, &cluster, "max_connections");
                     }
+                    if let Some(again) = self.reconnect(&failure, &mut body, record, base, &held) {
+                        // Not the instance's fault, nor an attempt.
+                        guard.finish(meshless_balance::Outcome::Cancelled);
+                        policy.forget_last();
+                        next = Some(again);
+                        tokio::time::sleep(held.reconnects.next_wait()).await;
+                        continue;
+                    }
                     guard.finish(failure.outcome());
                     retry = self.retry(&policy, failure.retry_on(), &mut body, &cluster, &mut next);
                     if retry.is_none() {
@@ -354,6 +392,25 @@ impl Exchange<'_> {
                 }
             }
         }
+    }
+
+    /// The request's retry policy, and its body as attempts take it: kept
+    /// for replay (up to `replay::REPLAY_LIMIT`) when a retry may need it,
+    /// or a reconnect: a request held for activation may find the fresh
+    /// instance's accept queue full (see `reconnect`).
+    fn policy_and_body(
+        &self,
+        base: &UpstreamCluster,
+        body: Incoming,
+        record: &Completion,
+    ) -> (RetryPolicy, RequestBody) {
+        let replayable = !self.upgrading
+            && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
+        let policy = RetryPolicy::new(&base.config.retries, replayable);
+        let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
+        let activating = base.config.activation.is_some() && !self.upgrading;
+        let keep = (replayable && base.config.retries.count > 0) || activating;
+        (policy, RequestBody::new(downstream, keep))
     }
 
     /// No endpoint can take the request yet: hands it to the peer proxy
@@ -380,11 +437,50 @@ impl Exchange<'_> {
                 peer::Forwarded::Unreachable => {}
             }
         }
-        let cluster = activate::hold(self.state, base, &record.trace).await?;
+        drop(held.ticket.take());
+        let (cluster, ticket) = activate::hold(self.state, base, &record.trace).await?;
+        held.ticket = ticket;
         held.at.get_or_insert(record.started);
         held.released = Some(Instant::now());
         Ok(Waited::Ready(cluster))
     }
+    /// The body to send again after a request released from an activation
+    /// hold could not connect to its instance (`failure`), or `None` when
+    /// it may not be tried again: it was never held, it failed otherwise,
+    /// it is past its deadline (from the first send; without one,
+    /// `activation.queue_timeout` after its release), or its body outgrew
+    /// the replay copy.
+    ///
+    /// Safe because nothing was sent: the connection never opened. A burst
+    /// released to a fresh instance that accepts slowly fills its accept
+    /// queue, and the kernel drops the SYNs past it (the connect times
+    /// out): such a request connects again after a short wait
+    /// ([`RECONNECT_MAX_WAIT`]) instead of failing with 502, counted as
+    /// `activations_total{result="reconnected"}`.
+    fn reconnect(
+        &self,
+        failure: &attempt::Failure,
+        body: &mut RequestBody,
+        record: &Completion,
+        base: &UpstreamCluster,
+        held: &Held,
+    ) -> Option<UpstreamBody> {
+        if held.at.is_none() || *failure != attempt::Failure::ConnectFailed {
+            return None;
+        }
+        let released = held.released.unwrap_or(record.started);
+        let until = record.deadline.or_else(|| {
+            let act = base.config.activation.as_ref()?;
+            released.checked_add(act.queue_timeout)
+        })?;
+        if Instant::now() + RECONNECT_MAX_WAIT >= until {
+            return None;
+        }
+        let again = body.attempt()?;
+        activate::count(self.state, "reconnected");
+        Some(again)
+    }
+
     /// How long a request forwarded to a peer proxy may wait for its
     /// response headers: that proxy's hold (`activation.queue_timeout`),
     /// then the request (`timeouts.request`).

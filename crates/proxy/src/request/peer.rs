@@ -40,6 +40,22 @@ pub enum Forwarded {
     Failed(LocalReply),
 }
 
+/// Whether the request was forwarded by a peer proxy: it carries
+/// [`FORWARDED_BY`] and comes from a peer proxy's address (as the control
+/// plane sent them). A marker from anyone else is removed: a client cannot
+/// opt out of placement, nor have its own `X-Forwarded-For` and
+/// `X-Forwarded-Proto` taken as a proxy's.
+pub fn hop(state: &ProxyState, headers: &mut HeaderMap, source: std::net::SocketAddr) -> bool {
+    if !headers.contains_key(FORWARDED_BY) {
+        return false;
+    }
+    if state.placements.is_peer(source.ip()) {
+        return true;
+    }
+    headers.remove(FORWARDED_BY);
+    false
+}
+
 /// The proxy to forward to instead of holding for `cluster`'s service: a
 /// placement on another node, and a request no proxy forwarded yet.
 pub fn target(

@@ -45,6 +45,14 @@ pub struct ClusterCounters {
     /// Of `active_requests`, those forwarded to the chosen node's proxy
     /// (ahead-of-time placement): that proxy reports them as its load.
     pub forwarded: AtomicU64,
+    /// Requests released from an activation hold still waiting for their
+    /// response headers (what `release_concurrency` bounds).
+    pub releasing: AtomicU64,
+    /// Woken (one waiter each time) when a request of an activating
+    /// cluster ends or a released one gets its response headers while
+    /// others are held: room under `container_concurrency` or
+    /// `release_concurrency` may be free.
+    pub capacity_freed: tokio::sync::Notify,
 }
 
 /// Settings that require a new pool when they change.

@@ -1,0 +1,306 @@
+//! A burst of held requests released to a fresh instance whose listen
+//! backlog is small (8 here, as a single-threaded server's often is;
+//! Python's default is 5): none may be lost.
+//!
+//! The instance (a Python `HTTPServer`, one connection at a time) binds
+//! once the test opens the first gate and accepts once it opens the
+//! second. In between, it listens without accepting: its accept queue
+//! holds at most `BACKLOG + 1` connections and the kernel drops every
+//! further SYN (the client's connect then times out), exactly what a
+//! burst does to a fresh instance that is slow to accept.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use http::StatusCode;
+use meshless_control::config::ControlConfig;
+use meshless_control::plane::ControlPlane;
+
+const BURST: usize = 300;
+const BACKLOG: usize = 8;
+
+/// The instance: binds with a listen backlog of `BACKLOG` once `bind`
+/// exists, accepts once `serve` exists, answers `ok` (HTTP/1.0: one
+/// request per connection).
+fn instance(bind: &Path, serve: &Path) -> String {
+    let script = format!(
+        "import os, time, http.server as h\n\
+         class H(h.BaseHTTPRequestHandler):\n    \
+           def do_GET(self):\n        \
+             self.send_response(200)\n        \
+             self.send_header('content-length', '3')\n        \
+             self.end_headers()\n        \
+             self.wfile.write(b'ok\\n')\n    \
+           def log_message(self, *a):\n        \
+             pass\n\
+         class S(h.HTTPServer):\n    \
+           request_queue_size = {BACKLOG}\n\
+         while not os.path.exists('{bind}'): time.sleep(0.01)\n\
+         s = S(('127.0.0.1', int(os.environ['PORT'])), H)\n\
+         while not os.path.exists('{serve}'): time.sleep(0.01)\n\
+         s.serve_forever()\n",
+        bind = bind.display(),
+        serve = serve.display(),
+    );
+    format!("[python3, -c, {script:?}]")
+}
+
+fn plane(command: &str) -> ControlConfig {
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 1\n      target_concurrency: 1000\n      tick: 100ms\n      scaler:\n        process:\n          command: {command}\n          start_timeout: 60s\n          stop_grace: 2s\n"
+    );
+    ControlConfig::parse(&yaml, "control.yaml").expect("valid control config")
+}
+
+fn proxy_yaml(grpc: SocketAddr, activation: &str, timeouts: &str) -> String {
+    format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\nclusters:\n  - name: lazy\n    service: demo/lazy\n    activation: {{ queue_timeout: 60s, {activation} }}\n    timeouts: {{ request: 60s, {timeouts} }}\n    circuit_breakers: {{ max_requests: 10000, max_pending: 10000, max_connections: 10000 }}\n"
+    )
+}
+
+/// The cluster's entry in the proxy's `/clusters`.
+async fn cluster(p: &meshless_proxy::Proxy) -> serde_json::Value {
+    let (_, body) = admin(p, "/clusters").await;
+    let all: serde_json::Value = serde_json::from_str(&body).expect("json");
+    all.as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "lazy").cloned())
+        .unwrap_or_default()
+}
+
+fn count(c: &serde_json::Value, field: &str) -> u64 {
+    c[field].as_u64().unwrap_or(0)
+}
+
+struct Gates {
+    _dir: tempfile::TempDir,
+    bind: PathBuf,
+    serve: PathBuf,
+}
+
+fn gates() -> Gates {
+    let dir = tempfile::Builder::new()
+        .prefix("meshless-cold-burst-")
+        .tempdir()
+        .expect("dir");
+    Gates {
+        bind: dir.path().join("bind"),
+        serve: dir.path().join("serve"),
+        _dir: dir,
+    }
+}
+
+/// Sends `BURST` requests; returns their tasks once all are held.
+async fn held_burst(
+    p: &meshless_proxy::Proxy,
+    addr: SocketAddr,
+) -> Vec<tokio::task::JoinHandle<(StatusCode, String)>> {
+    let tasks = (0..BURST)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (status, _, body) = get(&client(), addr, "/", &[]).await;
+                (status, body)
+            })
+        })
+        .collect();
+    eventually("the whole burst held", || async {
+        count(&cluster(p).await, "queued_requests") == BURST as u64
+    })
+    .await;
+    tasks
+}
+
+async fn all_ok(tasks: Vec<tokio::task::JoinHandle<(StatusCode, String)>>) {
+    let mut failed = Vec::new();
+    for t in tasks {
+        let (status, body) = t.await.expect("task");
+        if status != StatusCode::OK || body != "ok\n" {
+            failed.push((status, body));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {BURST} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
+async fn start(
+    activation: &str,
+    timeouts: &str,
+    g: &Gates,
+) -> (ControlPlane, meshless_proxy::Proxy, SocketAddr) {
+    let plane = ControlPlane::start(plane(&instance(&g.bind, &g.serve)))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let (p, addr) = proxy(&proxy_yaml(grpc, activation, timeouts)).await;
+    eventually("the proxy subscribed", || async {
+        metric(
+            &get(&client(), api, "/metrics", &[]).await.2,
+            "meshless_control_subscribers",
+        ) == Some(1.0)
+    })
+    .await;
+    (plane, p, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_requests_are_released_a_few_at_a_time_and_none_overflows_the_backlog() {
+    const RELEASE: usize = 4;
+    // At most RELEASE of our connections and the two probes (the
+    // scaler's, the proxy's) wait in an accept queue of BACKLOG + 1.
+    const { assert!(RELEASE + 2 <= BACKLOG) };
+    let g = gates();
+    let (plane, p, addr) = start(
+        &format!("release_concurrency: {RELEASE}"),
+        "connect: 100ms",
+        &g,
+    )
+    .await;
+    let tasks = held_burst(&p, addr).await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    // The instance listens but does not accept: exactly RELEASE requests
+    // are sent to it, the rest stay held.
+    eventually("RELEASE requests sent, the rest held", || async {
+        let c = cluster(&p).await;
+        count(&c, "pending_requests") == RELEASE as u64
+            && count(&c, "queued_requests") == (BURST - RELEASE) as u64
+    })
+    .await;
+    let c = cluster(&p).await;
+    assert_eq!(count(&c, "upstream_connections"), RELEASE as u64, "{c}");
+    std::fs::write(&g.serve, b"go").expect("serve gate");
+    all_ok(tasks).await;
+    // Requests re-held only for their turn did not ask for an instance
+    // again: at most one Activate per request (fewer: a burst held while
+    // the stream is busy leaves in one message per service).
+    let asked = metric(
+        &get(&client(), plane.api_addr(), "/metrics", &[]).await.2,
+        "meshless_control_activation_requests_total",
+    )
+    .unwrap_or(0.0);
+    assert!((1.0..=BURST as f64).contains(&asked), "{asked}");
+    // No SYN was dropped, so no connect failed.
+    assert_eq!(
+        proxy_metric(
+            &p,
+            "meshless_proxy_activations_total{result=\"reconnected\"}"
+        )
+        .await,
+        0.0
+    );
+    assert_eq!(count(&cluster(&p).await, "queued_requests"), 0);
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pacing_connects_dropped_by_a_full_backlog_are_tried_again() {
+    let g = gates();
+    // No release limit, one retry at most by the retry policy: only the
+    // reconnects of released requests can save the burst.
+    let (plane, p, addr) = start("release_concurrency: 0", "connect: 100ms", &g).await;
+    let tasks = held_burst(&p, addr).await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    // Every request is released at once; all but BACKLOG + 1 connects
+    // find the accept queue full and time out.
+    eventually("connects dropped and tried again", || async {
+        proxy_metric(
+            &p,
+            "meshless_proxy_activations_total{result=\"reconnected\"}",
+        )
+        .await
+            >= BURST as f64
+    })
+    .await;
+    std::fs::write(&g.serve, b"go").expect("serve gate");
+    all_ok(tasks).await;
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// An instance whose answers are long-lived: headers at once, the body
+/// only once `end` exists (a stream, a long poll). Binds once `bind`
+/// exists; one thread per connection.
+fn streaming_instance(bind: &Path, end: &Path) -> String {
+    let script = format!(
+        "import os, time, http.server as h\n\
+         class H(h.BaseHTTPRequestHandler):\n    \
+           protocol_version = 'HTTP/1.1'\n    \
+           def do_GET(self):\n        \
+             self.send_response(200)\n        \
+             self.send_header('transfer-encoding', 'chunked')\n        \
+             self.end_headers()\n        \
+             self.wfile.flush()\n        \
+             while not os.path.exists('{end}'): time.sleep(0.01)\n        \
+             self.wfile.write(b'3\\r\\nok\\n\\r\\n0\\r\\n\\r\\n')\n    \
+           def log_message(self, *a):\n        \
+             pass\n\
+         while not os.path.exists('{bind}'): time.sleep(0.01)\n\
+         h.ThreadingHTTPServer(('127.0.0.1', int(os.environ['PORT'])), H).serve_forever()\n",
+        bind = bind.display(),
+        end = end.display(),
+    );
+    format!("[python3, -c, {script:?}]")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lived_answers_do_not_keep_the_rest_of_the_burst_waiting() {
+    const STREAMS: usize = 40;
+    const RELEASE: usize = 4;
+    let g = gates();
+    let plane = ControlPlane::start(plane(&streaming_instance(&g.bind, &g.serve)))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let activation = format!("release_concurrency: {RELEASE}");
+    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
+    eventually("the proxy subscribed", || async {
+        metric(
+            &get(&client(), api, "/metrics", &[]).await.2,
+            "meshless_control_subscribers",
+        ) == Some(1.0)
+    })
+    .await;
+    let headers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..STREAMS)
+        .map(|_| {
+            let headers = std::sync::Arc::clone(&headers);
+            tokio::spawn(async move {
+                let req = http::Request::get(format!("http://{addr}/"))
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .expect("request");
+                let resp = client().request(req).await.expect("response head");
+                headers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let status = resp.status();
+                let body = http_body_util::BodyExt::collect(resp.into_body())
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                (status, body)
+            })
+        })
+        .collect();
+    eventually("the whole burst held", || async {
+        count(&cluster(&p).await, "queued_requests") == STREAMS as u64
+    })
+    .await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    // Every stream gets its headers while the first ones are still open:
+    // a place in the release is given back at the headers, not at the end.
+    eventually("every stream answered", || async {
+        headers.load(std::sync::atomic::Ordering::SeqCst) == STREAMS
+    })
+    .await;
+    std::fs::write(&g.serve, b"go").expect("end gate");
+    for t in tasks {
+        let (status, body) = t.await.expect("task");
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok\n"[..]));
+    }
+    p.shutdown().await;
+    plane.shutdown().await;
+}
