@@ -17,13 +17,16 @@
 //! to `stream_batch` messages) and hands them to the stream as one batch,
 //! which tonic encodes into one buffer: one HTTP/2 DATA frame and one
 //! write for many messages, and one wake of the connection's task.
+//!
+//! No task of its own: `serve` is driven by the subscriber's response
+//! stream (`outbox.rs`), so a delta wakes only the task writing the stream.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bytes::Bytes;
 use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, watch};
 use tonic::{Status, Streaming};
 
 use crate::distributor::{Distributor, EncodedDelta, SubsetLease};
@@ -41,45 +44,8 @@ pub(crate) enum StreamEnd {
     Inbound(Status),
 }
 
-/// Batches of messages, written in one go each.
-pub(crate) type Out = mpsc::Sender<Vec<ServerMessage>>;
-
-/// The response stream: the messages of each batch in order, all ready at
-/// once, so tonic's encoder puts a whole batch into one buffer.
-pub(crate) struct Batches {
-    rx: mpsc::Receiver<Vec<ServerMessage>>,
-    current: std::vec::IntoIter<ServerMessage>,
-}
-
-impl Batches {
-    pub(crate) fn new(rx: mpsc::Receiver<Vec<ServerMessage>>) -> Self {
-        Self {
-            rx,
-            current: Vec::new().into_iter(),
-        }
-    }
-}
-
-impl tokio_stream::Stream for Batches {
-    type Item = Result<ServerMessage, Status>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
-        loop {
-            if let Some(m) = self.current.next() {
-                return Poll::Ready(Some(Ok(m)));
-            }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(batch)) => self.current = batch.into_iter(),
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
-}
+/// Where a subscriber's batches go: its response stream (`outbox.rs`).
+pub(crate) type Out = crate::outbox::Outbox;
 
 fn delta_msg(bytes: Bytes) -> ServerMessage {
     ServerMessage {
@@ -351,6 +317,7 @@ pub(crate) async fn serve(
     mut inbound: Streaming<ClientMessage>,
     out: Out,
     batch: usize,
+    interval: Duration,
 ) -> Result<(), StreamEnd> {
     let mut closing = d.closing.subscribe();
     if *closing.borrow() {
@@ -383,15 +350,24 @@ pub(crate) async fn serve(
     f.flush().await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
+    // Pacing (`stream_interval`): after a write that emptied the ring,
+    // the ring is not read again until the pause ends.
+    let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    let mut paused = false;
     loop {
         tokio::select! {
-            got = rx.recv() => match got {
+            () = &mut pause, if paused => paused = false,
+            got = rx.recv(), if !paused => match got {
                 Ok(delta) => {
                     if f.watched.contains(&delta.service) {
                         f.on_delta(&delta).await?;
                     }
                     if !f.drain(&mut rx).await? {
                         return Ok(());
+                    }
+                    if !interval.is_zero() && rx.is_empty() {
+                        pause.as_mut().reset(tokio::time::Instant::now() + interval);
+                        paused = true;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -536,7 +512,8 @@ mod tests {
             let v = registry.lock().expect("lock").next_version();
             d.publish(&delta(v), Instant::now());
         }
-        let (out, mut batches) = mpsc::channel(4);
+        let out = Out::new(64);
+        let batches = out.clone();
         let mut f = Follow {
             d: &d,
             out,
@@ -552,9 +529,7 @@ mod tests {
         f.on_delta(&first).await.expect("sent");
         assert!(f.drain(&mut rx).await.expect("drained"));
         assert!(f.drain(&mut rx).await.expect("drained"));
-        let sizes: Vec<usize> = std::iter::from_fn(|| batches.try_recv().ok())
-            .map(|b| b.len())
-            .collect();
+        let sizes: Vec<usize> = batches.drain_batches().iter().map(Vec::len).collect();
         assert_eq!(sizes, [16, 4]);
         assert_eq!(d.metrics.stream_writes.get(), 2);
         assert_eq!(d.metrics.messages_sent.get(), 20);
@@ -576,7 +551,8 @@ mod tests {
             let v = registry.lock().expect("lock").next_version();
             d.publish(&delta(v), Instant::now());
         }
-        let (out, mut batches) = mpsc::channel(64);
+        let out = Out::new(64);
+        let batches = out.clone();
         let mut f = Follow {
             d: &d,
             out,
@@ -594,9 +570,7 @@ mod tests {
             assert!(f.drain(&mut rx).await.expect("drained"));
         }
         f.flush().await.expect("flushed");
-        let msgs: Vec<ServerMessage> = std::iter::from_fn(|| batches.try_recv().ok())
-            .flatten()
-            .collect();
+        let msgs: Vec<ServerMessage> = batches.drain_batches().into_iter().flatten().collect();
         assert_eq!(msgs.len(), 1, "one reset, then nothing it already has");
         let Some(server_message::Msg::Delta(bytes)) = &msgs[0].msg else {
             panic!("a delta");
