@@ -142,6 +142,7 @@ async fn subscriber(
                 .into_iter()
                 .collect(),
             subscriber: format!("bench-{index}"),
+            compact: true,
         })),
     })
     .await

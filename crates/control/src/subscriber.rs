@@ -24,8 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bytes::Bytes;
 use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
+use meshless_api::{EncodedPair, Encoding};
 use tokio::sync::{broadcast, watch};
 use tonic::{Status, Streaming};
 
@@ -47,7 +47,7 @@ pub(crate) enum StreamEnd {
 /// Where a subscriber's batches go: its response stream (`outbox.rs`).
 pub(crate) type Out = crate::outbox::Outbox;
 
-fn delta_msg(bytes: Bytes) -> ServerMessage {
+fn delta_msg(bytes: bytes::Bytes) -> ServerMessage {
     ServerMessage {
         msg: Some(server_message::Msg::Delta(bytes)),
     }
@@ -86,6 +86,8 @@ struct Follow<'a> {
     pending: Vec<ServerMessage>,
     /// Messages per write at most (`stream_batch`).
     batch: usize,
+    /// The encoding this subscriber reads (`Hello.compact`).
+    encoding: Encoding,
 }
 
 impl<'a> Follow<'a> {
@@ -143,7 +145,9 @@ impl<'a> Follow<'a> {
         Ok(true)
     }
 
-    async fn send_delta(&mut self, bytes: Bytes) -> Result<(), StreamEnd> {
+    /// Queues the delta in this stream's encoding.
+    async fn send_delta(&mut self, pair: &EncodedPair) -> Result<(), StreamEnd> {
+        let bytes = pair.get(self.encoding).clone();
         let n = bytes.len();
         self.send(delta_msg(bytes), n).await
     }
@@ -154,7 +158,7 @@ impl<'a> Follow<'a> {
         for s in services {
             self.floors.insert(s.clone(), version);
         }
-        for bytes in resets {
+        for bytes in &resets {
             self.send_delta(bytes).await?;
         }
         Ok(version)
@@ -165,7 +169,7 @@ impl<'a> Follow<'a> {
         self.floors.remove(service);
         let (lease, bytes) = self.d.lease_subset(service, size, &self.identity);
         self.leases.insert(service.to_owned(), lease);
-        self.send_delta(bytes).await
+        self.send_delta(&bytes).await
     }
 
     /// Services followed whole.
@@ -206,7 +210,7 @@ impl<'a> Follow<'a> {
             }
         };
         if let Some(bytes) = bytes {
-            self.send_delta(bytes).await?;
+            self.send_delta(&bytes).await?;
             let age = delta.committed.elapsed().as_secs_f64();
             self.d.metrics.propagation.observe(age);
         }
@@ -220,8 +224,8 @@ impl<'a> Follow<'a> {
         let whole = self.whole();
         let v = self.send_resets(&whole).await?;
         self.sent_up_to = self.sent_up_to.max(v);
-        let resets: Vec<Bytes> = self.leases.values_mut().map(|l| l.reset()).collect();
-        for bytes in resets {
+        let resets: Vec<EncodedPair> = self.leases.values_mut().map(|l| l.reset()).collect();
+        for bytes in &resets {
             self.send_delta(bytes).await?;
         }
         Ok(())
@@ -284,7 +288,7 @@ impl<'a> Follow<'a> {
                 let mut v = hello.resume_version;
                 for delta in deltas {
                     v = v.max(delta.version);
-                    self.send_delta(delta.bytes.clone()).await?;
+                    self.send_delta(&delta.bytes).await?;
                 }
                 v
             }
@@ -343,6 +347,7 @@ pub(crate) async fn serve(
         sent_up_to: 0,
         pending: Vec::with_capacity(batch.max(1)),
         batch: batch.max(1),
+        encoding: Encoding::of(&hello),
     };
     f.start(&hello, sizes).await?;
     let mut placed = PlacementsSent::new(d);
@@ -524,6 +529,7 @@ mod tests {
             sent_up_to: 0,
             pending: Vec::new(),
             batch: 16,
+            encoding: Encoding::Full,
         };
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");
@@ -563,6 +569,7 @@ mod tests {
             sent_up_to: 0,
             pending: Vec::new(),
             batch: 16,
+            encoding: Encoding::Full,
         };
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");

@@ -27,8 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use meshless_api::{encode_delta, v1};
+use meshless_api::{EncodedPair, v1};
 use meshless_model::subset::{order_key, round_and_slot, slot_ranks, slots_per_round};
 
 /// What one subsetted subscriber of a service follows: `size` endpoints,
@@ -41,7 +40,7 @@ pub struct SubsetKey {
 
 /// Per subset key, the encoded delta its subscribers receive for one
 /// published delta; a key absent receives nothing (no member changed).
-pub type SubsetDeltas = HashMap<SubsetKey, Bytes>;
+pub type SubsetDeltas = HashMap<SubsetKey, EncodedPair>;
 
 /// The published view of every service and the subset groups on it.
 #[derive(Debug, Default)]
@@ -222,8 +221,8 @@ impl View {
     }
 
     /// A reset holding `members` only.
-    fn reset_bytes(&self, service: &str, members: &[Arc<str>]) -> Bytes {
-        encode_delta(&v1::Delta {
+    fn reset_bytes(&self, service: &str, members: &[Arc<str>]) -> EncodedPair {
+        EncodedPair::encode(&v1::Delta {
             version: self.version,
             service: service.to_owned(),
             upserted: self.wire(members),
@@ -322,7 +321,7 @@ impl Subsets {
         service: &str,
         size: u32,
         identity: &str,
-    ) -> (SubsetKey, u64, Bytes) {
+    ) -> (SubsetKey, u64, EncodedPair) {
         let view = self.services.entry(service.to_owned()).or_default();
         let group = view.groups.entry(size).or_default();
         let index = match group.holders.get_mut(identity) {
@@ -349,11 +348,11 @@ impl Subsets {
 
     /// A reset of `key`'s current members and the view's version (a
     /// subscriber that lagged behind the ring).
-    pub fn reset(&self, service: &str, key: SubsetKey) -> (u64, Bytes) {
+    pub fn reset(&self, service: &str, key: SubsetKey) -> (u64, EncodedPair) {
         let Some(view) = self.services.get(service) else {
             return (
                 0,
-                encode_delta(&v1::Delta {
+                EncodedPair::encode(&v1::Delta {
                     service: service.to_owned(),
                     reset: true,
                     ..v1::Delta::default()
@@ -422,7 +421,7 @@ fn member_delta(
     delta: &v1::Delta,
     old: &[Arc<str>],
     new: &[Arc<str>],
-) -> Option<Bytes> {
+) -> Option<EncodedPair> {
     if delta.reset {
         return Some(view.reset_bytes(&delta.service, new));
     }
@@ -447,7 +446,7 @@ fn member_delta(
     if ids.is_empty() && removed.is_empty() && delta.settings.is_none() {
         return None;
     }
-    Some(encode_delta(&v1::Delta {
+    Some(EncodedPair::encode(&v1::Delta {
         version: delta.version,
         service: delta.service.clone(),
         upserted: view.wire(ids),

@@ -99,7 +99,7 @@ proptest! {
             for (k, size) in sizes.iter().enumerate() {
                 let (key, _, bytes) = s.register("ns/a", *size, &format!("node-{n}-{k}"));
                 let mut view = BTreeMap::new();
-                follow(&mut view, &bytes);
+                follow(&mut view, &bytes.compact);
                 subs.push((key, view));
             }
         };
@@ -121,7 +121,7 @@ proptest! {
             let out = s.apply(&delta).unwrap();
             for (key, view) in &mut subs {
                 if let Some(bytes) = out.get(key) {
-                    follow(view, bytes);
+                    follow(view, &bytes.compact);
                 }
             }
             let ids: Vec<&str> = truth.keys().map(String::as_str).collect();
@@ -181,7 +181,7 @@ fn a_change_outside_the_subset_sends_nothing_and_an_activation_error_goes_to_all
         ..v1::Delta::default()
     };
     let out = s.apply(&inside).unwrap();
-    let got = meshless_api::decode_delta(&out[&key]).unwrap();
+    let got = meshless_api::decode_delta(&out[&key].full).unwrap();
     assert_eq!(got.upserted, vec![ep(&members[0], 7)]);
     assert!(got.removed.is_empty());
     let error = v1::Delta {
