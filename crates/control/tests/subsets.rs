@@ -40,6 +40,8 @@ enum Op {
     Put(u8, u32),
     Remove(u8),
     Replace(u8, u8),
+    /// Several puts and removals in one delta.
+    Many(Vec<u8>, Vec<u8>),
     Reset(Vec<u8>),
 }
 
@@ -48,6 +50,11 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0u8..40, 1u32..4).prop_map(|(i, p)| Op::Put(i, p)),
         4 => (0u8..40).prop_map(Op::Remove),
         4 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::Replace(a, b)),
+        2 => (
+            proptest::collection::vec(0u8..40, 0..4),
+            proptest::collection::vec(0u8..40, 0..4)
+        )
+            .prop_map(|(put, remove)| Op::Many(put, remove)),
         1 => proptest::collection::vec(0u8..40, 0..30).prop_map(Op::Reset),
     ]
 }
@@ -67,6 +74,15 @@ fn delta_of(op: &Op, version: u64) -> v1::Delta {
             if a != b {
                 d.removed.push(id(b));
             }
+        }
+        Op::Many(put, remove) => {
+            d.upserted = put.iter().map(|i| ep(&id(i), 5)).collect();
+            d.upserted.dedup_by(|a, b| a.id == b.id);
+            d.removed = remove
+                .iter()
+                .filter(|r| !put.contains(r))
+                .map(&id)
+                .collect();
         }
         Op::Reset(ids) => {
             d.reset = true;
