@@ -18,6 +18,9 @@ pub mod v1 {
     tonic::include_proto!("meshless.v1");
 }
 
+mod encoding;
+pub use encoding::{EncodedPair, Encoding, decode_delta, encode_compact};
+
 pub use v1::distribution_client::DistributionClient;
 pub use v1::distribution_server::{Distribution, DistributionServer};
 
@@ -86,6 +89,7 @@ pub fn endpoint_to_wire(e: &ModelEndpoint, slice: &str) -> v1::Endpoint {
         serving: e.conditions.serving,
         terminating: e.conditions.terminating,
         slice: slice.to_owned(),
+        packed_addresses: Vec::new(),
     }
 }
 
@@ -125,11 +129,6 @@ pub fn endpoint_from_wire(w: &v1::Endpoint) -> Result<ModelEndpoint, WireError> 
 /// Encodes a delta once; the bytes are shared by every subscriber.
 pub fn encode_delta(delta: &v1::Delta) -> Bytes {
     Bytes::from(delta.encode_to_vec())
-}
-
-/// Decodes a delta received in a `ServerMessage`.
-pub fn decode_delta(bytes: &[u8]) -> Result<v1::Delta, WireError> {
-    Ok(v1::Delta::decode(bytes)?)
 }
 
 #[cfg(test)]

@@ -53,6 +53,9 @@ pub struct DistributionBenchSettings {
     /// The control plane's `stream_batch` (None: its default; 1: one
     /// write per message, as before batching).
     pub stream_batch: Option<usize>,
+    /// The control plane's `stream_interval` in milliseconds (None: its
+    /// default; 0: no pacing, a write as soon as a delta arrives).
+    pub stream_interval_ms: Option<u64>,
     /// Each subscriber asks for a deterministic subset of this many
     /// endpoints (identity `bench-INDEX`); None: every endpoint.
     pub subset_size: Option<u32>,
@@ -139,6 +142,7 @@ async fn subscriber(
                 .into_iter()
                 .collect(),
             subscriber: format!("bench-{index}"),
+            compact: true,
         })),
     })
     .await
@@ -287,10 +291,13 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
     std::fs::write(
         &config,
         format!(
-            "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n{}",
+            "api_address: \"{api}\"\ngrpc_address: \"{grpc}\"\nmax_endpoints_per_slice: {}\nhistory: 100000\nmax_body_bytes: 67108864\n{}{}",
             args.slice_size,
             args.stream_batch
                 .map(|b| format!("stream_batch: {b}\n"))
+                .unwrap_or_default(),
+            args.stream_interval_ms
+                .map(|ms| format!("stream_interval: {ms}ms\n"))
                 .unwrap_or_default()
         ),
     )

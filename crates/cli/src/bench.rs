@@ -45,6 +45,10 @@ pub struct DistributionBenchArgs {
     /// writes in one go (default: the control plane's; 1: one write each).
     #[arg(long)]
     pub stream_batch: Option<usize>,
+    /// The control plane's `stream_interval` in milliseconds: pacing of
+    /// each subscriber's writes (default: the control plane's; 0: none).
+    #[arg(long)]
+    pub stream_interval_ms: Option<u64>,
     /// Each subscriber asks for a deterministic subset of this many
     /// endpoints (as a proxy's `subset: { size }`); default: every endpoint.
     #[arg(long)]
@@ -90,6 +94,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 proxy_policies: a.proxy_policies,
                 proxy_merge_window_ms: a.proxy_merge_window_ms,
                 stream_batch: a.stream_batch,
+                stream_interval_ms: a.stream_interval_ms,
                 subset_size: a.subset_size,
             };
             let report = rt.block_on(meshless_bench::distribution::run(&settings))?;

@@ -321,7 +321,7 @@ mod tests {
         assert!(bad_answer.await.expect("answered").is_err());
         // One delta (the reconcile of the group) holding all 50 endpoints.
         let d = deltas.try_recv().expect("published");
-        let wire = meshless_api::decode_delta(&d.bytes).expect("decodes");
+        let wire = meshless_api::decode_delta(&d.bytes.full).expect("decodes");
         assert_eq!(wire.upserted.len(), 50);
         drop(f.shared);
         assert_eq!(stored_ids(&f.dir).len(), 50, "durable");
@@ -352,7 +352,7 @@ mod tests {
         }
         // Subscribers get a reset to the reloaded state.
         let d = deltas.try_recv().expect("reset published");
-        let wire = meshless_api::decode_delta(&d.bytes).expect("decodes");
+        let wire = meshless_api::decode_delta(&d.bytes.full).expect("decodes");
         assert!(wire.reset);
         assert_eq!(wire.upserted.len(), 3);
         // The store works again: the next group goes through.

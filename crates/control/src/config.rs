@@ -50,6 +50,12 @@ pub struct ControlConfig {
     /// for it since its last write, up to this many (1: one write each).
     #[serde(default = "default_stream_batch")]
     pub stream_batch: usize,
+    /// Pacing of each subscriber's stream: after a write, deltas published
+    /// within this long wait and leave together in its next write (one
+    /// DATA frame, one `write`); the first delta after a quiet spell leaves
+    /// at once. 0 = write as soon as a delta arrives.
+    #[serde(default = "default_stream_interval", with = "duration")]
+    pub stream_interval: Duration,
     /// Services (and endpoints) registered at start.
     #[serde(default)]
     pub services: Vec<StaticService>,
@@ -164,6 +170,10 @@ fn default_history() -> usize {
 pub fn default_stream_batch() -> usize {
     16
 }
+/// 0: no pacing (see `stream_interval`).
+pub fn default_stream_interval() -> Duration {
+    Duration::ZERO
+}
 fn default_max_body_bytes() -> usize {
     4 << 20
 }
@@ -187,6 +197,7 @@ impl Default for ControlConfig {
             history: default_history(),
             max_body_bytes: default_max_body_bytes(),
             stream_batch: default_stream_batch(),
+            stream_interval: default_stream_interval(),
             services: Vec::new(),
             kubernetes: None,
         }
@@ -243,6 +254,9 @@ impl ControlConfig {
         }
         if !(1..=1024).contains(&self.stream_batch) {
             return Err(FieldError::new("stream_batch", "must be 1..=1024"));
+        }
+        if self.stream_interval > Duration::from_secs(1) {
+            return Err(FieldError::new("stream_interval", "must be at most 1s"));
         }
         let exposed = !self.api_address.ip().is_loopback() || !self.grpc_address.ip().is_loopback();
         if exposed && self.token_file.is_none() {

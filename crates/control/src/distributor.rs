@@ -8,9 +8,8 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use bytes::Bytes;
 use meshless_api::v1;
-use meshless_api::{encode_delta, endpoint_to_wire, settings_to_wire};
+use meshless_api::{EncodedPair, endpoint_to_wire, settings_to_wire};
 use tokio::sync::broadcast;
 
 use crate::metrics::ControlMetrics;
@@ -22,7 +21,8 @@ use crate::subsets::{SubsetDeltas, SubsetKey, Subsets};
 pub struct EncodedDelta {
     pub version: u64,
     pub service: String,
-    pub bytes: Bytes,
+    /// Encoded once per encoding; every subscriber of an encoding shares it.
+    pub bytes: EncodedPair,
     pub committed: Instant,
     /// What subsetted subscribers of the service receive instead of
     /// `bytes`, per subset key (absent key: nothing); `None`: `bytes`.
@@ -61,7 +61,7 @@ pub struct Distributor {
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
     /// The last reset (snapshot) encoding per service and the version it
     /// reflects: subscribers connecting together share one encoding.
-    resets: Mutex<std::collections::HashMap<String, (u64, Bytes)>>,
+    resets: Mutex<std::collections::HashMap<String, (u64, EncodedPair)>>,
     /// Latest load report per service and subscriber: (in flight, queued).
     loads: Mutex<LoadTable>,
     /// Woken when a proxy asks to activate a service.
@@ -241,7 +241,7 @@ impl Distributor {
         let encoded = Arc::new(EncodedDelta {
             version: delta.version,
             service: delta.service.clone(),
-            bytes: encode_delta(&wire),
+            bytes: EncodedPair::encode(&wire),
             committed,
             subsets,
         });
@@ -275,7 +275,7 @@ impl Distributor {
     pub(crate) fn resets<'a>(
         &self,
         services: impl IntoIterator<Item = &'a String>,
-    ) -> (u64, Vec<Bytes>) {
+    ) -> (u64, Vec<EncodedPair>) {
         let reg = self.registry();
         let mut cache = self.resets.lock().unwrap_or_else(PoisonError::into_inner);
         let out = services
@@ -289,7 +289,7 @@ impl Distributor {
                 }
                 let (version, endpoints) =
                     reg.snapshot(service).unwrap_or((reg.version(), Vec::new()));
-                let bytes = encode_delta(&v1::Delta {
+                let bytes = EncodedPair::encode(&v1::Delta {
                     version,
                     service: service.clone(),
                     upserted: endpoints
@@ -378,7 +378,7 @@ impl Drop for SubsetLease<'_> {
 
 impl SubsetLease<'_> {
     /// A reset of this subscription's current members; moves the floor.
-    pub fn reset(&mut self) -> Bytes {
+    pub fn reset(&mut self) -> EncodedPair {
         let (version, bytes) = self.d.lock_subsets().reset(&self.service, self.key);
         self.floor = version;
         bytes
@@ -398,7 +398,7 @@ impl Distributor {
         service: &str,
         size: u32,
         identity: &str,
-    ) -> (SubsetLease<'_>, Bytes) {
+    ) -> (SubsetLease<'_>, EncodedPair) {
         let (key, floor, bytes) = self.lock_subsets().register(service, size, identity);
         self.metrics.subset_subscriptions.inc();
         let lease = SubsetLease {
@@ -464,7 +464,7 @@ pub(crate) mod tests {
         d.publish(&delta("ns/a", v), Instant::now());
         let (x, y) = (a.try_recv().expect("a"), b.try_recv().expect("b"));
         assert!(Arc::ptr_eq(&x, &y), "the same encoded bytes");
-        let wire = meshless_api::decode_delta(&x.bytes).expect("decodes");
+        let wire = meshless_api::decode_delta(&x.bytes.full).expect("decodes");
         assert_eq!((wire.version, wire.service.as_str()), (v, "ns/a"));
         assert_eq!(wire.removed, vec!["gone".to_owned()]);
         assert_eq!(d.metrics.deltas.get(), 1);

@@ -1,6 +1,7 @@
 //! The distribution stream's gRPC side: the server with its bearer-token
-//! interceptor, spawning one task per subscriber (`subscriber.rs`: its
-//! snapshot, deltas, heartbeats and the placements of services at zero).
+//! interceptor; each subscriber's stream (`subscriber.rs`: its snapshot,
+//! deltas, heartbeats and the placements of services at zero) runs inside
+//! its response stream (`outbox.rs`), not as a task of its own.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -9,11 +10,12 @@ use std::time::Duration;
 use meshless_api::v1::{ClientMessage, ServerMessage, client_message};
 use meshless_api::{Distribution, DistributionServer};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::distributor::Distributor;
+use crate::outbox::{Follower, Outbox};
 use crate::state::PlaneState;
 
 pub use crate::subscriber::HEARTBEAT;
@@ -26,6 +28,7 @@ pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watc
     let service = DistributionService {
         distributor: Arc::clone(&state.distributor),
         batch: state.config.stream_batch,
+        interval: state.config.stream_interval,
     };
     let auth = state.auth.clone();
     let server = DistributionServer::with_interceptor(service, move |req: Request<()>| {
@@ -69,6 +72,8 @@ pub struct DistributionService {
     pub distributor: Arc<Distributor>,
     /// Messages per stream write at most (`stream_batch`).
     pub batch: usize,
+    /// Pacing of each subscriber's writes (`stream_interval`).
+    pub interval: Duration,
 }
 
 type OutStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -90,21 +95,45 @@ impl Distribution for DistributionService {
             Ok(Err(s)) => return Err(s),
             Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
         };
-        let (out, rx) = mpsc::channel(QUEUE);
+        let out = Outbox::new(QUEUE);
         let d = Arc::clone(&self.distributor);
-        let batch = self.batch;
-        tokio::spawn(async move {
-            d.metrics.subscribers.inc();
+        let (batch, interval) = (self.batch, self.interval);
+        let id = d
+            .next_subscriber
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let writer = out.clone();
+        // Runs inside the response stream: dropped (with its guards) when
+        // the subscriber goes away.
+        let follow = async move {
+            let _joined = Joined::new(&d, id);
             let node = hello.node.clone();
-            let id = d
-                .next_subscriber
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if let Err(e) = crate::subscriber::serve(&d, id, hello, inbound, out, batch).await {
+            if let Err(e) =
+                crate::subscriber::serve(&d, id, hello, inbound, writer, batch, interval).await
+            {
                 tracing::debug!(node = %node, error = %e, "subscriber stream ended");
             }
-            d.forget_subscriber(id);
-            d.metrics.subscribers.dec();
-        });
-        Ok(Response::new(Box::pin(crate::subscriber::Batches::new(rx))))
+        };
+        Ok(Response::new(Box::pin(Follower::new(out, follow))))
+    }
+}
+
+/// A connected subscriber: counted in `subscribers` and forgotten (loads,
+/// placements) when dropped, however its stream ends.
+struct Joined<'a> {
+    d: &'a Distributor,
+    id: u64,
+}
+
+impl<'a> Joined<'a> {
+    fn new(d: &'a Distributor, id: u64) -> Self {
+        d.metrics.subscribers.inc();
+        Self { d, id }
+    }
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        self.d.forget_subscriber(self.id);
+        self.d.metrics.subscribers.dec();
     }
 }

@@ -13,6 +13,7 @@ pub mod http;
 pub mod kubernetes;
 pub mod metrics;
 pub mod notify;
+mod outbox;
 pub mod placement;
 pub mod plane;
 pub mod process_scaler;

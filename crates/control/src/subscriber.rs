@@ -17,13 +17,16 @@
 //! to `stream_batch` messages) and hands them to the stream as one batch,
 //! which tonic encodes into one buffer: one HTTP/2 DATA frame and one
 //! write for many messages, and one wake of the connection's task.
+//!
+//! No task of its own: `serve` is driven by the subscriber's response
+//! stream (`outbox.rs`), so a delta wakes only the task writing the stream.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bytes::Bytes;
 use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
-use tokio::sync::{broadcast, mpsc, watch};
+use meshless_api::{EncodedPair, Encoding};
+use tokio::sync::{broadcast, watch};
 use tonic::{Status, Streaming};
 
 use crate::distributor::{Distributor, EncodedDelta, SubsetLease};
@@ -41,47 +44,10 @@ pub(crate) enum StreamEnd {
     Inbound(Status),
 }
 
-/// Batches of messages, written in one go each.
-pub(crate) type Out = mpsc::Sender<Vec<ServerMessage>>;
+/// Where a subscriber's batches go: its response stream (`outbox.rs`).
+pub(crate) type Out = crate::outbox::Outbox;
 
-/// The response stream: the messages of each batch in order, all ready at
-/// once, so tonic's encoder puts a whole batch into one buffer.
-pub(crate) struct Batches {
-    rx: mpsc::Receiver<Vec<ServerMessage>>,
-    current: std::vec::IntoIter<ServerMessage>,
-}
-
-impl Batches {
-    pub(crate) fn new(rx: mpsc::Receiver<Vec<ServerMessage>>) -> Self {
-        Self {
-            rx,
-            current: Vec::new().into_iter(),
-        }
-    }
-}
-
-impl tokio_stream::Stream for Batches {
-    type Item = Result<ServerMessage, Status>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
-        loop {
-            if let Some(m) = self.current.next() {
-                return Poll::Ready(Some(Ok(m)));
-            }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(batch)) => self.current = batch.into_iter(),
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
-}
-
-fn delta_msg(bytes: Bytes) -> ServerMessage {
+fn delta_msg(bytes: bytes::Bytes) -> ServerMessage {
     ServerMessage {
         msg: Some(server_message::Msg::Delta(bytes)),
     }
@@ -120,6 +86,8 @@ struct Follow<'a> {
     pending: Vec<ServerMessage>,
     /// Messages per write at most (`stream_batch`).
     batch: usize,
+    /// The encoding this subscriber reads (`Hello.compact`).
+    encoding: Encoding,
 }
 
 impl<'a> Follow<'a> {
@@ -177,7 +145,9 @@ impl<'a> Follow<'a> {
         Ok(true)
     }
 
-    async fn send_delta(&mut self, bytes: Bytes) -> Result<(), StreamEnd> {
+    /// Queues the delta in this stream's encoding.
+    async fn send_delta(&mut self, pair: &EncodedPair) -> Result<(), StreamEnd> {
+        let bytes = pair.get(self.encoding).clone();
         let n = bytes.len();
         self.send(delta_msg(bytes), n).await
     }
@@ -188,7 +158,7 @@ impl<'a> Follow<'a> {
         for s in services {
             self.floors.insert(s.clone(), version);
         }
-        for bytes in resets {
+        for bytes in &resets {
             self.send_delta(bytes).await?;
         }
         Ok(version)
@@ -199,7 +169,7 @@ impl<'a> Follow<'a> {
         self.floors.remove(service);
         let (lease, bytes) = self.d.lease_subset(service, size, &self.identity);
         self.leases.insert(service.to_owned(), lease);
-        self.send_delta(bytes).await
+        self.send_delta(&bytes).await
     }
 
     /// Services followed whole.
@@ -240,7 +210,7 @@ impl<'a> Follow<'a> {
             }
         };
         if let Some(bytes) = bytes {
-            self.send_delta(bytes).await?;
+            self.send_delta(&bytes).await?;
             let age = delta.committed.elapsed().as_secs_f64();
             self.d.metrics.propagation.observe(age);
         }
@@ -254,8 +224,8 @@ impl<'a> Follow<'a> {
         let whole = self.whole();
         let v = self.send_resets(&whole).await?;
         self.sent_up_to = self.sent_up_to.max(v);
-        let resets: Vec<Bytes> = self.leases.values_mut().map(|l| l.reset()).collect();
-        for bytes in resets {
+        let resets: Vec<EncodedPair> = self.leases.values_mut().map(|l| l.reset()).collect();
+        for bytes in &resets {
             self.send_delta(bytes).await?;
         }
         Ok(())
@@ -318,7 +288,7 @@ impl<'a> Follow<'a> {
                 let mut v = hello.resume_version;
                 for delta in deltas {
                     v = v.max(delta.version);
-                    self.send_delta(delta.bytes.clone()).await?;
+                    self.send_delta(&delta.bytes).await?;
                 }
                 v
             }
@@ -351,6 +321,7 @@ pub(crate) async fn serve(
     mut inbound: Streaming<ClientMessage>,
     out: Out,
     batch: usize,
+    interval: Duration,
 ) -> Result<(), StreamEnd> {
     let mut closing = d.closing.subscribe();
     if *closing.borrow() {
@@ -376,6 +347,7 @@ pub(crate) async fn serve(
         sent_up_to: 0,
         pending: Vec::with_capacity(batch.max(1)),
         batch: batch.max(1),
+        encoding: Encoding::of(&hello),
     };
     f.start(&hello, sizes).await?;
     let mut placed = PlacementsSent::new(d);
@@ -383,15 +355,24 @@ pub(crate) async fn serve(
     f.flush().await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
+    // Pacing (`stream_interval`): after a write that emptied the ring,
+    // the ring is not read again until the pause ends.
+    let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    let mut paused = false;
     loop {
         tokio::select! {
-            got = rx.recv() => match got {
+            () = &mut pause, if paused => paused = false,
+            got = rx.recv(), if !paused => match got {
                 Ok(delta) => {
                     if f.watched.contains(&delta.service) {
                         f.on_delta(&delta).await?;
                     }
                     if !f.drain(&mut rx).await? {
                         return Ok(());
+                    }
+                    if !interval.is_zero() && rx.is_empty() {
+                        pause.as_mut().reset(tokio::time::Instant::now() + interval);
+                        paused = true;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -564,7 +545,8 @@ mod tests {
             let v = registry.lock().expect("lock").next_version();
             d.publish(&delta(v), Instant::now());
         }
-        let (out, mut batches) = mpsc::channel(4);
+        let out = Out::new(64);
+        let batches = out.clone();
         let mut f = Follow {
             d: &d,
             out,
@@ -575,14 +557,13 @@ mod tests {
             sent_up_to: 0,
             pending: Vec::new(),
             batch: 16,
+            encoding: Encoding::Full,
         };
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");
         assert!(f.drain(&mut rx).await.expect("drained"));
         assert!(f.drain(&mut rx).await.expect("drained"));
-        let sizes: Vec<usize> = std::iter::from_fn(|| batches.try_recv().ok())
-            .map(|b| b.len())
-            .collect();
+        let sizes: Vec<usize> = batches.drain_batches().iter().map(Vec::len).collect();
         assert_eq!(sizes, [16, 4]);
         assert_eq!(d.metrics.stream_writes.get(), 2);
         assert_eq!(d.metrics.messages_sent.get(), 20);
@@ -604,7 +585,8 @@ mod tests {
             let v = registry.lock().expect("lock").next_version();
             d.publish(&delta(v), Instant::now());
         }
-        let (out, mut batches) = mpsc::channel(64);
+        let out = Out::new(64);
+        let batches = out.clone();
         let mut f = Follow {
             d: &d,
             out,
@@ -615,6 +597,7 @@ mod tests {
             sent_up_to: 0,
             pending: Vec::new(),
             batch: 16,
+            encoding: Encoding::Full,
         };
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");
@@ -622,9 +605,7 @@ mod tests {
             assert!(f.drain(&mut rx).await.expect("drained"));
         }
         f.flush().await.expect("flushed");
-        let msgs: Vec<ServerMessage> = std::iter::from_fn(|| batches.try_recv().ok())
-            .flatten()
-            .collect();
+        let msgs: Vec<ServerMessage> = batches.drain_batches().into_iter().flatten().collect();
         assert_eq!(msgs.len(), 1, "one reset, then nothing it already has");
         let Some(server_message::Msg::Delta(bytes)) = &msgs[0].msg else {
             panic!("a delta");

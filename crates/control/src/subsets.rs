@@ -27,8 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use meshless_api::{encode_delta, v1};
+use meshless_api::{EncodedPair, v1};
 use meshless_model::subset::{order_key, round_and_slot, slot_ranks, slots_per_round};
 
 /// What one subsetted subscriber of a service follows: `size` endpoints,
@@ -41,7 +40,7 @@ pub struct SubsetKey {
 
 /// Per subset key, the encoded delta its subscribers receive for one
 /// published delta; a key absent receives nothing (no member changed).
-pub type SubsetDeltas = HashMap<SubsetKey, Bytes>;
+pub type SubsetDeltas = HashMap<SubsetKey, EncodedPair>;
 
 /// The published view of every service and the subset groups on it.
 #[derive(Debug, Default)]
@@ -60,12 +59,56 @@ struct View {
     orders: BTreeMap<u64, Vec<(u64, Arc<str>)>>,
     /// Per subset size.
     groups: BTreeMap<u32, Group>,
-    /// Per kept round: the lowest rank the last delta inserted or removed
-    /// at (ranks below it kept their endpoint), for skipping the subsets
-    /// it cannot have moved.
-    touched: BTreeMap<u64, usize>,
+    /// Per kept round: where the last delta inserted or removed, for
+    /// skipping the subsets it cannot have moved.
+    touched: BTreeMap<u64, Touched>,
     /// Whether the last delta added or removed an endpoint.
     ids_changed: bool,
+}
+
+/// The insertions and removals of one delta in one round's order, each
+/// at its rank in the order as it was then.
+///
+/// Ranks below `low` kept their endpoint. After exactly one insertion and
+/// one removal (a replacement), both below rank `s`, every rank from `s` on
+/// also kept its endpoint: an insertion at `p` moves ranks `>= p` up by
+/// one, a removal at `p` moves ranks `> p` down by one; in either order,
+/// an endpoint at `r >= s` is moved by both and one below `s` stays below
+/// it. (With more operations an endpoint can be moved by some and not by
+/// others, so the shortcut is for the one-in-one-out case only.)
+#[derive(Debug, Clone, Copy)]
+struct Touched {
+    low: usize,
+    high: usize,
+    net: i64,
+    ops: u32,
+}
+
+impl Touched {
+    fn record(slot: Option<&mut Self>, at: usize, step: i64) -> Option<Self> {
+        match slot {
+            Some(t) => {
+                t.low = t.low.min(at);
+                t.high = t.high.max(at);
+                t.net += step;
+                t.ops += 1;
+                None
+            }
+            None => Some(Self {
+                low: at,
+                high: at,
+                net: step,
+                ops: 1,
+            }),
+        }
+    }
+
+    /// Whether the ranks `start .. end` may hold other endpoints now.
+    fn moves(&self, start: usize, end: usize) -> bool {
+        let replaced_before = self.ops == 2 && self.net == 0 && self.high < start;
+        let unchanged = self.low >= end || replaced_before;
+        !unchanged
+    }
 }
 
 /// The subscribers of one service asking for one subset size.
@@ -161,8 +204,10 @@ impl View {
             return self.ids_changed;
         }
         let (round, slot) = round_and_slot(key.index, slots_per_round(n, size));
-        let end = (slot as usize + 1) * size;
-        self.touched.get(&round).is_some_and(|&low| low < end)
+        let ranks = slot_ranks(slot, n, size);
+        self.touched
+            .get(&round)
+            .is_some_and(|t| t.moves(ranks.start, ranks.end))
     }
 
     /// Adds `id` to every kept order (it was not in the view).
@@ -171,8 +216,9 @@ impl View {
             let k = (order_key(r, id), Arc::from(id));
             let at = order.binary_search(&k).unwrap_or_else(|at| at);
             order.insert(at, k);
-            let low = self.touched.entry(r).or_insert(at);
-            *low = (*low).min(at);
+            if let Some(t) = Touched::record(self.touched.get_mut(&r), at, 1) {
+                self.touched.insert(r, t);
+            }
         }
     }
 
@@ -182,8 +228,9 @@ impl View {
             let k = (order_key(r, id), Arc::from(id));
             if let Ok(at) = order.binary_search(&k) {
                 order.remove(at);
-                let low = self.touched.entry(r).or_insert(at);
-                *low = (*low).min(at);
+                if let Some(t) = Touched::record(self.touched.get_mut(&r), at, -1) {
+                    self.touched.insert(r, t);
+                }
             }
         }
     }
@@ -222,8 +269,8 @@ impl View {
     }
 
     /// A reset holding `members` only.
-    fn reset_bytes(&self, service: &str, members: &[Arc<str>]) -> Bytes {
-        encode_delta(&v1::Delta {
+    fn reset_bytes(&self, service: &str, members: &[Arc<str>]) -> EncodedPair {
+        EncodedPair::encode(&v1::Delta {
             version: self.version,
             service: service.to_owned(),
             upserted: self.wire(members),
@@ -322,7 +369,7 @@ impl Subsets {
         service: &str,
         size: u32,
         identity: &str,
-    ) -> (SubsetKey, u64, Bytes) {
+    ) -> (SubsetKey, u64, EncodedPair) {
         let view = self.services.entry(service.to_owned()).or_default();
         let group = view.groups.entry(size).or_default();
         let index = match group.holders.get_mut(identity) {
@@ -349,11 +396,11 @@ impl Subsets {
 
     /// A reset of `key`'s current members and the view's version (a
     /// subscriber that lagged behind the ring).
-    pub fn reset(&self, service: &str, key: SubsetKey) -> (u64, Bytes) {
+    pub fn reset(&self, service: &str, key: SubsetKey) -> (u64, EncodedPair) {
         let Some(view) = self.services.get(service) else {
             return (
                 0,
-                encode_delta(&v1::Delta {
+                EncodedPair::encode(&v1::Delta {
                     service: service.to_owned(),
                     reset: true,
                     ..v1::Delta::default()
@@ -422,7 +469,7 @@ fn member_delta(
     delta: &v1::Delta,
     old: &[Arc<str>],
     new: &[Arc<str>],
-) -> Option<Bytes> {
+) -> Option<EncodedPair> {
     if delta.reset {
         return Some(view.reset_bytes(&delta.service, new));
     }
@@ -447,7 +494,7 @@ fn member_delta(
     if ids.is_empty() && removed.is_empty() && delta.settings.is_none() {
         return None;
     }
-    Some(encode_delta(&v1::Delta {
+    Some(EncodedPair::encode(&v1::Delta {
         version: delta.version,
         service: delta.service.clone(),
         upserted: view.wire(ids),
@@ -456,4 +503,65 @@ fn member_delta(
         activation_error: String::new(),
         settings: delta.settings.clone(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Touched;
+    use proptest::prelude::*;
+
+    /// Two removals, then two insertions, all below rank 5 and netting to
+    /// zero, still move rank 5 (the endpoint there goes to rank 3): only
+    /// one-in-one-out may skip the windows after it.
+    #[test]
+    fn more_than_one_replacement_moves_the_windows_after_it() {
+        let mut t = Touched::record(None, 0, -1).expect("first");
+        for (at, step) in [(0, -1), (4, 1), (4, 1)] {
+            assert!(Touched::record(Some(&mut t), at, step).is_none());
+        }
+        assert!(t.moves(5, 7));
+        let one_in_one_out = {
+            let mut t = Touched::record(None, 1, -1).expect("first");
+            let _ = Touched::record(Some(&mut t), 3, 1);
+            t
+        };
+        assert!(!one_in_one_out.moves(5, 7));
+        assert!(one_in_one_out.moves(2, 4));
+    }
+
+    proptest! {
+        /// Brute force: after one insertion and one removal (in either
+        /// order), or any other operations, every window `Touched` calls unmoved
+        /// holds the same values as before.
+        #[test]
+        fn a_window_called_unmoved_holds_the_same_endpoints(
+            n in 1usize..30,
+            ops in proptest::collection::vec((any::<bool>(), any::<prop::sample::Index>()), 1..5),
+            start in 0usize..30,
+            len in 1usize..10,
+        ) {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            let before = order.clone();
+            let mut touched: Option<Touched> = None;
+            for (i, (insert, at)) in ops.iter().enumerate() {
+                let (pos, step) = if *insert || order.is_empty() {
+                    let pos = at.index(order.len() + 1);
+                    order.insert(pos, 1000 + i as u32);
+                    (pos, 1)
+                } else {
+                    let pos = at.index(order.len());
+                    order.remove(pos);
+                    (pos, -1)
+                };
+                if let Some(t) = Touched::record(touched.as_mut(), pos, step) {
+                    touched = Some(t);
+                }
+            }
+            let t = touched.expect("an operation");
+            let end = start + len;
+            if !t.moves(start, end) {
+                prop_assert_eq!(before.get(start..end.min(before.len())), order.get(start..end.min(order.len())));
+            }
+        }
+    }
 }

@@ -40,6 +40,8 @@ enum Op {
     Put(u8, u32),
     Remove(u8),
     Replace(u8, u8),
+    /// Several puts and removals in one delta.
+    Many(Vec<u8>, Vec<u8>),
     Reset(Vec<u8>),
 }
 
@@ -48,6 +50,11 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0u8..40, 1u32..4).prop_map(|(i, p)| Op::Put(i, p)),
         4 => (0u8..40).prop_map(Op::Remove),
         4 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::Replace(a, b)),
+        2 => (
+            proptest::collection::vec(0u8..40, 0..4),
+            proptest::collection::vec(0u8..40, 0..4)
+        )
+            .prop_map(|(put, remove)| Op::Many(put, remove)),
         1 => proptest::collection::vec(0u8..40, 0..30).prop_map(Op::Reset),
     ]
 }
@@ -67,6 +74,15 @@ fn delta_of(op: &Op, version: u64) -> v1::Delta {
             if a != b {
                 d.removed.push(id(b));
             }
+        }
+        Op::Many(put, remove) => {
+            d.upserted = put.iter().map(|i| ep(&id(i), 5)).collect();
+            d.upserted.dedup_by(|a, b| a.id == b.id);
+            d.removed = remove
+                .iter()
+                .filter(|r| !put.contains(r))
+                .map(&id)
+                .collect();
         }
         Op::Reset(ids) => {
             d.reset = true;
@@ -99,7 +115,7 @@ proptest! {
             for (k, size) in sizes.iter().enumerate() {
                 let (key, _, bytes) = s.register("ns/a", *size, &format!("node-{n}-{k}"));
                 let mut view = BTreeMap::new();
-                follow(&mut view, &bytes);
+                follow(&mut view, &bytes.compact);
                 subs.push((key, view));
             }
         };
@@ -121,7 +137,7 @@ proptest! {
             let out = s.apply(&delta).unwrap();
             for (key, view) in &mut subs {
                 if let Some(bytes) = out.get(key) {
-                    follow(view, bytes);
+                    follow(view, &bytes.compact);
                 }
             }
             let ids: Vec<&str> = truth.keys().map(String::as_str).collect();
@@ -181,7 +197,7 @@ fn a_change_outside_the_subset_sends_nothing_and_an_activation_error_goes_to_all
         ..v1::Delta::default()
     };
     let out = s.apply(&inside).unwrap();
-    let got = meshless_api::decode_delta(&out[&key]).unwrap();
+    let got = meshless_api::decode_delta(&out[&key].full).unwrap();
     assert_eq!(got.upserted, vec![ep(&members[0], 7)]);
     assert!(got.removed.is_empty());
     let error = v1::Delta {

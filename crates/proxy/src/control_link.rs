@@ -260,6 +260,7 @@ async fn session(
                 .unwrap_or_default(),
             subsets,
             subscriber: subscriber.to_owned(),
+            compact: true,
         })),
     };
     tx.send(hello).await?;

@@ -162,11 +162,14 @@ fn wire_endpoint(p: &Pod, slice: u64) -> v1::Endpoint {
         serving: true,
         terminating: false,
         slice: format!("cart-{slice:05}"),
+        packed_addresses: Vec::new(),
     }
 }
 
-/// A meshless delta as framed on the stream: the `ServerMessage` with the
-/// encoded delta, plus gRPC's 5-byte message prefix.
+/// A meshless delta as framed on the stream to a proxy that reads the
+/// compact encoding (every meshless proxy: `Hello.compact`): the
+/// `ServerMessage` with the delta as the distributor encodes it
+/// (`meshless_api::encode_compact`), plus gRPC's 5-byte message prefix.
 fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -> usize {
     let delta = v1::Delta {
         version: 918_273_645,
@@ -178,7 +181,9 @@ fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -
         settings: None,
     };
     let msg = v1::ServerMessage {
-        msg: Some(v1::server_message::Msg::Delta(delta.encode_to_vec().into())),
+        msg: Some(v1::server_message::Msg::Delta(
+            meshless_api::encode_compact(&delta),
+        )),
     };
     msg.encoded_len() + 5
 }
