@@ -34,6 +34,13 @@ fn instance(bind: &Path, serve: &Path) -> String {
              self.send_header('content-length', '3')\n        \
              self.end_headers()\n        \
              self.wfile.write(b'ok\\n')\n    \
+           def do_POST(self):\n        \
+             n = int(self.headers.get('content-length', '0'))\n        \
+             out = (self.headers.get('x-mark', 'none') + ':').encode() + self.rfile.read(n) + b'\\n'\n        \
+             self.send_response(200)\n        \
+             self.send_header('content-length', str(len(out)))\n        \
+             self.end_headers()\n        \
+             self.wfile.write(out)\n    \
            def log_message(self, *a):\n        \
              pass\n\
          class S(h.HTTPServer):\n    \
@@ -219,6 +226,54 @@ async fn without_pacing_connects_dropped_by_a_full_backlog_are_tried_again() {
     .await;
     std::fs::write(&g.serve, b"go").expect("serve gate");
     all_ok(tasks).await;
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_that_connects_again_keeps_its_headers_and_body() {
+    let g = gates();
+    // A POST is tried once (no retry may repeat it): its first attempt
+    // is its last, and a reconnect must still send its headers and body.
+    let (plane, p, addr) = start("release_concurrency: 0", "connect: 100ms", &g).await;
+    let tasks: Vec<_> = (0..BURST)
+        .map(|i| {
+            tokio::spawn(async move {
+                let body = format!("body-{i}");
+                let req = http::Request::post(format!("http://{addr}/"))
+                    .header("x-mark", "kept")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+                    .expect("request");
+                let resp = client().request(req).await.expect("response");
+                let status = resp.status();
+                let got = http_body_util::BodyExt::collect(resp.into_body())
+                    .await
+                    .expect("body")
+                    .to_bytes();
+                (status, String::from_utf8_lossy(&got).into_owned(), body)
+            })
+        })
+        .collect();
+    eventually("the whole burst held", || async {
+        count(&cluster(&p).await, "queued_requests") == BURST as u64
+    })
+    .await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    eventually("connects dropped and tried again", || async {
+        proxy_metric(
+            &p,
+            "meshless_proxy_activations_total{result=\"reconnected\"}",
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+    std::fs::write(&g.serve, b"go").expect("serve gate");
+    for t in tasks {
+        let (status, got, sent) = t.await.expect("task");
+        assert_eq!(status, StatusCode::OK, "{got}");
+        assert_eq!(got, format!("kept:{sent}\n"));
+    }
     p.shutdown().await;
     plane.shutdown().await;
 }

@@ -220,12 +220,13 @@ fn budget(
 /// `base`): counts it, and the first one sets the deadline, which covers
 /// the exchange from the first send (not the activation hold) to the last
 /// response byte. Returns the attempt's headers: the last attempt takes
-/// them, the others a copy.
+/// them unless told to `keep` them (a held request may connect again),
+/// the others a copy.
 fn begin(
     policy: &mut RetryPolicy,
     (base, cluster): (&UpstreamCluster, &UpstreamCluster),
     index: usize,
-    headers: &mut Option<http::HeaderMap>,
+    (headers, keep): (&mut Option<http::HeaderMap>, bool),
     record: &mut Completion,
 ) -> Option<http::HeaderMap> {
     if record.deadline.is_none() && !policy.retrying() {
@@ -236,7 +237,7 @@ fn begin(
     policy.record(index);
     record.attempts = policy.attempts();
     record.endpoint = Arc::clone(&cluster.endpoint_labels[index]);
-    if policy.last() {
+    if policy.last() && !keep {
         headers.take()
     } else {
         headers.clone()
@@ -348,11 +349,13 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
+            // A held request's headers stay for a reconnect (`reconnect`).
+            let keep = held.at.is_some();
             let these = begin(
                 &mut policy,
                 (base, &cluster),
                 guard.index(),
-                &mut headers,
+                (&mut headers, keep),
                 record,
             );
             let sent = self
@@ -382,6 +385,11 @@ impl Exchange<'_> {
                         policy.forget_last();
                         next = Some(again);
                         tokio::time::sleep(held.reconnects.next_wait()).await;
+                        // The cluster as it is now: an instance gone
+                        // meanwhile sends the request back to the hold.
+                        if let Some(now) = self.state.snapshot.load().clusters.get(&*base.name) {
+                            cluster = Arc::clone(now);
+                        }
                         continue;
                     }
                     guard.finish(failure.outcome());
