@@ -294,7 +294,7 @@ pub async fn hold(
         return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
     };
     let held = Instant::now();
-    let paced = pacing_only(state, base, act);
+    let mut paced = pacing_only(state, base, act);
     let mut span = HeldSpan {
         state,
         trace,
@@ -307,10 +307,7 @@ pub async fn hold(
         result: "cancelled",
     };
     let _queued = enqueue(state, base, act, &mut span)?;
-    if !paced {
-        let _ = state.activate.send(service.to_owned());
-        trace.child(state, "activation.sent", held, Instant::now(), &[]);
-    }
+    let mut activated = false;
     let mut announced: Option<Instant> = None;
     let mut probed = false;
     let mut backoff = ProbeBackoff::new(act.probe_interval);
@@ -324,6 +321,12 @@ pub async fn hold(
         tokio::pin!(changed, freed);
         changed.as_mut().enable();
         freed.as_mut().enable();
+        // A paced burst whose instances left needs one like any hold.
+        paced = paced && pacing_only(state, base, act);
+        if !paced && !std::mem::replace(&mut activated, true) {
+            let _ = state.activate.send(service.to_owned());
+            trace.child(state, "activation.sent", held, Instant::now(), &[]);
+        }
         let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
             && has_capacity(c, act.container_concurrency)
