@@ -110,6 +110,19 @@ impl Ticket {
     }
 }
 
+/// A ticket for a request that was not held but comes while a burst is
+/// being released to `cluster`: it counts in the room like the released
+/// ones, so new requests do not reach a fresh instance past
+/// `release_concurrency` (nor ahead of the held ones). `None` when no
+/// burst is held, releases are not limited, or the room filled meanwhile.
+pub fn join_release(base: &UpstreamCluster, cluster: &UpstreamCluster) -> Option<Ticket> {
+    let act = cluster.config.activation.as_ref()?;
+    if base.counters.queued.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    Ticket::take(base, cluster, act).ok().flatten()
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         drop(self.slot.take());

@@ -282,6 +282,14 @@ impl Held {
         }
     }
 
+    /// Counts a request that was not held in the room of a burst being
+    /// released, if there is one ([`activate::join_release`]).
+    fn join_release(&mut self, base: &UpstreamCluster, cluster: &UpstreamCluster) {
+        if self.ticket.is_none() {
+            self.ticket = activate::join_release(base, cluster);
+        }
+    }
+
     /// After an attempt: unless it was a released request that could not
     /// connect (a reconnect keeps its place), the next held request may go.
     fn attempted<T>(&mut self, sent: &Result<T, attempt::Failure>) {
@@ -349,6 +357,7 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
+            held.join_release(base, &cluster);
             // A held request's headers stay for a reconnect (`reconnect`).
             let keep = held.at.is_some();
             let these = begin(
