@@ -119,6 +119,15 @@ async fn held_burst(
     tasks
 }
 
+/// Waits until at least `n` released requests connected again.
+async fn reconnected(p: &meshless_proxy::Proxy, n: usize) {
+    let series = "meshless_proxy_activations_total{result=\"reconnected\"}";
+    eventually("connects dropped and tried again", || async {
+        proxy_metric(p, series).await >= n as f64
+    })
+    .await;
+}
+
 async fn all_ok(tasks: Vec<tokio::task::JoinHandle<(StatusCode, String)>>) {
     let mut failed = Vec::new();
     for t in tasks {
@@ -145,13 +154,7 @@ async fn start(
         .expect("plane");
     let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
     let (p, addr) = proxy(&proxy_yaml(grpc, activation, timeouts)).await;
-    eventually("the proxy subscribed", || async {
-        metric(
-            &get(&client(), api, "/metrics", &[]).await.2,
-            "meshless_control_subscribers",
-        ) == Some(1.0)
-    })
-    .await;
+    subscribed(api, 1).await;
     (plane, p, addr)
 }
 
@@ -215,15 +218,7 @@ async fn without_pacing_connects_dropped_by_a_full_backlog_are_tried_again() {
     std::fs::write(&g.bind, b"go").expect("bind gate");
     // Every request is released at once; all but BACKLOG + 1 connects
     // find the accept queue full and time out.
-    eventually("connects dropped and tried again", || async {
-        proxy_metric(
-            &p,
-            "meshless_proxy_activations_total{result=\"reconnected\"}",
-        )
-        .await
-            >= BURST as f64
-    })
-    .await;
+    reconnected(&p, BURST).await;
     std::fs::write(&g.serve, b"go").expect("serve gate");
     all_ok(tasks).await;
     p.shutdown().await;
@@ -259,15 +254,7 @@ async fn a_post_that_connects_again_keeps_its_headers_and_body() {
     })
     .await;
     std::fs::write(&g.bind, b"go").expect("bind gate");
-    eventually("connects dropped and tried again", || async {
-        proxy_metric(
-            &p,
-            "meshless_proxy_activations_total{result=\"reconnected\"}",
-        )
-        .await
-            >= 1.0
-    })
-    .await;
+    reconnected(&p, 1).await;
     std::fs::write(&g.serve, b"go").expect("serve gate");
     for t in tasks {
         let (status, got, sent) = t.await.expect("task");
@@ -314,13 +301,7 @@ async fn long_lived_answers_do_not_keep_the_rest_of_the_burst_waiting() {
     let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
     let activation = format!("release_concurrency: {RELEASE}");
     let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
-    eventually("the proxy subscribed", || async {
-        metric(
-            &get(&client(), api, "/metrics", &[]).await.2,
-            "meshless_control_subscribers",
-        ) == Some(1.0)
-    })
-    .await;
+    subscribed(api, 1).await;
     let headers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = (0..STREAMS)
         .map(|_| {

@@ -447,13 +447,7 @@ async fn a_held_grpc_call_is_released_to_the_new_instance() {
         "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\nclusters:\n  - name: lazy\n    service: demo/lazy\n    upstream_protocol: http2\n    activation: {{ queue_timeout: 20s }}\n"
     );
     let (p, addr) = proxy(&proxy_yaml).await;
-    eventually("the proxy subscribed", || async {
-        metric(
-            &get(&client(), api, "/metrics", &[]).await.2,
-            "meshless_control_subscribers",
-        ) == Some(1.0)
-    })
-    .await;
+    subscribed(api, 1).await;
     // At zero: the call is held while the instance starts, then answered.
     let mut c = channel(addr).await;
     let r = c

@@ -160,6 +160,17 @@ pub fn metric_sum(page: &str, prefix: &str) -> f64 {
         .sum()
 }
 
+/// Waits until the control plane at `api` counts `n` subscribers.
+pub async fn subscribed(api: SocketAddr, n: u32) {
+    eventually("the proxies subscribed", || async {
+        metric(
+            &get(&client(), api, "/metrics", &[]).await.2,
+            "meshless_control_subscribers",
+        ) == Some(f64::from(n))
+    })
+    .await;
+}
+
 /// One proxy metric (see [`metric`]), 0 when absent.
 pub async fn proxy_metric(p: &Proxy, series: &str) -> f64 {
     metric(&admin(p, "/metrics").await.1, series).unwrap_or(0.0)
