@@ -192,6 +192,16 @@ impl View {
         out
     }
 
+    /// The current members of `key`, sorted by id (none for an unknown
+    /// key).
+    fn members_of(&self, key: SubsetKey) -> &[Arc<str>] {
+        self.groups
+            .get(&key.size)
+            .and_then(|g| g.members.get(&key.index))
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
     /// Whether the last delta may have changed the members of `key` (else
     /// they are the same): a reset, a change of `m` or of the "size >= N"
     /// case, or an insertion or removal at a rank before the slot's end.
@@ -337,12 +347,7 @@ impl Subsets {
         for key in keys {
             if !view.may_move(key, n_before, delta.reset) {
                 // Same members: only changes to them (and settings).
-                let members = view
-                    .groups
-                    .get(&key.size)
-                    .and_then(|g| g.members.get(&key.index))
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
+                let members = view.members_of(key);
                 if let Some(bytes) = member_delta(view, delta, members, members) {
                     out.insert(key, bytes);
                 }
@@ -407,12 +412,7 @@ impl Subsets {
                 }),
             );
         };
-        let members = view
-            .groups
-            .get(&key.size)
-            .and_then(|g| g.members.get(&key.index))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let members = view.members_of(key);
         (view.version, view.reset_bytes(service, members))
     }
 
@@ -454,9 +454,7 @@ impl Subsets {
     pub fn members(&self, service: &str, key: SubsetKey) -> Vec<String> {
         self.services
             .get(service)
-            .and_then(|v| v.groups.get(&key.size))
-            .and_then(|g| g.members.get(&key.index))
-            .map(|m| m.iter().map(|id| id.to_string()).collect())
+            .map(|v| v.members_of(key).iter().map(|id| id.to_string()).collect())
             .unwrap_or_default()
     }
 }

@@ -115,8 +115,9 @@ impl TraceParent {
 }
 
 /// Writes the low `out.len()` hex digits of `n` into `out`, lower case,
-/// most significant first.
-fn hex(out: &mut [u8], mut n: u128) {
+/// most significant first (`format!("{n:0w$x}")` without the formatting
+/// machinery, for code that runs on every request).
+pub fn hex(out: &mut [u8], mut n: u128) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for byte in out.iter_mut().rev() {
         *byte = DIGITS[(n & 0xf) as usize];

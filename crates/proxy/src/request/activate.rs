@@ -307,7 +307,7 @@ pub async fn hold(
         return Err(LocalReply::no_endpoint(base.config.fallback.as_ref()));
     };
     let held = Instant::now();
-    let mut paced = pacing_only(state, base, act);
+    let mut paced = pacing_only(state.snapshot.load().clusters.get(&*base.name), act);
     let mut span = HeldSpan {
         state,
         trace,
@@ -334,13 +334,13 @@ pub async fn hold(
         tokio::pin!(changed, freed);
         changed.as_mut().enable();
         freed.as_mut().enable();
+        let snap = state.snapshot.load_full();
         // A paced burst whose instances left needs one like any hold.
-        paced = paced && pacing_only(state, base, act);
+        paced = paced && pacing_only(snap.clusters.get(&*base.name), act);
         if !paced && !std::mem::replace(&mut activated, true) {
             let _ = state.activate.send(service.to_owned());
             trace.child(state, "activation.sent", held, Instant::now(), &[]);
         }
-        let snap = state.snapshot.load_full();
         if let Some(c) = snap.clusters.get(&*base.name)
             && has_capacity(c, act.container_concurrency)
             && let Ok(ticket) = Ticket::take(base, c, act)
@@ -382,17 +382,12 @@ pub async fn hold(
     }
 }
 
-/// Whether `base` has an instance already, so that a hold only paces the
-/// release of a burst (no instance to activate): only without a
-/// `container_concurrency` limit, which holds requests at capacity instead.
-fn pacing_only(state: &ProxyState, base: &UpstreamCluster, act: &Activation) -> bool {
-    act.container_concurrency == 0
-        && state
-            .snapshot
-            .load()
-            .clusters
-            .get(&*base.name)
-            .is_some_and(|c| has_capacity(c, 0))
+/// Whether the cluster (as in the current snapshot) has an instance
+/// already, so that a hold only paces the release of a burst (no instance
+/// to activate): only without a `container_concurrency` limit, which holds
+/// requests at capacity instead.
+fn pacing_only(cluster: Option<&Arc<UpstreamCluster>>, act: &Activation) -> bool {
+    act.container_concurrency == 0 && cluster.is_some_and(|c| has_capacity(c, 0))
 }
 
 /// Takes a place in `base`'s activation queue (`max_queued`), or the 503

@@ -40,16 +40,11 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .map_or_else(|| hex128(fastrand::u128(..)), str::to_owned)
 }
 
-/// `n` as 32 lower-case hex digits (`format!("{n:032x}")` without the
-/// formatting machinery: this runs for every request).
-fn hex128(mut n: u128) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(32);
-    for _ in 0..32 {
-        out.push(char::from(DIGITS[(n >> 124) as usize]));
-        n <<= 4;
-    }
-    out
+/// `n` as 32 lower-case hex digits (this runs for every request).
+fn hex128(n: u128) -> String {
+    let mut out = [0u8; 32];
+    meshless_trace::context::hex(&mut out, n);
+    out.iter().copied().map(char::from).collect()
 }
 
 /// Methods a retry may repeat (RFC 9110 9.2.2).
