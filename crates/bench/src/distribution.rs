@@ -1,9 +1,11 @@
 //! The distribution benchmark: a real control plane (a child process)
 //! and N real gRPC subscriber streams over 127.0.0.1. Registers E
-//! endpoints, applies K single-endpoint changes, then a rolling update that
-//! replaces every endpoint, and reports bytes written, bytes per change per
-//! subscriber, propagation latency at every subscriber, and the control
-//! plane's CPU and memory.
+//! endpoints, applies K single-endpoint changes (one at a time, a gap
+//! apart), then a rolling update that replaces every endpoint back to back,
+//! and reports bytes written, bytes per change per subscriber, propagation
+//! latency at every subscriber (for the single changes and for the rolling
+//! update apart: one change reaching N proxies, and changes queued behind
+//! each other), and the control plane's CPU and memory.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -42,6 +44,10 @@ pub struct DistributionBenchSettings {
     pub slice_size: usize,
     /// Single-endpoint changes before the rolling update.
     pub changes: usize,
+    /// Time between the single changes, in milliseconds, so that each is
+    /// measured alone (one change reaching every subscriber); 0 sends them
+    /// back to back, as the rolling update is.
+    pub change_gap_ms: u64,
     /// Concurrent registration clients of the write benchmark
     /// ([`crate::writes`], its own durable control plane) run first; 0 skips it.
     pub writers: usize,
@@ -78,11 +84,14 @@ pub struct DistributionBenchReport {
     /// Of those, during the rolling update.
     pub bytes_rolling_update: u64,
     pub bytes_per_change_per_subscriber: f64,
-    pub propagation_ms_p50: f64,
-    pub propagation_ms_p99: f64,
-    pub propagation_ms_max: f64,
-    /// Latency samples (change x subscriber).
-    pub samples: usize,
+    /// From a single change's write to its receipt at each subscriber.
+    pub single_change: Latency,
+    /// From a single change's write to its acknowledgment (the commit,
+    /// fsync included): the part of `single_change` before the fan-out.
+    pub single_change_write: Latency,
+    /// From a tracked replacement's write (every 100th of the rolling
+    /// update) to its receipt at each subscriber.
+    pub rolling_update: Latency,
     pub control_cpu_seconds: f64,
     /// Messages written to subscribers (deltas and heartbeats).
     pub messages: u64,
@@ -120,7 +129,7 @@ async fn subscriber(
     ready: Arc<AtomicU64>,
     index: usize,
     subset: Option<u32>,
-) -> Result<Vec<(String, Instant, u64)>> {
+) -> Result<Receipts> {
     let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
         .await
@@ -178,6 +187,38 @@ async fn subscriber(
     Ok(seen)
 }
 
+/// Latency percentiles, in milliseconds.
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub samples: usize,
+}
+
+impl Latency {
+    fn of(mut latencies_ms: Vec<f64>) -> Self {
+        latencies_ms.sort_by(f64::total_cmp);
+        let p = |q| percentile(&latencies_ms, q);
+        Latency {
+            p50_ms: p(0.5),
+            p99_ms: p(0.99),
+            max_ms: p(1.0),
+            samples: latencies_ms.len(),
+        }
+    }
+}
+
+impl fmt::Display for Latency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:.2} / {:.2} / {:.2} ms ({} samples)",
+            self.p50_ms, self.p99_ms, self.max_ms, self.samples
+        )
+    }
+}
+
 impl fmt::Display for DistributionBenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.subset_size {
@@ -210,11 +251,10 @@ impl fmt::Display for DistributionBenchReport {
             "bytes/change/subscriber   {:.0}",
             self.bytes_per_change_per_subscriber
         )?;
-        writeln!(
-            f,
-            "propagation p50/p99/max   {:.2} / {:.2} / {:.2} ms ({} samples)",
-            self.propagation_ms_p50, self.propagation_ms_p99, self.propagation_ms_max, self.samples
-        )?;
+        writeln!(f, "propagation p50/p99/max")?;
+        writeln!(f, "  one change              {}", self.single_change)?;
+        writeln!(f, "    of which the write    {}", self.single_change_write)?;
+        writeln!(f, "  rolling update          {}", self.rolling_update)?;
         writeln!(
             f,
             "control plane CPU         {:.2} s",
@@ -348,11 +388,7 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
 }
 
 /// Connects every subscriber and waits until each has its snapshot.
-async fn connect(
-    grpc: SocketAddr,
-    n: usize,
-    subset: Option<u32>,
-) -> Result<Vec<tokio::task::JoinHandle<Result<Vec<(String, Instant, u64)>>>>> {
+async fn connect(grpc: SocketAddr, n: usize, subset: Option<u32>) -> Result<Subscribers> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
     let mut progress = Progress::new("connecting subscribers", n as u64);
@@ -381,19 +417,46 @@ async fn connect(
     Ok(subs)
 }
 
-/// Single changes, one tracked endpoint each; returns when each was sent.
-/// Per tracked write: the id, when it was sent, and the version it was
-/// acknowledged at.
-type Sent = Vec<(String, Instant, u64)>;
+/// What a subscriber saw: each tracked endpoint's id, when it arrived and
+/// the version of its delta.
+type Receipts = Vec<(String, Instant, u64)>;
+/// The subscriber tasks.
+type Subscribers = Vec<tokio::task::JoinHandle<Result<Receipts>>>;
 
-async fn single_changes(api: &ApiClient, changes: usize) -> Result<Sent> {
+/// Ids of the tracked single changes and rolling-update replacements.
+const SINGLE: &str = "t-single-";
+const ROLLING: &str = "t-roll-";
+
+/// Single changes, one tracked endpoint each, `gap` apart; returns when
+/// each was sent.
+/// A tracked write: its endpoint id, when it was sent and acknowledged,
+/// and the version it was acknowledged at.
+struct Write {
+    id: String,
+    sent: Instant,
+    acked: Instant,
+    version: u64,
+}
+
+type Sent = Vec<Write>;
+
+async fn single_changes(api: &ApiClient, changes: usize, gap: Duration) -> Result<Sent> {
     let mut sent_at = Vec::new();
     let mut progress = Progress::new("single changes", changes as u64);
     for k in 0..changes {
-        let id = format!("t-single-{k}");
+        if k > 0 {
+            tokio::time::sleep(gap).await;
+        }
+        let id = format!("{SINGLE}{k}");
         let t0 = Instant::now();
         let v = api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
-        sent_at.push((id, t0, v));
+        let acked = Instant::now();
+        sent_at.push(Write {
+            id,
+            sent: t0,
+            acked,
+            version: v,
+        });
         progress.update(k as u64);
     }
     progress.finish();
@@ -407,7 +470,7 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Sent> {
     let mut progress = Progress::new("rolling update", endpoints as u64);
     for i in 0..endpoints {
         let id = if i % 100 == 0 {
-            format!("t-roll-{i}")
+            format!("{ROLLING}{i}")
         } else {
             format!("n-{i}")
         };
@@ -418,7 +481,13 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Sent> {
         };
         let v = api.bulk(SERVICE, &bulk).await?;
         if id.starts_with("t-") {
-            sent_at.push((id, t0, v));
+            let acked = Instant::now();
+            sent_at.push(Write {
+                id,
+                sent: t0,
+                acked,
+                version: v,
+            });
         }
         progress.update(i as u64);
     }
@@ -439,6 +508,37 @@ async fn counter(api: &ApiClient, name: &str) -> Result<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64))
+}
+
+fn ms_between(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1000.0
+}
+
+/// Propagation latencies in milliseconds, of the single changes and of the
+/// tracked rolling-update replacements, from each subscriber's receipts.
+async fn propagation(subs: Subscribers, sent_at: Sent) -> Result<(Vec<f64>, Vec<f64>)> {
+    let sent: std::collections::HashMap<String, Write> =
+        sent_at.into_iter().map(|w| (w.id.clone(), w)).collect();
+    let (mut single, mut rolling) = (Vec::new(), Vec::new());
+    for s in subs {
+        let seen = s
+            .await
+            .map_err(|e| BenchError::Failed(format!("subscriber task: {e}")))??;
+        for (id, at, version) in seen {
+            // Only the write's own delta: with subsets an endpoint may
+            // also enter a subset later, when the membership moves.
+            let Some(w) = sent.get(&id).filter(|w| version <= w.version) else {
+                continue;
+            };
+            let ms = ms_between(w.sent, at);
+            if id.starts_with(SINGLE) {
+                single.push(ms);
+            } else {
+                rolling.push(ms);
+            }
+        }
+    }
+    Ok((single, rolling))
 }
 
 /// Runs the benchmark.
@@ -466,7 +566,12 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let messages0 = counter(&plane.api, "meshless_control_messages_sent_total").await?;
     let writes0 = counter(&plane.api, "meshless_control_stream_writes_total").await?;
     let bytes0 = bytes_sent(&plane.api).await?;
-    let mut sent_at = single_changes(&plane.api, args.changes).await?;
+    let mut sent_at = single_changes(
+        &plane.api,
+        args.changes,
+        Duration::from_millis(args.change_gap_ms),
+    )
+    .await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let bytes1 = bytes_sent(&plane.api).await?;
     sent_at.extend(rolling_update(&plane.api, args.endpoints).await?);
@@ -479,7 +584,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     let peak = proc_kb(pid, "VmHWM:");
     let i = args.endpoints - 1;
     let last = if i.is_multiple_of(100) {
-        format!("t-roll-{i}")
+        format!("{ROLLING}{i}")
     } else {
         format!("n-{i}")
     };
@@ -490,24 +595,12 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     }
     drop(proxies);
     drop(plane.child);
-    let sent: std::collections::HashMap<String, (Instant, u64)> =
-        sent_at.into_iter().map(|(id, t, v)| (id, (t, v))).collect();
-    let mut latencies = Vec::new();
-    for s in subs {
-        let seen = s
-            .await
-            .map_err(|e| BenchError::Failed(format!("subscriber task: {e}")))??;
-        for (id, at, version) in seen {
-            // Only the write's own delta: with subsets an endpoint may
-            // also enter a subset later, when the membership moves.
-            if let Some((t0, v)) = sent.get(&id)
-                && version <= *v
-            {
-                latencies.push(at.saturating_duration_since(*t0).as_secs_f64() * 1000.0);
-            }
-        }
-    }
-    latencies.sort_by(f64::total_cmp);
+    let writes_ms: Vec<f64> = sent_at
+        .iter()
+        .filter(|w| w.id.starts_with(SINGLE))
+        .map(|w| ms_between(w.sent, w.acked))
+        .collect();
+    let (single, rolling) = propagation(subs, sent_at).await?;
     let _ = std::fs::remove_dir_all(&plane.dir);
     let total_changes = (args.changes + args.endpoints) as f64;
     Ok(DistributionBenchReport {
@@ -522,10 +615,9 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         bytes_per_change_per_subscriber: (bytes2 - bytes0) as f64
             / total_changes
             / args.subscribers as f64,
-        propagation_ms_p50: percentile(&latencies, 0.5),
-        propagation_ms_p99: percentile(&latencies, 0.99),
-        propagation_ms_max: percentile(&latencies, 1.0),
-        samples: latencies.len(),
+        single_change: Latency::of(single),
+        rolling_update: Latency::of(rolling),
+        single_change_write: Latency::of(writes_ms),
         control_cpu_seconds: cpu,
         messages,
         cpu_us_per_message: cpu * 1e6 / messages.max(1) as f64,

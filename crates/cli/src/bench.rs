@@ -29,6 +29,10 @@ pub struct DistributionBenchArgs {
     /// Single-endpoint changes before the rolling update.
     #[arg(long, default_value_t = 100)]
     pub changes: usize,
+    /// Milliseconds between the single changes, so that each is measured
+    /// alone (0: back to back, as the rolling update).
+    #[arg(long, default_value_t = 50)]
+    pub change_gap_ms: u64,
     /// Concurrent registration clients of a durable-write benchmark run
     /// first (writes/s, renewals/s); 0 skips it.
     #[arg(long, default_value_t = 0)]
@@ -90,6 +94,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 endpoints: a.endpoints,
                 slice_size: a.slice_size,
                 changes: a.changes,
+                change_gap_ms: a.change_gap_ms,
                 writers: a.writers,
                 proxy_policies: a.proxy_policies,
                 proxy_merge_window_ms: a.proxy_merge_window_ms,
