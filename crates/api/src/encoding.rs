@@ -73,7 +73,8 @@ pub fn encode_compact(delta: &v1::Delta) -> Bytes {
 }
 
 /// Packs the addresses (when all are IP addresses, as the control plane
-/// sends), omits a weight of 1 and the slice.
+/// sends, and packed they are shorter than as text: `::1` is not), omits a
+/// weight of 1 and the slice. Never longer than the full encoding.
 fn compact_endpoint(e: &mut v1::Endpoint) {
     e.slice.clear();
     if e.weight == 1 {
@@ -89,7 +90,8 @@ fn compact_endpoint(e: &mut v1::Endpoint) {
             })
         })
         .collect();
-    if let Some(packed) = packed {
+    let text_len: usize = e.addresses.iter().map(String::len).sum();
+    if let Some(packed) = packed.filter(|p| p.iter().map(Vec::len).sum::<usize>() < text_len) {
         e.addresses.clear();
         e.packed_addresses = packed;
     }
@@ -130,6 +132,8 @@ mod tests {
         let address = prop_oneof![
             any::<[u8; 4]>().prop_map(|o| IpAddr::from(o).to_string()),
             any::<[u8; 16]>().prop_map(|o| IpAddr::from(o).to_string()),
+            // Short IPv6 text (`::1`, `::ab`) is shorter than its 16 bytes.
+            any::<u16>().prop_map(|x| IpAddr::from([0, 0, 0, 0, 0, 0, 0, x]).to_string()),
         ];
         (
             "[a-z0-9-]{1,20}",
@@ -267,6 +271,24 @@ mod tests {
         };
         let err = decode_delta(&d.encode_to_vec()).unwrap_err();
         assert!(err.to_string().contains("3 packed bytes"), "{err}");
+    }
+
+    /// `::1` is 3 bytes as text and 16 packed: it stays text, and the
+    /// compact encoding is never longer than the full one.
+    #[test]
+    fn an_address_shorter_as_text_stays_text() {
+        let d = v1::Delta {
+            upserted: vec![v1::Endpoint {
+                id: "e".into(),
+                addresses: vec!["::1".into()],
+                weight: 2,
+                ..v1::Endpoint::default()
+            }],
+            ..v1::Delta::default()
+        };
+        let pair = EncodedPair::encode(&d);
+        assert!(pair.compact.len() <= pair.full.len());
+        assert_eq!(decode_delta(&pair.compact).unwrap(), d);
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct EncodedDelta {
     /// Encoded once per encoding; every subscriber of an encoding shares it.
     pub bytes: EncodedPair,
     pub committed: Instant,
+    /// An event, not state (an activation error): sent to the subscribers
+    /// connected when it happens, never replayed on a resume, where it
+    /// would fail requests held since before it.
+    pub event: bool,
     /// What subsetted subscribers of the service receive instead of
     /// `bytes`, per subset key (absent key: nothing); `None`: `bytes`.
     pub subsets: Option<SubsetSlot>,
@@ -137,7 +141,13 @@ impl Distributor {
 
     /// A proxy on `node` holds requests for `service`: remembers the node
     /// (the last asker wins; empty: none) and wakes the service's scaler.
+    /// A service the registry does not hold is ignored (nothing could
+    /// start it; remembering it would let a proxy grow these maps).
     pub fn request_activation(&self, service: &str, node: String) {
+        if self.registry().service_version(service).is_none() {
+            tracing::debug!(%service, "activation request for an unknown service ignored");
+            return;
+        }
         self.metrics.activation_requests.inc();
         if !node.is_empty() {
             self.activation_nodes
@@ -166,7 +176,8 @@ impl Distributor {
         Arc::clone(a.entry(service.to_owned()).or_default())
     }
 
-    /// Records the load report of `subscriber`, a proxy on `node`.
+    /// Records the load report of `subscriber`, a proxy on `node`: its
+    /// whole load, replacing the last (a service left out carries none).
     pub(crate) fn record_load(&self, subscriber: u64, node: &str, load: &v1::Load) {
         for s in &load.services {
             if s.in_flight > 0 || s.queued > 0 {
@@ -174,6 +185,7 @@ impl Distributor {
             }
         }
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
+        forget_load(&mut loads, subscriber);
         for s in &load.services {
             loads
                 .entry(s.service.clone())
@@ -185,9 +197,7 @@ impl Distributor {
     pub(crate) fn forget_subscriber(&self, subscriber: u64) {
         self.placements.leave(subscriber);
         let mut loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
-        for per in loads.values_mut() {
-            per.remove(&subscriber);
-        }
+        forget_load(&mut loads, subscriber);
     }
 
     /// Tells the proxies watching `service` that its instances cannot start.
@@ -243,6 +253,7 @@ impl Distributor {
             service: delta.service.clone(),
             bytes: EncodedPair::encode(&wire),
             committed,
+            event: delta.activation_error.is_some(),
             subsets,
         });
         {
@@ -261,6 +272,7 @@ impl Distributor {
                     service: encoded.service.clone(),
                     bytes: encoded.bytes.clone(),
                     committed: encoded.committed,
+                    event: encoded.event,
                     subsets: None,
                 }),
             };
@@ -327,11 +339,20 @@ impl Distributor {
         Some(
             h.deltas
                 .iter()
-                .filter(|d| d.version > version && services.contains(&d.service))
+                .filter(|d| d.version > version && !d.event && services.contains(&d.service))
                 .cloned()
                 .collect(),
         )
     }
+}
+
+/// Removes `subscriber`'s load from every service, and services left with
+/// no load at all.
+fn forget_load(loads: &mut LoadTable, subscriber: u64) {
+    loads.retain(|_, per| {
+        per.remove(&subscriber);
+        !per.is_empty()
+    });
 }
 
 /// The published view of every service the registry holds now.
@@ -515,5 +536,74 @@ pub(crate) mod tests {
         d.forget_subscriber(1);
         assert_eq!(d.load("ns/a"), (4, 0));
         assert_eq!(d.load("ns/none"), (0, 0));
+    }
+
+    /// A report is the subscriber's whole load: a service it no longer
+    /// reports (its config dropped it) carries none of its load, and a
+    /// service nobody reports leaves the table.
+    #[test]
+    fn a_service_left_out_of_a_report_loses_that_subscribers_load() {
+        let (_, d) = distributor(16);
+        let load = |services: &[(&str, u32)]| v1::Load {
+            services: services
+                .iter()
+                .map(|(s, q)| v1::ServiceLoad {
+                    service: (*s).into(),
+                    in_flight: *q,
+                    queued: *q,
+                })
+                .collect(),
+        };
+        d.record_load(1, "n1", &load(&[("ns/a", 3)]));
+        d.record_load(2, "n2", &load(&[("ns/a", 1)]));
+        d.record_load(1, "n1", &load(&[("ns/b", 0)]));
+        assert_eq!(d.load("ns/a"), (1, 1), "only subscriber 2's");
+        d.forget_subscriber(2);
+        d.forget_subscriber(1);
+        assert_eq!(d.load("ns/a"), (0, 0));
+        let loads = d.loads.lock().expect("lock");
+        assert!(loads.is_empty(), "no empty entries left: {loads:?}");
+    }
+
+    /// Activation requests name services from the network: one the
+    /// registry does not hold starts nothing and is not remembered.
+    #[test]
+    fn an_activation_request_for_an_unknown_service_is_ignored() {
+        let (registry, d) = distributor(16);
+        for i in 0..100 {
+            d.request_activation(&format!("ns/nope-{i}"), "n1".into());
+        }
+        assert!(d.activations.lock().expect("lock").is_empty());
+        assert!(d.activation_nodes.lock().expect("lock").is_empty());
+        assert_eq!(d.metrics.activation_requests.get(), 0);
+        registry
+            .lock()
+            .expect("lock")
+            .put_service(crate::registry::ServiceSpec {
+                namespace: "ns".into(),
+                name: "a".into(),
+                ports: vec![crate::registry::ServicePort::tcp(80)],
+                settings: Default::default(),
+            })
+            .expect("service");
+        d.request_activation("ns/a", "n1".into());
+        assert_eq!(d.take_activation_node("ns/a").as_deref(), Some("n1"));
+        assert_eq!(d.metrics.activation_requests.get(), 1);
+    }
+
+    /// An activation error is an event of the moment: a subscriber that
+    /// resumes later must not get it (it would fail requests held since).
+    #[test]
+    fn a_resume_does_not_replay_activation_errors() {
+        let (registry, d) = distributor(16);
+        let watched: BTreeSet<String> = ["ns/a".to_owned()].into();
+        let v = registry.lock().expect("lock").next_version();
+        d.publish(&delta("ns/a", v), Instant::now());
+        d.publish_activation_error("ns/a", "spawn failed");
+        let v = registry.lock().expect("lock").next_version();
+        d.publish(&delta("ns/a", v), Instant::now());
+        let replayed = d.replay(1, &watched).expect("in history");
+        assert_eq!(replayed.len(), 1, "only the state change after 1");
+        assert!(replayed.iter().all(|e| !e.event));
     }
 }

@@ -156,13 +156,16 @@ impl ControlPlane {
         self.grpc_addr
     }
 
-    /// Stops serving and closes the store.
+    /// Stops serving and closes the store. Subscriber streams end first,
+    /// so the gRPC server's graceful shutdown does not wait on them; a
+    /// write arriving after the store closed is refused, not kept in
+    /// memory only.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        self.state.distributor.close();
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
-        self.state.distributor.close();
         self.state.lock().close_store();
     }
 }

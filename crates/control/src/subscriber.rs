@@ -61,9 +61,11 @@ fn requested(
 ) -> (BTreeSet<String>, BTreeMap<String, u32>) {
     let mut watched: BTreeSet<String> = services.into_iter().collect();
     let mut sizes = BTreeMap::new();
-    for s in subsets.into_iter().filter(|s| s.size > 0) {
+    for s in subsets {
         watched.insert(s.service.clone());
-        sizes.insert(s.service, s.size);
+        if s.size > 0 {
+            sizes.insert(s.service, s.size);
+        }
     }
     (watched, sizes)
 }
@@ -505,7 +507,12 @@ async fn on_message(
 ) -> Result<(), StreamEnd> {
     match msg {
         client_message::Msg::Subscribe(s) => f.resubscribe(s).await?,
-        client_message::Msg::Load(load) => f.d.record_load(id, hello_node, &load),
+        client_message::Msg::Load(mut load) => {
+            // Only what this stream follows: the load table stays bounded
+            // by the services subscribers watch.
+            load.services.retain(|s| f.watched.contains(&s.service));
+            f.d.record_load(id, hello_node, &load);
+        }
         client_message::Msg::Activate(a) => {
             // Node-local activation: the node that holds the request.
             let node = if a.node.is_empty() {
@@ -531,6 +538,20 @@ mod tests {
 
     fn delta(version: u64) -> ServiceDelta {
         crate::distributor::tests::delta("ns/a", version)
+    }
+
+    /// A subset request of size 0 asks for the whole service (as the
+    /// protocol says), not for nothing.
+    #[test]
+    fn a_subset_of_size_zero_follows_the_service_whole() {
+        let sub = |service: &str, size| v1::SubsetRequest {
+            service: service.into(),
+            size,
+        };
+        let (watched, sizes) =
+            requested(vec!["ns/a".into()], vec![sub("ns/b", 0), sub("ns/c", 10)]);
+        assert_eq!(watched, ["ns/a", "ns/b", "ns/c"].map(String::from).into());
+        assert_eq!(sizes, [("ns/c".to_owned(), 10)].into());
     }
 
     /// Deltas already queued when the task wakes leave in one batch (up to

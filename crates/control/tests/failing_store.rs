@@ -185,3 +185,47 @@ fn a_restart_settles_slices_left_behind_and_stores_them() {
     assert_eq!(view(&r), settled);
     assert_eq!(r.version(), version, "nothing left to settle: no write");
 }
+
+/// Versions handed out without a store write (activation errors, the
+/// resets after a failed group) were published: a failed group's reload
+/// must not hand them out again, or a subscriber would skip the later
+/// writes that reuse them.
+#[test]
+fn a_failed_group_never_moves_the_version_back() {
+    let tmp = temp_dir("version");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut r = open(tmp.path(), &fail, 10);
+    r.put_service(spec()).expect("service");
+    for _ in 0..3 {
+        r.next_version();
+    }
+    let published = r.version();
+    fail.store(true, Ordering::SeqCst);
+    r.begin_group();
+    r.put_endpoints("shop/cart", vec![input(1)])
+        .expect("staged");
+    assert!(r.end_group().is_err());
+    assert!(r.version() >= published, "{} < {published}", r.version());
+    fail.store(false, Ordering::SeqCst);
+    r.put_endpoints("shop/cart", vec![input(2)]).expect("write");
+    assert!(
+        r.version() > published,
+        "a fresh version for the next write"
+    );
+}
+
+/// After the store is closed (shutdown), a write is refused: it could no
+/// longer be made durable, and an acknowledgment would promise it was.
+#[test]
+fn a_write_after_the_store_closed_is_refused() {
+    let tmp = temp_dir("closed");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut r = open(tmp.path(), &fail, 10);
+    r.put_service(spec()).expect("service");
+    r.close_store();
+    let Err(err) = r.put_endpoints("shop/cart", vec![input(1)]) else {
+        panic!("a write after close was accepted");
+    };
+    assert!(err.to_string().contains("shutting down"), "{err}");
+    assert!(r.view("shop/cart").expect("view").endpoints.is_empty());
+}

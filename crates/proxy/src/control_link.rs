@@ -97,7 +97,10 @@ fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
 }
 
 /// The services and subset requests of a `Hello` or `Subscribe`.
-fn requests(w: &Watched) -> (Vec<String>, Vec<v1::SubsetRequest>) {
+/// What a stream asks for: services followed, and subset sizes.
+type Requests = (Vec<String>, Vec<v1::SubsetRequest>);
+
+fn requests(w: &Watched) -> Requests {
     let subsets = w
         .subsets
         .iter()
@@ -155,6 +158,7 @@ pub async fn run(
     let mut merge = MergeWindow::new(merge_window);
     let mut resume = Resume::default();
     let mut backoff = BACKOFF_MIN;
+    let mut received = false;
     let subscriber = subscriber_identity(&node);
     loop {
         let link = Link {
@@ -162,6 +166,7 @@ pub async fn run(
             merge: &mut merge,
             resume: &mut resume,
             subscriber: &subscriber,
+            received: &mut received,
         };
         let session = session(
             &state,
@@ -174,9 +179,13 @@ pub async fn run(
         );
         tokio::select! {
             result = session => {
-                match result {
-                    Ok(()) => backoff = BACKOFF_MIN,
-                    Err(e) => tracing::warn!(control = %address, error = %e, "control plane unreachable; serving the last endpoints"),
+                if let Err(e) = result {
+                    tracing::warn!(control = %address, error = %e, "control plane unreachable; serving the last endpoints");
+                }
+                // A stream that carried messages was a good connection:
+                // the next attempt starts from the shortest backoff.
+                if std::mem::take(&mut received) {
+                    backoff = BACKOFF_MIN;
                 }
             }
             _ = stop.changed() => return,
@@ -194,12 +203,27 @@ pub async fn run(
     }
 }
 
-/// Where the next stream resumes: the last version applied completely, and
-/// the control-plane incarnation it belongs to (0, 0: nothing yet).
-#[derive(Debug, Default, Clone, Copy)]
+/// Where the next stream resumes: the last version applied completely, the
+/// control-plane incarnation it belongs to (0, 0: nothing yet), and the
+/// requests (services and subset sizes) whose state that version covers.
+/// A stream asking for anything else starts from a snapshot: a replay
+/// from the version carries only changes, never a service's whole state.
+#[derive(Debug, Default, Clone)]
 struct Resume {
     version: u64,
     incarnation: u64,
+    covers: Option<Requests>,
+}
+
+impl Resume {
+    /// The `(version, incarnation)` a stream asking for `requests` resumes
+    /// from: `(0, 0)` (a snapshot) unless this covers exactly those.
+    fn point_for(&self, requests: &Requests) -> (u64, u64) {
+        match &self.covers {
+            Some(c) if c == requests => (self.version, self.incarnation),
+            _ => (0, 0),
+        }
+    }
 }
 
 /// What a stream's session updates and the next one continues from.
@@ -209,6 +233,8 @@ struct Link<'a> {
     resume: &'a mut Resume,
     /// This proxy's identity for subset indices, the same on every stream.
     subscriber: &'a str,
+    /// Raised when the stream delivers a message.
+    received: &'a mut bool,
 }
 
 /// One stream, from connect to disconnect.
@@ -226,6 +252,7 @@ async fn session(
         merge,
         resume,
         subscriber,
+        received,
     } = link;
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
@@ -245,14 +272,18 @@ async fn session(
             Ok(req)
         });
     let (tx, rx) = mpsc::channel::<ClientMessage>(16);
-    let (services, subsets) = requests(&watched.borrow_and_update());
+    let asked = requests(&watched.borrow_and_update());
+    let (resume_version, resume_incarnation) = resume.point_for(&asked);
+    // What a snapshot on this stream covers; none once the requests change.
+    let mut snapshot_covers = Some(asked.clone());
+    let (services, subsets) = asked;
     let hello = ClientMessage {
         msg: Some(client_message::Msg::Hello(v1::Hello {
             node: node.name.clone().unwrap_or_default(),
             zone: node.zone.clone().unwrap_or_default(),
             services,
-            resume_version: resume.version,
-            resume_incarnation: resume.incarnation,
+            resume_version,
+            resume_incarnation,
             peer_address: state
                 .peer_address
                 .get()
@@ -265,7 +296,7 @@ async fn session(
     };
     tx.send(hello).await?;
     let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
-    tracing::info!(control = %uri, resume_version = resume.version, "control plane stream open");
+    tracing::info!(control = %uri, resume_version, "control plane stream open");
     // This stream sends the placements that hold now.
     state.placements.clear();
     // Measured from the last message received, not from the last turn of
@@ -298,6 +329,7 @@ async fn session(
                     Ok(Some(m)) => m,
                 };
                 silence.as_mut().reset(tokio::time::Instant::now() + SILENCE);
+                *received = true;
                 match msg.msg {
                     Some(server_message::Msg::Delta(bytes)) => {
                         let delta = decode_delta(&bytes)?;
@@ -318,7 +350,7 @@ async fn session(
                         // of `done.incarnation`: a restarted control plane
                         // may be younger, or older with other changes, and
                         // versions of another incarnation say nothing.
-                        *resume = Resume { version: done.version, incarnation: done.incarnation };
+                        *resume = Resume { version: done.version, incarnation: done.incarnation, covers: snapshot_covers.clone() };
                     }
                     Some(server_message::Msg::Peers(p)) => {
                         state.placements.change_peers(&p.added, &p.removed);
@@ -357,6 +389,11 @@ async fn session(
                     return Ok(());
                 }
                 let (services, subsets) = requests(&watched.borrow_and_update());
+                // The resume version no longer covers what this stream
+                // follows (a new service arrives as a reset after it):
+                // the next stream starts from a snapshot.
+                resume.covers = None;
+                snapshot_covers = None;
                 table.retain(|s, _| services.contains(s));
                 merge.retain(|s| services.iter().any(|w| w == s));
                 let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services, subsets })) };

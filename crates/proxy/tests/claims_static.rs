@@ -223,6 +223,66 @@ async fn a_restarted_control_plane_past_the_proxys_version_sends_a_snapshot() {
     relay.stop().await;
 }
 
+/// A proxy whose config gains a service while its stream is down (a
+/// reload during an outage) gets that service whole when it reconnects: a
+/// resume replays only changes after its version, which would leave the
+/// new service empty, so the stream starts from a snapshot instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_added_while_disconnected_arrives_whole() {
+    let bs = backends(2).await;
+    let (a, relay, p) = followed_plane(bs[0].local_addr(), 3).await;
+    let (api, grpc, relay_addr) = (a.api_addr(), a.grpc_addr(), relay.local_addr());
+    let (s, _) = api_call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/pay",
+        serde_json::json!({ "ports": [{ "port": 80 }] }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = api_call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/pay/endpoints/p0",
+        endpoint_json("p0", bs[1].local_addr()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    // A change the proxy follows, after shop/pay's: its resume version
+    // passes the writes that made shop/pay.
+    let (s, _) = api_call(
+        api,
+        Method::PUT,
+        "/v1/services/shop/cart/endpoints/b0-again",
+        endpoint_json("b0-again", bs[0].local_addr()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    eventually("the second cart endpoint", || async {
+        cluster_addresses(&p, "cart").await.len() == 2
+    })
+    .await;
+    relay.stop().await;
+    // Writes meanwhile move the version on: a resume is possible.
+    bump(api, 2).await;
+    let yaml = format!(
+        "{}  - name: pay\n    service: shop/pay\n",
+        cart_proxy_yaml(relay_addr, "")
+    );
+    p.reload(meshless_proxy::ProxyConfig::parse(&yaml, "reload.yaml").expect("valid"))
+        .await
+        .expect("reload");
+    let relay = Relay::start_on(relay_addr, grpc).await;
+    eventually("shop/pay's endpoint after the reconnect", || async {
+        cluster_addresses(&p, "pay").await == vec![bs[1].local_addr().to_string()]
+    })
+    .await;
+    assert_eq!(cluster_addresses(&p, "cart").await.len(), 2);
+    p.shutdown().await;
+    a.shutdown().await;
+    relay.stop().await;
+}
+
 /// An in-memory control plane holding `shop/cart` = {b0 at `b0`} after
 /// `bumps` further writes, and a proxy following it through a relay,
 /// once the proxy routes to exactly b0.

@@ -48,7 +48,10 @@ impl Registry {
         let mut services = self.service_keys();
         match store.load() {
             Ok(loaded) => {
-                self.version = loaded.version;
+                // Versions handed out since the last commit without a
+                // store write (activation errors, resets) were published:
+                // never hand them out again.
+                self.version = self.version.max(loaded.version);
                 self.services = restore::services(loaded, self.max_per_slice, Instant::now());
                 for key in self.service_keys() {
                     if self.settle(&key).is_err() {

@@ -94,8 +94,8 @@ pub struct Registry {
     /// Inside a group ([`Registry::begin_group`]): the batches staged for
     /// one commit; memory already holds them.
     staged: Option<Vec<WriteBatch>>,
-    /// Set when memory could not be reloaded after a failed group commit:
-    /// every later write fails with it.
+    /// Set when memory could not be reloaded after a failed group commit,
+    /// or the store was closed: every later write fails with it.
     broken: Option<StoreError>,
     /// Services another source owns (key -> where they come from): the
     /// registration API refuses to change them. Not persisted: a source
@@ -165,9 +165,15 @@ impl Registry {
         self.version
     }
 
-    /// Closes the store (on shutdown): later writes stay in memory only.
+    /// Closes the store (on shutdown): later writes are refused, since
+    /// they could no longer be made durable (a registry without a store
+    /// stays memory-only).
     pub fn close_store(&mut self) {
-        self.store = None;
+        if self.store.take().is_some() {
+            self.broken = Some(StoreError::Io(
+                "closed: the control plane is shutting down".into(),
+            ));
+        }
     }
 
     /// The current version: bumped by every write.
