@@ -438,6 +438,18 @@ struct Write {
     version: u64,
 }
 
+impl Write {
+    /// A write sent at `sent` and acknowledged now, at `version`.
+    fn acknowledged(id: String, sent: Instant, version: u64) -> Self {
+        Write {
+            id,
+            sent,
+            acked: Instant::now(),
+            version,
+        }
+    }
+}
+
 type Sent = Vec<Write>;
 
 async fn single_changes(api: &ApiClient, changes: usize, gap: Duration) -> Result<Sent> {
@@ -450,13 +462,7 @@ async fn single_changes(api: &ApiClient, changes: usize, gap: Duration) -> Resul
         let id = format!("{SINGLE}{k}");
         let t0 = Instant::now();
         let v = api.put_endpoint(SERVICE, &endpoint(&id, k)).await?;
-        let acked = Instant::now();
-        sent_at.push(Write {
-            id,
-            sent: t0,
-            acked,
-            version: v,
-        });
+        sent_at.push(Write::acknowledged(id, t0, v));
         progress.update(k as u64);
     }
     progress.finish();
@@ -481,13 +487,7 @@ async fn rolling_update(api: &ApiClient, endpoints: usize) -> Result<Sent> {
         };
         let v = api.bulk(SERVICE, &bulk).await?;
         if id.starts_with("t-") {
-            let acked = Instant::now();
-            sent_at.push(Write {
-                id,
-                sent: t0,
-                acked,
-                version: v,
-            });
+            sent_at.push(Write::acknowledged(id, t0, v));
         }
         progress.update(i as u64);
     }
