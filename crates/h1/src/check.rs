@@ -88,6 +88,7 @@ pub fn request_stream_with(input: &[u8], limits: &Limits) -> Stream {
         }
         let (head, consumed) = match request::parse(rest, &mut slots, limits) {
             Err(e) => break End::Rejected(e),
+            Ok(Parsed::Incomplete) if request::only_empty_lines(rest) => break End::Clean,
             Ok(Parsed::Incomplete) => break End::Truncated,
             Ok(Parsed::Complete { head, consumed }) => (head, consumed),
         };
@@ -96,7 +97,7 @@ pub fn request_stream_with(input: &[u8], limits: &Limits) -> Stream {
             "consumed {consumed}"
         );
         let forwarded: Vec<&Header<'_>> = head.framing.forwarded(head.headers).collect();
-        let line = format!("{} {} {}", head.method, head.target, version(head.version));
+        let line = format!("{} {} {}", head.method, head.uri, version(head.version));
         check_request_reparse(rest, consumed, &head, &forwarded, limits);
         if head.method == Method::CONNECT {
             break End::Upgrade;
@@ -213,7 +214,9 @@ fn chunked_body(input: &[u8], first: usize, max_trailers: usize) -> Decoded {
     loop {
         let window = &input[pos..avail];
         match decoder.decode(window) {
-            Err(e) => return (pos, data, Vec::new(), BodyEnd::Invalid(e)),
+            // Where an error shows depends on the reads; what is used up
+            // after one does not matter (the connection closes).
+            Err(e) => return (input.len(), data, Vec::new(), BodyEnd::Invalid(e)),
             Ok(Step::Data(r)) => {
                 assert!(r.start < r.end && r.end <= window.len(), "{r:?}");
                 data.extend_from_slice(&window[r.clone()]);

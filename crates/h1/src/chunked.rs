@@ -158,6 +158,9 @@ impl Decoder {
         let zeros = rest.iter().take_while(|&&b| b == b'0').count();
         let line = &rest[zeros..];
         match httparse::parse_chunk_size(line) {
+            Ok(httparse::Status::Complete((used, _))) if zeros + used > MAX_SIZE_LINE => {
+                Err(Error::Chunked("size line too long"))
+            }
             Ok(httparse::Status::Complete((used, size))) => {
                 let text = &line[..used - 2];
                 if text.contains(&b'\n') {

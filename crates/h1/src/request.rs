@@ -48,9 +48,15 @@ impl Limits {
     }
 
     /// The header slots to give [`parse`]: as many as the proxy's hyper
-    /// parses (one more than `max_headers`, at least its default 100).
+    /// parses — its default 100 up to `max_headers: 100`, else one more
+    /// than `max_headers` (crates/proxy/src/connection.rs). More raw
+    /// fields than slots is `431` even when some would be dropped.
     pub fn slots(&self) -> usize {
-        (self.max_headers + 1).max(HYPER_DEFAULT_HEADERS)
+        if self.max_headers <= HYPER_DEFAULT_HEADERS {
+            HYPER_DEFAULT_HEADERS
+        } else {
+            self.max_headers + 1
+        }
     }
 }
 
@@ -124,6 +130,13 @@ pub fn parse<'h, 'b>(
         },
         consumed,
     })
+}
+
+/// Whether the bytes left when a client closes its side are only empty
+/// lines (CR and LF in any order): hyper then closes cleanly, as after a
+/// last whole message; anything else left is a truncated head.
+pub fn only_empty_lines(rest: &[u8]) -> bool {
+    rest.iter().all(|&b| b == b'\r' || b == b'\n')
 }
 
 /// The proxy's screen limits: the path and query against

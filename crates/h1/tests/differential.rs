@@ -1,0 +1,841 @@
+//! The codec against hyper 1, byte stream for byte stream.
+//!
+//! Requests: the same bytes go to hyper's `server::conn::http1` (over an
+//! in-memory duplex, built as the proxy builds it: a read buffer of
+//! `max_header_bytes + max_uri_bytes + 1024`, 100 header slots) behind a
+//! service that applies the proxy's screen limits (`414` for a path and
+//! query over `max_uri_bytes`, `431` for more than `max_headers` fields or
+//! `max_header_bytes`, `501` for `CONNECT`, each closing the connection)
+//! and otherwise reads the whole body; and to `meshless_h1::check`'s
+//! stream parser. Both must give the same messages (request line, the
+//! forwarded fields, body, trailers, whether the body completed) and the
+//! same end (clean, refused, `CONNECT`).
+//!
+//! Responses: one response (after any `1xx`) read by hyper's
+//! `client::conn::http1` for a request with a given method, against the
+//! codec's first final response. (hyper's client does not pipeline, and
+//! bytes after a response it did not ask for are its error, not framing.)
+//!
+//! Where the codec is stricter than hyper on purpose, the case is in
+//! [`STRICTER`] with its reason; there is no case where it is looser.
+#![allow(clippy::unwrap_used)]
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use meshless_h1::Limits;
+use meshless_h1::check::{self, BodyEnd, End, Stream};
+use proptest::prelude::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One message as seen on either side, in a form both can produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    line: String,
+    headers: Vec<(String, Vec<u8>)>,
+    /// The body when it completed, `None` when it did not.
+    body: Option<(Vec<u8>, Vec<(String, Vec<u8>)>)>,
+}
+
+/// How a stream ended, as both sides can tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Every byte framed (or ignored after a message that closes).
+    Clean,
+    /// A head or body refused, or the input ended inside one.
+    Refused,
+    /// `CONNECT` (the screen's `501`).
+    Connect,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    messages: Vec<Seen>,
+    end: Ending,
+}
+
+fn sorted(mut fields: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    // hyper's HeaderMap groups values by name; a stable sort by name gives
+    // both sides the same order (values of one name stay in wire order).
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    fields
+}
+
+fn map_fields(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+    let fields = headers
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    sorted(fields)
+}
+
+fn version(v: http::Version) -> &'static str {
+    if v == http::Version::HTTP_10 {
+        "HTTP/1.0"
+    } else {
+        "HTTP/1.1"
+    }
+}
+
+/// The codec's view of a request stream.
+fn ours(input: &[u8]) -> Outcome {
+    let Stream { messages, end } = check::request_stream(input);
+    let messages = messages
+        .into_iter()
+        .map(|m| Seen {
+            line: m.line,
+            headers: sorted(m.headers),
+            body: (m.end == BodyEnd::Complete).then(|| (m.body, sorted(m.trailers))),
+        })
+        .collect();
+    let end = match end {
+        End::Clean => Ending::Clean,
+        End::Upgrade => Ending::Connect,
+        End::Truncated | End::Rejected(_) => Ending::Refused,
+    };
+    Outcome { messages, end }
+}
+
+/// What the hyper side's service recorded.
+#[derive(Debug)]
+enum Record {
+    Message(Seen),
+    Screened(StatusCode),
+}
+
+/// The proxy's screen stage, as far as framing is concerned.
+fn screen(parts: &http::request::Parts) -> Option<StatusCode> {
+    let limits = Limits::default();
+    let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
+    let field_bytes: usize = parts
+        .headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    if target > limits.max_uri_bytes {
+        Some(StatusCode::URI_TOO_LONG)
+    } else if parts.headers.len() > limits.max_headers || field_bytes > limits.max_header_bytes {
+        Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+    } else if parts.method == Method::CONNECT {
+        Some(StatusCode::NOT_IMPLEMENTED)
+    } else {
+        None
+    }
+}
+
+async fn record(req: Request<Incoming>, log: Arc<Mutex<Vec<Record>>>) -> Response<Empty<Bytes>> {
+    let (parts, body) = req.into_parts();
+    if let Some(status) = screen(&parts) {
+        log.lock().unwrap().push(Record::Screened(status));
+        let mut resp = Response::new(Empty::new());
+        *resp.status_mut() = status;
+        resp.headers_mut()
+            .insert("connection", http::HeaderValue::from_static("close"));
+        return resp;
+    }
+    let line = format!("{} {} {}", parts.method, parts.uri, version(parts.version));
+    let headers = map_fields(&parts.headers);
+    let body = body.collect().await.ok().map(|c| {
+        let trailers = c.trailers().map(map_fields).unwrap_or_default();
+        (c.to_bytes().to_vec(), trailers)
+    });
+    let seen = Seen {
+        line,
+        headers,
+        body,
+    };
+    log.lock().unwrap().push(Record::Message(seen));
+    Response::new(Empty::new())
+}
+
+/// hyper's (plus the screen's) view of a request stream.
+async fn hypers(input: Vec<u8>) -> Outcome {
+    let (client, server) = tokio::io::duplex(1 << 16);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let svc_log = Arc::clone(&log);
+    let service = service_fn(move |req| {
+        let log = Arc::clone(&svc_log);
+        async move { Ok::<_, Infallible>(record(req, log).await) }
+    });
+    let limits = Limits::default();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // Half-close: the client shuts its write side after the last byte;
+    // hyper must still answer what it read (the proxy does not set it, and
+    // it does not change framing).
+    builder
+        .max_buf_size(limits.max_head_bytes())
+        .half_close(true);
+    let conn = builder.serve_connection(TokioIo::new(server), service);
+    let (mut rd, mut wr) = tokio::io::split(client);
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&input).await;
+        let _ = wr.shutdown().await;
+        // Keep the write half until the server is done with the stream.
+        wr
+    });
+    let reader = tokio::spawn(async move {
+        let mut sink = Vec::new();
+        let _ = rd.read_to_end(&mut sink).await;
+    });
+    let result = tokio::time::timeout(Duration::from_secs(20), conn)
+        .await
+        .expect("hyper finished the stream");
+    drop(writer.await);
+    let _ = reader.await;
+    let mut messages = Vec::new();
+    let mut end = if result.is_ok() {
+        Ending::Clean
+    } else {
+        Ending::Refused
+    };
+    for r in log.lock().unwrap().drain(..) {
+        match r {
+            Record::Message(m) => {
+                if m.body.is_none() {
+                    end = Ending::Refused;
+                }
+                messages.push(m);
+            }
+            Record::Screened(StatusCode::NOT_IMPLEMENTED) => end = Ending::Connect,
+            Record::Screened(_) => end = Ending::Refused,
+        }
+    }
+    Outcome { messages, end }
+}
+
+/// Inputs where the codec is stricter than hyper on purpose, and why.
+const STRICTER: &[(&str, &str)] = &[
+    (
+        "a chunk-size line over 16 KiB + 64 bytes of leading zeros or spaces",
+        "hyper reads any number of them byte by byte; a buffer-lending codec must bound the line",
+    ),
+    (
+        "a head longer than the read buffer that hyper still parses when one read brought it whole",
+        "hyper's limit depends on how the bytes were split into reads; the codec's is the byte count",
+    ),
+];
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn same(rt: &tokio::runtime::Runtime, name: &str, input: &[u8]) {
+    let theirs = rt.block_on(hypers(input.to_vec()));
+    let mine = ours(input);
+    assert_eq!(
+        mine,
+        theirs,
+        "{name}: codec (left) and hyper (right) differ on {:?}",
+        String::from_utf8_lossy(input)
+    );
+}
+
+/// The malformed and fault-suite requests of crates/proxy/tests, and the
+/// request-smuggling classics.
+fn named_cases() -> Vec<(String, Vec<u8>)> {
+    let big_header = format!(
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(200 * 1024)
+    );
+    let mut many = String::from("GET / HTTP/1.1\r\nHost: t\r\n");
+    for i in 0..2000 {
+        many.push_str(&format!("X-H{i}: 1\r\n"));
+    }
+    many.push_str("\r\n");
+    let long_uri = format!(
+        "GET /{} HTTP/1.1\r\nHost: t\r\n\r\n",
+        "a".repeat(200 * 1024)
+    );
+    let post =
+        |fields: &str, body: &str| format!("POST / HTTP/1.1\r\nHost: t\r\n{fields}\r\n{body}");
+    let next = "GET /next HTTP/1.1\r\nHost: t\r\n\r\n";
+    let mut cases: Vec<(String, String)> = vec![
+        // crates/proxy/tests/malformed.rs
+        (
+            "CL and TE together".into(),
+            post(
+                "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+                &format!("0\r\n\r\n{}", "GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n"),
+            ),
+        ),
+        (
+            "two Content-Lengths".into(),
+            post("Content-Length: 4\r\nContent-Length: 5\r\n", "abcde"),
+        ),
+        (
+            "obfuscated TE value".into(),
+            post("Transfer-Encoding: xchunked\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "TE chunked not last".into(),
+            post("Transfer-Encoding: chunked, identity\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "space before colon".into(),
+            post("Transfer-Encoding : chunked\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "NUL in a header".into(),
+            "GET / HTTP/1.1\r\nHost: t\r\nX-A: a\0b\r\n\r\n".into(),
+        ),
+        (
+            "obs-fold".into(),
+            "GET / HTTP/1.1\r\nHost: t\r\nX-A: a\r\n b\r\n\r\n".into(),
+        ),
+        ("200 KB header".into(), big_header),
+        ("2,000 headers".into(), many),
+        ("200 KB URI".into(), long_uri),
+        (
+            "negative Content-Length".into(),
+            post("Content-Length: -1\r\n", ""),
+        ),
+        (
+            "bad chunk size".into(),
+            post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\nZZZ\r\n"),
+        ),
+        (
+            "chunk size overflow".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                "FFFFFFFFFFFFFFFFFFFF\r\nx\r\n",
+            ),
+        ),
+        ("HTTP/0.9".into(), "GET /\r\n\r\n".into()),
+        (
+            "two Hosts".into(),
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".into(),
+        ),
+        (
+            "Host vs absolute URI".into(),
+            "GET http://a.example/ HTTP/1.1\r\nHost: b.example\r\n\r\n".into(),
+        ),
+        // crates/proxy/tests/faults.rs
+        (
+            "abandoned mid-head".into(),
+            "GET /?delay_ms=5 HTTP/1.1\r\nHost: t\r\nX-Half: ".into(),
+        ),
+        (
+            "abandoned mid-body".into(),
+            post("Content-Length: 100000\r\n", "some of it"),
+        ),
+        (
+            "plain GET".into(),
+            "GET /cold/x HTTP/1.1\r\nHost: t\r\n\r\n".into(),
+        ),
+        // Smuggling classics.
+        (
+            "CL.TE".into(),
+            post(
+                "Content-Length: 13\r\nTransfer-Encoding: chunked\r\n",
+                "0\r\n\r\nSMUGGLED",
+            ),
+        ),
+        (
+            "TE.CL".into(),
+            post(
+                "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                &format!("8\r\nSMUGGLED\r\n0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE.TE duplicate, identity last".into(),
+            post(
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n",
+                "0\r\n\r\n",
+            ),
+        ),
+        (
+            "TE.TE duplicate, chunked last".into(),
+            post(
+                "Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n",
+                &format!("0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE leading space".into(),
+            post(
+                "Transfer-Encoding:  chunked\r\n",
+                &format!("0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE tab".into(),
+            post(
+                "Transfer-Encoding:\tchunked\r\n",
+                &format!("0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE Chunked".into(),
+            post(
+                "Transfer-Encoding: Chunked\r\n",
+                &format!("3\r\nabc\r\n0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE gzip, chunked".into(),
+            post(
+                "Transfer-Encoding: gzip, chunked\r\n",
+                &format!("3\r\nabc\r\n0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE chunked, chunked".into(),
+            post(
+                "Transfer-Encoding: chunked, chunked\r\n",
+                &format!("0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "TE with NUL".into(),
+            post("Transfer-Encoding: chunked\0\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "TE vertical tab".into(),
+            post("Transfer-Encoding: \x0bchunked\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "TE obs-fold".into(),
+            post("Transfer-Encoding:\r\n chunked\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "TE name with space".into(),
+            post("Transfer Encoding: chunked\r\n", "0\r\n\r\n"),
+        ),
+        (
+            "TE on HTTP/1.0".into(),
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".into(),
+        ),
+        ("CL +5".into(), post("Content-Length: +5\r\n", "hello")),
+        (
+            "CL leading space".into(),
+            post("Content-Length:  5\r\n", &format!("hello{next}")),
+        ),
+        ("CL 5,5".into(), post("Content-Length: 5,5\r\n", "hello")),
+        ("CL 5, 6".into(), post("Content-Length: 5, 6\r\n", "hello!")),
+        ("CL 0x5".into(), post("Content-Length: 0x5\r\n", "hello")),
+        (
+            "CL huge".into(),
+            post("Content-Length: 99999999999999999999999\r\n", "x"),
+        ),
+        (
+            "CL u64 max".into(),
+            post("Content-Length: 18446744073709551615\r\n", "x"),
+        ),
+        (
+            "CL u64 max - 2".into(),
+            post("Content-Length: 18446744073709551613\r\n", "x"),
+        ),
+        (
+            "CL equal twice".into(),
+            post(
+                "Content-Length: 5\r\nContent-Length: 5\r\n",
+                &format!("hello{next}"),
+            ),
+        ),
+        ("CL empty".into(), post("Content-Length: \r\n", "")),
+        (
+            "CL leading zeros".into(),
+            post("Content-Length: 005\r\n", &format!("hello{next}")),
+        ),
+        (
+            "bare LF head".into(),
+            format!("GET / HTTP/1.1\nHost: t\n\n{next}"),
+        ),
+        (
+            "bare LF in a field".into(),
+            "GET / HTTP/1.1\r\nHost: t\nX: y\r\n\r\n".into(),
+        ),
+        (
+            "CR in a value".into(),
+            "GET / HTTP/1.1\r\nHost: t\r\nX: a\rb\r\n\r\n".into(),
+        ),
+        ("leading empty lines".into(), format!("\r\n\r\n{next}")),
+        (
+            "chunk size leading zeros".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("0005\r\nhello\r\n000\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "chunk size 40 zeros".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("{}5\r\nhello\r\n0\r\n\r\n{next}", "0".repeat(40)),
+            ),
+        ),
+        (
+            "chunk size 0x".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                "0x5\r\nhello\r\n0\r\n\r\n",
+            ),
+        ),
+        (
+            "chunk size negative".into(),
+            post("Transfer-Encoding: chunked\r\n", "-5\r\nhello\r\n0\r\n\r\n"),
+        ),
+        (
+            "chunk size 16 digits".into(),
+            post("Transfer-Encoding: chunked\r\n", "FFFFFFFFFFFFFFFF\r\nx"),
+        ),
+        (
+            "chunk size empty".into(),
+            post("Transfer-Encoding: chunked\r\n", "\r\nhello\r\n0\r\n\r\n"),
+        ),
+        (
+            "chunk size leading space".into(),
+            post("Transfer-Encoding: chunked\r\n", " 5\r\nhello\r\n0\r\n\r\n"),
+        ),
+        (
+            "chunk size trailing space".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("5 \t \r\nhello\r\n0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "chunk extension".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("5;a=b;c=\"d e\"\r\nhello\r\n0;x\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "chunk extension after space".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("5 ;a\r\nhello\r\n0\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "chunk extension bare LF".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                "5;a\nb\r\nhello\r\n0\r\n\r\n",
+            ),
+        ),
+        (
+            "chunk size bare LF".into(),
+            post("Transfer-Encoding: chunked\r\n", "5\nhello\r\n0\r\n\r\n"),
+        ),
+        (
+            "chunk data without CRLF".into(),
+            post("Transfer-Encoding: chunked\r\n", "5\r\nhelloX\r\n0\r\n\r\n"),
+        ),
+        (
+            "chunk data bare LF".into(),
+            post("Transfer-Encoding: chunked\r\n", "5\r\nhello\n0\r\n\r\n"),
+        ),
+        (
+            "trailers".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("5\r\nhello\r\n0\r\nX-T: 1\r\nY-T: 2\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "trailer bare LF".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("0\r\nX-T: 1\nY: 2\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "trailer bare LF then empty".into(),
+            post(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("0\r\nX-T: 1\n\r\n\r\n{next}"),
+            ),
+        ),
+        (
+            "trailer invalid".into(),
+            post("Transfer-Encoding: chunked\r\n", "0\r\nX T: 1\r\n\r\n"),
+        ),
+        (
+            "trailer CR without LF".into(),
+            post("Transfer-Encoding: chunked\r\n", "0\r\nX: 1\rY\r\n\r\n"),
+        ),
+        (
+            "missing final CRLF".into(),
+            post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n"),
+        ),
+        (
+            "final CR only".into(),
+            post("Transfer-Encoding: chunked\r\n", "0\r\n\rX"),
+        ),
+        (
+            "Connection: close stops".into(),
+            format!("GET / HTTP/1.1\r\nConnection: close\r\n\r\n{next}"),
+        ),
+        (
+            "HTTP/1.0 stops".into(),
+            format!("GET / HTTP/1.0\r\n\r\n{next}"),
+        ),
+        (
+            "HTTP/1.0 keep-alive".into(),
+            format!("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n{next}"),
+        ),
+        (
+            "close then keep-alive".into(),
+            format!("GET / HTTP/1.0\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n{next}"),
+        ),
+        (
+            "Expect 100-continue".into(),
+            post(
+                "Expect: 100-continue\r\nContent-Length: 2\r\n",
+                &format!("hi{next}"),
+            ),
+        ),
+        (
+            "Upgrade (answered 200)".into(),
+            format!("GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n{next}"),
+        ),
+        (
+            "CONNECT".into(),
+            "CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n".into(),
+        ),
+        (
+            "HTTP/2.0 request line".into(),
+            "GET / HTTP/2.0\r\n\r\n".into(),
+        ),
+        ("HTTP/1.2".into(), "GET / HTTP/1.2\r\n\r\n".into()),
+        (
+            "h2 preface".into(),
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".into(),
+        ),
+        (
+            "OPTIONS *".into(),
+            format!("OPTIONS * HTTP/1.1\r\n\r\n{next}"),
+        ),
+        (
+            "target with fragment".into(),
+            "GET /a#b HTTP/1.1\r\n\r\n".into(),
+        ),
+        (
+            "target bad percent".into(),
+            format!("GET /%zz HTTP/1.1\r\n\r\n{next}"),
+        ),
+        (
+            "absolute no path".into(),
+            format!("GET http://a.example HTTP/1.1\r\n\r\n{next}"),
+        ),
+        (
+            "lowercase method".into(),
+            format!("get / HTTP/1.1\r\n\r\n{next}"),
+        ),
+        (
+            "extension method".into(),
+            format!("PURGEALLTHETHINGSNOW / HTTP/1.1\r\n\r\n{next}"),
+        ),
+        (
+            "empty header value".into(),
+            format!("GET / HTTP/1.1\r\nX:\r\n\r\n{next}"),
+        ),
+        (
+            "obs-text value".into(),
+            format!("GET / HTTP/1.1\r\nX: caf\u{e9}\r\n\r\n{next}"),
+        ),
+        (
+            "URI 8192 path".into(),
+            format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(8191)),
+        ),
+        (
+            "URI 8193 path".into(),
+            format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(8192)),
+        ),
+        (
+            "100 headers".into(),
+            format!("GET / HTTP/1.1\r\n{}\r\n", "x: 1\r\n".repeat(100)),
+        ),
+        (
+            "101 headers".into(),
+            format!("GET / HTTP/1.1\r\n{}\r\n", "x: 1\r\n".repeat(101)),
+        ),
+        (
+            "100 headers plus a repeated length".into(),
+            post(
+                &format!(
+                    "{}Content-Length: 1\r\nContent-Length: 1\r\n",
+                    "x: 1\r\n".repeat(98)
+                ),
+                "a",
+            ),
+        ),
+        (
+            "16 KiB of fields".into(),
+            format!("GET / HTTP/1.1\r\nx: {}\r\n\r\n", "v".repeat(16384 - 7)),
+        ),
+        (
+            "16 KiB + 1 of fields".into(),
+            format!("GET / HTTP/1.1\r\nx: {}\r\n\r\n", "v".repeat(16384 - 6)),
+        ),
+        ("empty input".into(), String::new()),
+        ("only CRLF".into(), "\r\n".into()),
+    ];
+    // Extension bytes at hyper's 16 KiB limit, just under and at it.
+    let ext = |n: usize| {
+        post(
+            "Transfer-Encoding: chunked\r\n",
+            &format!("1;{}\r\nx\r\n0\r\n\r\n", "e".repeat(n)),
+        )
+    };
+    cases.push(("extensions 16383 bytes".into(), ext(16382)));
+    cases.push(("extensions 16384 bytes".into(), ext(16384)));
+    let trailer = |n: usize| {
+        post(
+            "Transfer-Encoding: chunked\r\n",
+            &format!("0\r\nx: {}\r\n\r\n", "t".repeat(n)),
+        )
+    };
+    cases.push(("trailers just under 16 KiB".into(), trailer(16384 - 10)));
+    cases.push(("trailers at 16 KiB".into(), trailer(16384 - 9)));
+    let lines = |n: usize| {
+        post(
+            "Transfer-Encoding: chunked\r\n",
+            &format!("0\r\n{}\r\n", "t: 1\r\n".repeat(n)),
+        )
+    };
+    cases.push(("100 trailer lines".into(), lines(100)));
+    cases.push(("101 trailer lines".into(), lines(101)));
+    cases
+        .into_iter()
+        .map(|(n, s)| (n, s.into_bytes()))
+        .collect()
+}
+
+#[test]
+fn named_cases_frame_as_hyper_frames_them() {
+    let rt = runtime();
+    for (name, input) in named_cases() {
+        same(&rt, &name, &input);
+    }
+}
+
+#[test]
+fn the_stricter_cases_are_stricter_and_only_those() {
+    // A size line of 17 KiB of zeros: hyper takes it, the codec refuses.
+    let zeros = format!(
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{}5\r\nhello\r\n0\r\n\r\n",
+        "0".repeat(17 * 1024)
+    );
+    let rt = runtime();
+    let theirs = rt.block_on(hypers(zeros.clone().into_bytes()));
+    assert_eq!(theirs.end, Ending::Clean, "{STRICTER:?}");
+    assert_eq!(ours(zeros.as_bytes()).end, Ending::Refused);
+}
+
+/// Fragments requests are assembled from.
+fn request_strategy() -> impl Strategy<Value = Vec<u8>> {
+    let line = prop::sample::select(vec![
+        "GET / HTTP/1.1",
+        "POST /a?b=c HTTP/1.1",
+        "PUT http://a.example/x HTTP/1.1",
+        "HEAD / HTTP/1.0",
+        "POST / HTTP/1.0",
+        "GET  / HTTP/1.1",
+        "GET / HTTP/1.1 ",
+        "G@T / HTTP/1.1",
+        "OPTIONS * HTTP/1.1",
+        "CONNECT a.example:443 HTTP/1.1",
+        "GET /%7 HTTP/1.1",
+        "GET / HTTP/1.3",
+    ]);
+    let field = prop::sample::select(vec![
+        "Host: t",
+        "Content-Length: 5",
+        "Content-Length: 0",
+        "Content-Length: 3",
+        "Content-Length: +5",
+        "Content-Length:  5 ",
+        "Content-Length: 5,5",
+        "Content-Length: 05",
+        "Content-Length: 99999999999999999999",
+        "Transfer-Encoding: chunked",
+        "Transfer-Encoding: Chunked",
+        "Transfer-Encoding: xchunked",
+        "Transfer-Encoding:  chunked",
+        "Transfer-Encoding: chunked, identity",
+        "Transfer-Encoding: gzip, chunked",
+        "Transfer-Encoding: identity",
+        "Transfer-Encoding : chunked",
+        "Transfer-Encoding:\r\n chunked",
+        "Connection: close",
+        "Connection: keep-alive",
+        "Connection: Upgrade",
+        "Upgrade: websocket",
+        "Expect: 100-continue",
+        "X-A: a\0b",
+        "X-A: a\rb",
+        "X-A: \u{e9}",
+        "X-A:",
+        "X-A b: c",
+        "Trailer: X-T",
+    ]);
+    let body = prop::sample::select(vec![
+        "",
+        "hello",
+        "abc",
+        "0\r\n\r\n",
+        "5\r\nhello\r\n0\r\n\r\n",
+        "5;e=1\r\nhello\r\n0\r\n\r\n",
+        "05\r\nhello\r\n00\r\n\r\n",
+        "5 \r\nhello\r\n0\r\n\r\n",
+        "0x5\r\nhello\r\n0\r\n\r\n",
+        "-5\r\nhello\r\n0\r\n\r\n",
+        "FFFFFFFFFFFFFFFFFF\r\nx\r\n",
+        "5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n",
+        "5\r\nhello\r\n0\r\nX-T: 1\n\r\n\r\n",
+        "5\r\nhello\r\n0\r\n",
+        "5\r\nhelloXX0\r\n\r\n",
+        "5;a\nb\r\nhello\r\n0\r\n\r\n",
+        "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        "SMUGGLED",
+    ]);
+    let eol = prop::sample::select(vec!["\r\n", "\r\n", "\r\n", "\n"]);
+    let message = (
+        line,
+        prop::collection::vec((field, eol.clone()), 0..6),
+        eol,
+        body,
+    )
+        .prop_map(|(line, fields, end, body)| {
+            let mut m = format!("{line}\r\n");
+            for (f, e) in fields {
+                m.push_str(f);
+                m.push_str(e);
+            }
+            m.push_str(end);
+            m.push_str(body);
+            m
+        });
+    (prop::collection::vec(message, 1..4), any::<u8>()).prop_map(|(ms, cut)| {
+        let mut all = ms.concat().into_bytes();
+        // Sometimes the client stops early.
+        if cut < 32 && !all.is_empty() {
+            all.truncate(all.len() * usize::from(cut) / 32);
+        }
+        all
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+    #[test]
+    fn generated_requests_frame_as_hyper_frames_them(input in request_strategy()) {
+        let rt = runtime();
+        let theirs = rt.block_on(hypers(input.clone()));
+        prop_assert_eq!(ours(&input), theirs, "{:?}", String::from_utf8_lossy(&input));
+    }
+}
