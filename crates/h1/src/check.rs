@@ -194,7 +194,20 @@ fn body(input: &[u8], body: Body, max_trailers: usize) -> (Message, usize) {
         Body::Chunked => {
             let whole = chunked_body(input, input.len(), max_trailers);
             let split = chunked_body(input, input.len() / 2, max_trailers);
-            assert_eq!(whole, split, "chunked decoding depends on read boundaries");
+            // The same data, end and bytes used (which error is found
+            // first may depend on the reads; that one is found does not).
+            let erase = |d: &Decoded| {
+                let end = match &d.3 {
+                    BodyEnd::Invalid(_) => BodyEnd::Invalid(Error::Chunked("")),
+                    other => other.clone(),
+                };
+                (d.0, d.1.clone(), d.2.clone(), end)
+            };
+            assert_eq!(
+                erase(&whole),
+                erase(&split),
+                "chunked decoding depends on read boundaries"
+            );
             let (used, data, trailers, end) = whole;
             (m.body, m.trailers, m.end) = (data, trailers, end);
             used
@@ -326,4 +339,38 @@ fn check_response_reparse(
         }
         other => panic!("re-encoded head not parsed: {other:?}"),
     }
+}
+
+/// The `h1_request` fuzz target: the input's first byte picks the limits
+/// (odd: small ones, so the limit paths are reached too), the rest is the
+/// stream.
+pub fn fuzz_request(data: &[u8]) {
+    let Some((&pick, stream)) = data.split_first() else {
+        return;
+    };
+    let limits = if pick & 1 == 1 {
+        Limits {
+            max_header_bytes: 1024,
+            max_headers: 8,
+            max_uri_bytes: 256,
+        }
+    } else {
+        Limits::default()
+    };
+    request_stream_with(stream, &limits);
+}
+
+/// The `h1_response` fuzz target: the first byte picks the request method
+/// (`GET`, `HEAD`, `CONNECT`, `POST`), the rest is the stream.
+pub fn fuzz_response(data: &[u8]) {
+    let Some((&pick, stream)) = data.split_first() else {
+        return;
+    };
+    let method = match pick % 4 {
+        0 => Method::GET,
+        1 => Method::HEAD,
+        2 => Method::CONNECT,
+        _ => Method::POST,
+    };
+    response_stream(stream, &method);
 }
