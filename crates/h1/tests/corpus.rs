@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target);
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut files: Vec<(PathBuf, Vec<u8>)> = entries
         .map(|e| e.expect("directory entry").path())
@@ -15,7 +17,12 @@ fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
         })
         .collect();
     files.sort();
-    assert!(files.len() >= 10, "{} holds {} inputs", dir.display(), files.len());
+    assert!(
+        files.len() >= 10,
+        "{} holds {} inputs",
+        dir.display(),
+        files.len()
+    );
     files
 }
 

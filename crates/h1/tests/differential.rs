@@ -839,3 +839,263 @@ proptest! {
         prop_assert_eq!(ours(&input), theirs, "{:?}", String::from_utf8_lossy(&input));
     }
 }
+
+/// The codec's first final response (after any `1xx`) of `input` to a
+/// request with `method`; `None` when there is none.
+fn our_response(input: &[u8], method: &Method) -> Option<Seen> {
+    let Stream { messages, .. } = check::response_stream(input, method);
+    messages
+        .into_iter()
+        .find(|m| !m.line.ends_with(" 100") && !is_informational(&m.line))
+        .map(|m| Seen {
+            line: m.line,
+            headers: sorted(m.headers),
+            body: (m.end == BodyEnd::Complete).then(|| (m.body, sorted(m.trailers))),
+        })
+}
+
+fn is_informational(line: &str) -> bool {
+    line.rsplit(' ')
+        .next()
+        .and_then(|c| c.parse::<u16>().ok())
+        .is_some_and(|c| (100..200).contains(&c) && c != 101)
+}
+
+/// hyper's client's view: one request with `method`, answered by `input`.
+async fn hyper_response(input: Vec<u8>, method: Method) -> Option<Seen> {
+    let (client, server) = tokio::io::duplex(1 << 16);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn.with_upgrades());
+    let upstream = tokio::spawn(async move {
+        let (mut rd, mut wr) = tokio::io::split(server);
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if rd.read(&mut byte).await.unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let _ = wr.write_all(&input).await;
+        let _ = wr.shutdown().await;
+        let mut sink = Vec::new();
+        let _ = rd.read_to_end(&mut sink).await;
+    });
+    let uri = if method == Method::CONNECT {
+        "a.example:443"
+    } else {
+        "/"
+    };
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", "a.example")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let seen = match tokio::time::timeout(Duration::from_secs(20), async {
+        let resp = sender.send_request(req).await.ok()?;
+        let (parts, body) = resp.into_parts();
+        let line = format!("{} {}", version(parts.version), parts.status.as_u16());
+        let body = body.collect().await.ok().map(|c| {
+            let trailers = c.trailers().map(map_fields).unwrap_or_default();
+            (c.to_bytes().to_vec(), trailers)
+        });
+        Some(Seen {
+            line,
+            headers: map_fields(&parts.headers),
+            body,
+        })
+    })
+    .await
+    {
+        Ok(seen) => seen,
+        Err(_) => panic!("hyper's client did not finish"),
+    };
+    conn.abort();
+    upstream.abort();
+    seen
+}
+
+fn same_response(rt: &tokio::runtime::Runtime, input: &[u8], method: &Method) {
+    let theirs = rt.block_on(hyper_response(input.to_vec(), method.clone()));
+    let mine = our_response(input, method);
+    assert_eq!(
+        mine,
+        theirs,
+        "{method}: codec (left) and hyper (right) differ on {:?}",
+        String::from_utf8_lossy(input)
+    );
+}
+
+#[test]
+fn named_responses_frame_as_hyper_frames_them() {
+    let rt = runtime();
+    let cases: &[(&str, &str)] = &[
+        ("GET", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
+        ("GET", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel"),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\nContent-Length: 5\r\n\r\nhello",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!",
+        ),
+        ("GET", "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello"),
+        ("GET", "HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\nhello"),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX: y\r\n\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nraw to the end",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\nraw",
+        ),
+        (
+            "GET",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        ("GET", "HTTP/1.0 200 OK\r\n\r\nto the end"),
+        ("GET", "HTTP/1.1 200 OK\r\n\r\nto the end"),
+        (
+            "GET",
+            "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ),
+        ("HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+        ("HEAD", "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
+        ("CONNECT", "HTTP/1.1 200 Connection Established\r\n\r\n"),
+        (
+            "CONNECT",
+            "HTTP/1.1 407 Auth\r\nContent-Length: 2\r\n\r\nno",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+        ),
+        ("GET", "HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n"),
+        ("GET", "HTTP/1.1 099 Low\r\nContent-Length: 0\r\n\r\n"),
+        ("GET", "HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n"),
+        ("GET", "HTTP/1.1 200 \r\nContent-Length: 0\r\n\r\n"),
+        ("GET", "HTTP/2 200 OK\r\n\r\n"),
+        ("GET", "HTTP/1.1 200 OK\nContent-Length: 2\n\nok"),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nX : a\r\nContent-Length: 0\r\n\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZ\r\n",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\nx",
+        ),
+        (
+            "GET",
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        ("GET", ""),
+        ("GET", "HTTP/1.1 200 OK\r\n"),
+    ];
+    for (method, input) in cases {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        same_response(&rt, input.as_bytes(), &method);
+    }
+}
+
+fn response_strategy() -> impl Strategy<Value = (Vec<u8>, Method)> {
+    let status = prop::sample::select(vec![
+        "HTTP/1.1 200 OK",
+        "HTTP/1.0 200 OK",
+        "HTTP/1.1 204 No Content",
+        "HTTP/1.1 304 Not Modified",
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK",
+        "HTTP/1.1 101 Switching Protocols",
+        "HTTP/1.1 404",
+        "HTTP/1.1 000 Zero",
+        "HTTP/1.2 200 OK",
+        "HTTP/1.1 2000 OK",
+    ]);
+    let field = prop::sample::select(vec![
+        "Content-Length: 5",
+        "Content-Length: 0",
+        "Content-Length: 5, 5",
+        "Content-Length: 5,6",
+        "Content-Length: -5",
+        "Transfer-Encoding: chunked",
+        "Transfer-Encoding: CHUNKED",
+        "Transfer-Encoding: gzip",
+        "Transfer-Encoding: chunked, gzip",
+        "Connection: close",
+        "Connection: keep-alive",
+        "X-A: a\0b",
+        "X-A:",
+        "Trailer: X-T",
+    ]);
+    let body = prop::sample::select(vec![
+        "",
+        "hello",
+        "hel",
+        "5\r\nhello\r\n0\r\n\r\n",
+        "5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n",
+        "05;x\r\nhello\r\n0\r\n\r\n",
+        "5\r\nhello\r\n",
+        "G\r\n",
+    ]);
+    let method = prop::sample::select(vec![
+        Method::GET,
+        Method::HEAD,
+        Method::CONNECT,
+        Method::POST,
+    ]);
+    (status, prop::collection::vec(field, 0..4), body, method).prop_map(|(s, fs, b, m)| {
+        let mut r = format!("{s}\r\n");
+        for f in fs {
+            r.push_str(f);
+            r.push_str("\r\n");
+        }
+        r.push_str("\r\n");
+        r.push_str(b);
+        (r.into_bytes(), m)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+    #[test]
+    fn generated_responses_frame_as_hyper_frames_them((input, method) in response_strategy()) {
+        let rt = runtime();
+        let theirs = rt.block_on(hyper_response(input.clone(), method.clone()));
+        prop_assert_eq!(our_response(&input, &method), theirs, "{} {:?}", method, String::from_utf8_lossy(&input));
+    }
+}
