@@ -35,13 +35,16 @@ use meshless_h1::check::{self, BodyEnd, End, Stream};
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Header or trailer fields: lowercase name, value.
+type Fields = Vec<(String, Vec<u8>)>;
+
 /// One message as seen on either side, in a form both can produce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     line: String,
     headers: Vec<(String, Vec<u8>)>,
     /// The body when it completed, `None` when it did not.
-    body: Option<(Vec<u8>, Vec<(String, Vec<u8>)>)>,
+    body: Option<(Vec<u8>, Fields)>,
 }
 
 /// How a stream ended, as both sides can tell it.
