@@ -89,7 +89,11 @@ fn version(v: http::Version) -> &'static str {
 
 /// The codec's view of a request stream.
 fn ours(input: &[u8]) -> Outcome {
-    let Stream { messages, end } = check::request_stream(input);
+    ours_with(input, &Limits::default())
+}
+
+fn ours_with(input: &[u8], limits: &Limits) -> Outcome {
+    let Stream { messages, end } = check::request_stream_with(input, limits);
     let messages = messages
         .into_iter()
         .map(|m| Seen {
@@ -114,8 +118,7 @@ enum Record {
 }
 
 /// The proxy's screen stage, as far as framing is concerned.
-fn screen(parts: &http::request::Parts) -> Option<StatusCode> {
-    let limits = Limits::default();
+fn screen(parts: &http::request::Parts, limits: &Limits) -> Option<StatusCode> {
     let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
     let field_bytes: usize = parts
         .headers
@@ -133,9 +136,13 @@ fn screen(parts: &http::request::Parts) -> Option<StatusCode> {
     }
 }
 
-async fn record(req: Request<Incoming>, log: Arc<Mutex<Vec<Record>>>) -> Response<Empty<Bytes>> {
+async fn record(
+    req: Request<Incoming>,
+    limits: Limits,
+    log: Arc<Mutex<Vec<Record>>>,
+) -> Response<Empty<Bytes>> {
     let (parts, body) = req.into_parts();
-    if let Some(status) = screen(&parts) {
+    if let Some(status) = screen(&parts, &limits) {
         log.lock().unwrap().push(Record::Screened(status));
         let mut resp = Response::new(Empty::new());
         *resp.status_mut() = status;
@@ -160,15 +167,23 @@ async fn record(req: Request<Incoming>, log: Arc<Mutex<Vec<Record>>>) -> Respons
 
 /// hyper's (plus the screen's) view of a request stream.
 async fn hypers(input: Vec<u8>) -> Outcome {
+    hypers_with(input, Limits::default()).await
+}
+
+/// As [`hypers`], with hyper built and the screen run for `limits` (as
+/// crates/proxy/src/connection.rs builds it).
+async fn hypers_with(input: Vec<u8>, limits: Limits) -> Outcome {
     let (client, server) = tokio::io::duplex(1 << 16);
     let log = Arc::new(Mutex::new(Vec::new()));
     let svc_log = Arc::clone(&log);
     let service = service_fn(move |req| {
         let log = Arc::clone(&svc_log);
-        async move { Ok::<_, Infallible>(record(req, log).await) }
+        async move { Ok::<_, Infallible>(record(req, limits, log).await) }
     });
-    let limits = Limits::default();
     let mut builder = hyper::server::conn::http1::Builder::new();
+    if limits.slots() > 100 {
+        builder.max_headers(limits.slots());
+    }
     // Half-close: the client shuts its write side after the last byte;
     // hyper must still answer what it read (the proxy does not set it, and
     // it does not change framing).
@@ -1100,5 +1115,57 @@ proptest! {
         let rt = runtime();
         let theirs = rt.block_on(hyper_response(input.clone(), method.clone()));
         prop_assert_eq!(our_response(&input, &method), theirs, "{} {:?}", method, String::from_utf8_lossy(&input));
+    }
+}
+
+/// The fuzz corpora's inputs (`fuzz/corpus/<target>/`, or
+/// `$MESHLESS_H1_CORPUS/<target>/` to run a fuzzer's whole working corpus),
+/// first byte split off as the fuzz targets split it.
+fn corpus(target: &str) -> Vec<(String, u8, Vec<u8>)> {
+    let base = std::env::var_os("MESHLESS_H1_CORPUS").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus"),
+        std::path::PathBuf::from,
+    );
+    let dir = base.join(target);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        if let Some((&pick, rest)) = bytes.split_first() {
+            out.push((path.display().to_string(), pick, rest.to_vec()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_fuzz_corpus_frames_as_hyper_frames_it() {
+    let rt = runtime();
+    let small = Limits {
+        max_header_bytes: 1024,
+        max_headers: 8,
+        max_uri_bytes: 256,
+    };
+    for (name, pick, input) in corpus("h1_request") {
+        let limits = if pick & 1 == 1 {
+            small
+        } else {
+            Limits::default()
+        };
+        let theirs = rt.block_on(hypers_with(input.clone(), limits));
+        let mine = ours_with(&input, &limits);
+        assert_eq!(
+            mine,
+            theirs,
+            "{name}: {:?}",
+            String::from_utf8_lossy(&input)
+        );
+    }
+    for (_, pick, input) in corpus("h1_response") {
+        let method = [Method::GET, Method::HEAD, Method::CONNECT, Method::POST]
+            [usize::from(pick % 4)]
+        .clone();
+        same_response(&rt, &input, &method);
     }
 }
