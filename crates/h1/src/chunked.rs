@@ -155,7 +155,15 @@ impl Decoder {
         }
         // Leading zeros do not change the size; httparse counts them as
         // digits (at most 16), hyper does not.
-        let zeros = rest.iter().take_while(|&&b| b == b'0').count();
+        // Bounded: a line of zeros alone can be too long.
+        let zeros = rest
+            .iter()
+            .take(MAX_SIZE_LINE)
+            .take_while(|&&b| b == b'0')
+            .count();
+        if zeros == MAX_SIZE_LINE {
+            return Err(Error::Chunked("size line too long"));
+        }
         let line = &rest[zeros..];
         match httparse::parse_chunk_size(line) {
             Ok(httparse::Status::Complete((used, _))) if zeros + used > MAX_SIZE_LINE => {
@@ -268,5 +276,101 @@ pub fn parse_trailers<'h, 'b>(
     match httparse::parse_headers(section, slots) {
         Ok(httparse::Status::Complete((_, fields))) => Ok(fields),
         _ => Err(Error::Chunked("invalid trailer fields")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Feeds `wire` to a decoder in reads cut at `cuts`, as a connection
+    /// would: unconsumed bytes stay in the buffer, new ones append.
+    fn decode_in_reads(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, usize), Error> {
+        let mut decoder = Decoder::new(100);
+        let mut ends: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+        ends.push(wire.len());
+        ends.sort_unstable();
+        let (mut pos, mut data) = (0, Vec::new());
+        for end in ends {
+            loop {
+                match decoder.decode(&wire[pos..end])? {
+                    Step::Data(r) => {
+                        data.extend_from_slice(&wire[pos..end][r.clone()]);
+                        pos += r.end;
+                    }
+                    Step::Incomplete { consumed } => {
+                        pos += consumed;
+                        break;
+                    }
+                    Step::Done { consumed, .. } => return Ok((data, pos + consumed)),
+                }
+            }
+        }
+        Err(Error::Chunked("truncated"))
+    }
+
+    proptest! {
+        /// RFC 9112 7.1: a body written as chunks (any sizes, leading
+        /// zeros, extensions, trailers) decodes to the concatenated data,
+        /// ending exactly at the end of the body, however it is read.
+        #[test]
+        fn chunks_decode_to_their_data_across_any_reads(
+            chunks in prop::collection::vec((prop::collection::vec(any::<u8>(), 1..300), 0usize..3, any::<bool>()), 0..8),
+            trailer in any::<bool>(),
+            cuts in prop::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let mut wire = Vec::new();
+            let mut expected = Vec::new();
+            for (data, zeros, ext) in &chunks {
+                wire.extend_from_slice("0".repeat(*zeros).as_bytes());
+                wire.extend_from_slice(format!("{:x}", data.len()).as_bytes());
+                if *ext {
+                    wire.extend_from_slice(b";name=\"v a l\"");
+                }
+                wire.extend_from_slice(b"\r\n");
+                wire.extend_from_slice(data);
+                wire.extend_from_slice(b"\r\n");
+                expected.extend_from_slice(data);
+            }
+            wire.extend_from_slice(b"0\r\n");
+            if trailer {
+                wire.extend_from_slice(b"x-sum: 1\r\n");
+            }
+            wire.extend_from_slice(b"\r\n");
+            let body_len = wire.len();
+            wire.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+            let (data, used) = decode_in_reads(&wire, &cuts).expect("decoded");
+            prop_assert_eq!(data, expected);
+            prop_assert_eq!(used, body_len);
+        }
+    }
+
+    #[test]
+    fn data_is_a_range_of_the_input() {
+        let mut d = Decoder::new(100);
+        let wire = b"3\r\nabc\r\n0\r\n\r\n";
+        assert_eq!(d.decode(wire), Ok(Step::Data(3..6)));
+        let rest = &wire[6..];
+        assert_eq!(
+            d.decode(rest),
+            Ok(Step::Done {
+                consumed: rest.len(),
+                trailers: 5..5
+            })
+        );
+    }
+
+    #[test]
+    fn hyper_rules_around_parse_chunk_size() {
+        let refused = |wire: &[u8]| Decoder::new(100).decode(wire).is_err();
+        assert!(refused(b"\r\n"));
+        assert!(refused(b" 5\r\n"));
+        assert!(refused(b"5;a\nb\r\n"));
+        assert!(refused(b"0x5\r\n"));
+        assert!(!refused(
+            &[b"0".repeat(40).as_slice(), b"5\r\nhello"].concat()
+        ));
+        assert!(refused(&b"0".repeat(MAX_SIZE_LINE)));
     }
 }
