@@ -47,7 +47,12 @@ fuzz_target!(|data: &[u8]| {
             let method = methods[usize::from(pick % 4)].clone();
             let theirs = rt.block_on(sides::hyper_response(input.to_vec(), method.clone()));
             let mine = sides::our_response(input, &method);
-            assert_eq!(mine, theirs, "{method} {:?}", String::from_utf8_lossy(input));
+            assert_eq!(
+                mine,
+                theirs,
+                "{method} {:?}",
+                String::from_utf8_lossy(input)
+            );
         }
     });
 });
