@@ -283,10 +283,18 @@ impl Held {
     }
 
     /// Counts a request that was not held in the room of a burst being
-    /// released, if there is one ([`activate::join_release`]).
-    fn join_release(&mut self, base: &UpstreamCluster, cluster: &UpstreamCluster) {
-        if self.ticket.is_none() {
-            self.ticket = activate::join_release(base, cluster);
+    /// released, if there is one ([`activate::join_release`]); true when
+    /// that room is full (the request must wait its turn).
+    fn room_full(&mut self, base: &UpstreamCluster, cluster: &UpstreamCluster) -> bool {
+        if self.ticket.is_some() {
+            return false;
+        }
+        match activate::join_release(base, cluster) {
+            Ok(ticket) => {
+                self.ticket = ticket;
+                false
+            }
+            Err(()) => true,
         }
     }
 
@@ -338,8 +346,8 @@ impl Exchange<'_> {
         let mut retry: Option<Slot> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
-            let released = held.ticket.is_some();
-            if activate::needed(&cluster, picked.as_ref(), policy.retrying(), released) {
+            let full = picked.is_some() && held.room_full(base, &cluster);
+            if activate::needed(&cluster, picked.as_ref(), policy.retrying(), full) {
                 if picked.is_some() {
                     // The key's endpoint is full: after the wait, pick by load.
                     ctx.key = None;
@@ -357,7 +365,6 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
-            held.join_release(base, &cluster);
             // A held request's headers stay for a reconnect (`reconnect`).
             let keep = held.at.is_some();
             let these = begin(
