@@ -136,12 +136,10 @@ pub async fn handle(
     if let Some(reply) = path::apply(&settings.paths, &mut parts) {
         return Ok(reply.respond(record));
     }
-    let hop = peer::hop(state, &mut parts.headers, client);
-    let client_ip = if hop {
-        headers::hop_client_ip(&parts.headers).unwrap_or_else(|| client.ip())
-    } else {
-        headers::client_ip(&parts.headers, client, &settings.forwarding)
-    };
+    let hop_client = peer::hop(state, &mut parts.headers, client);
+    let hop = hop_client.is_some();
+    let client_ip = hop_client
+        .unwrap_or_else(|| headers::client_ip(&parts.headers, client, &settings.forwarding));
     record.client = Some(client_ip);
     let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
         Ok(r) => r,
