@@ -372,6 +372,11 @@ impl Exchange<'_> {
                 (&mut headers, keep),
                 record,
             );
+            if policy.last() {
+                // No retry can follow: the copy is not needed past what
+                // this attempt replays (a reconnect sends nothing twice).
+                body.seal();
+            }
             let sent = self
                 .attempt(&cluster, guard.index(), next.take(), these, record)
                 .await;
@@ -382,6 +387,7 @@ impl Exchange<'_> {
                     let (status, on) = attempt::judge(&resp, record.grpc);
                     retry = self.retry(&policy, on, &mut body, &cluster, &mut next);
                     if retry.is_none() {
+                        body.seal();
                         guard.set_outcome(status);
                         record.capacity = activate::CapacityNotice::of(&cluster);
                         held.answered(self.state, record, resp.status().as_u16());
@@ -431,7 +437,13 @@ impl Exchange<'_> {
         let policy = RetryPolicy::new(&base.config.retries, replayable);
         let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
         let activating = base.config.activation.is_some() && !self.upgrading;
-        let keep = (replayable && base.config.retries.count > 0) || activating;
+        let keep = if replayable && base.config.retries.count > 0 {
+            replay::Keep::Retries
+        } else if activating {
+            replay::Keep::Reconnect
+        } else {
+            replay::Keep::No
+        };
         (policy, RequestBody::new(downstream, keep))
     }
 
