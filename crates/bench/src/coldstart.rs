@@ -59,6 +59,17 @@ pub struct ColdstartReport {
     pub overhead_notify_ms_p50: f64,
     pub overhead_notify_ms_p99: f64,
     pub overhead_notify_ms_max: f64,
+    /// The same spawn's start (from the spawn call to the scaler seeing
+    /// `READY=1`), as the control plane recorded it, p50.
+    pub paired_instance_ms_p50: f64,
+    /// Per run: the first response minus its own instance's start (spawn
+    /// to `READY=1`): what the path added around that instance, without
+    /// the jitter of a second, independent spawn.
+    pub paired_overhead_ms_p50: f64,
+    pub paired_overhead_ms_p99: f64,
+    pub paired_overhead_ms_max: f64,
+    /// The paired overhead phase by phase (each run's own instants).
+    pub paired_phases: Vec<Phase>,
     pub burst_requests: usize,
     pub burst_failures: usize,
     /// Failed burst requests by status and body (or client error).
@@ -109,6 +120,89 @@ fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
 struct Baseline {
     listening: Duration,
     notified: Duration,
+}
+
+/// Names of the paired phases, in the order of a cold start.
+const PAIRED: [&str; 4] = [
+    "request -> activation read",
+    "activation read -> spawn",
+    "spawn -> READY=1 (instance)",
+    "READY=1 -> response",
+];
+
+/// One cold start's instants: the request sent and answered (the
+/// benchmark's), and its instance's start (the control plane's record,
+/// same process, same clock).
+#[derive(Debug, Clone, Copy)]
+struct Paired {
+    sent: Instant,
+    answered: Instant,
+    asked: Option<Instant>,
+    spawning: Instant,
+    ready: Instant,
+}
+
+impl Paired {
+    /// The instance's own start, ms.
+    fn instance_ms(&self) -> f64 {
+        ms(self.ready.saturating_duration_since(self.spawning))
+    }
+
+    /// What the path added around the instance's start, ms: before its
+    /// spawn and after its readiness.
+    fn overhead_ms(&self) -> f64 {
+        ms(self.spawning.saturating_duration_since(self.sent))
+            + ms(self.answered.saturating_duration_since(self.ready))
+    }
+
+    /// The phases of [`PAIRED`], ms (`NaN` where the start was not asked
+    /// for by an activation).
+    fn phases_ms(&self) -> [f64; 4] {
+        let since = |later: Instant, earlier: Instant| ms(later.saturating_duration_since(earlier));
+        [
+            self.asked.map_or(f64::NAN, |a| since(a, self.sent)),
+            self.asked.map_or(f64::NAN, |a| since(self.spawning, a)),
+            since(self.ready, self.spawning),
+            since(self.answered, self.ready),
+        ]
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The start of the one instance of `bench/cold` the plane recorded.
+fn instance_start(plane: &ControlPlane) -> Result<meshless_control::starts::InstanceStart> {
+    plane
+        .state
+        .starts
+        .list()
+        .into_iter()
+        .find(|s| s.service == "bench/cold")
+        .ok_or_else(|| BenchError::Failed("the control plane recorded no instance start".into()))
+}
+
+/// p50 and p99 of each paired phase over `runs`.
+fn paired_phases(runs: &[Paired]) -> Vec<Phase> {
+    PAIRED
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut v: Vec<f64> = runs
+                .iter()
+                .map(|r| r.phases_ms()[i])
+                .filter(|x| !x.is_nan())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            Phase {
+                name: (*name).to_owned(),
+                count: v.len(),
+                p50_ms: percentile(&v, 0.5),
+                p99_ms: percentile(&v, 0.99),
+            }
+        })
+        .collect()
 }
 
 /// Spawns the command once and times its start both ways.
@@ -307,6 +401,21 @@ impl fmt::Display for ColdstartReport {
             self.overhead_notify_ms_p99,
             self.overhead_notify_ms_max
         )?;
+        write!(
+            f,
+            "\npaired (same spawn)       instance spawn to READY=1 p50 {:.1} ms; overhead p50/p99/max {:.2} / {:.2} / {:.2} ms",
+            self.paired_instance_ms_p50,
+            self.paired_overhead_ms_p50,
+            self.paired_overhead_ms_p99,
+            self.paired_overhead_ms_max
+        )?;
+        for p in &self.paired_phases {
+            write!(
+                f,
+                "\n  {:<30} p50/p99 {:.2} / {:.2} ms",
+                p.name, p.p50_ms, p.p99_ms
+            )?;
+        }
         for p in &self.phases {
             write!(
                 f,
@@ -353,6 +462,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut overhead = Vec::new();
     let mut base_notify = Vec::new();
     let mut overhead_notify = Vec::new();
+    let mut paired: Vec<Paired> = Vec::new();
     let (receiver, otlp) = Receiver::start().await?;
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
@@ -363,12 +473,21 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
             stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
-        let f = start.elapsed().as_secs_f64() * 1000.0;
+        let answered = Instant::now();
+        let f = ms(answered - start);
         if status != 200 {
             return Err(BenchError::Failed(format!(
                 "cold start {run}: status {status}"
             )));
         }
+        let own = instance_start(&plane)?;
+        paired.push(Paired {
+            sent: start,
+            answered,
+            asked: own.asked,
+            spawning: own.spawning,
+            ready: own.ready,
+        });
         proxy.shutdown().await;
         plane.shutdown().await;
         first.push(f);
@@ -390,7 +509,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         burst = run_burst(&cmd, &client, args).await?;
     }
     let mut burst_latency = std::mem::take(&mut burst.latency_ms);
+    let mut paired_overhead: Vec<f64> = paired.iter().map(Paired::overhead_ms).collect();
+    let mut paired_instance: Vec<f64> = paired.iter().map(Paired::instance_ms).collect();
     for v in [
+        &mut paired_overhead,
+        &mut paired_instance,
         &mut first,
         &mut base,
         &mut overhead,
@@ -412,6 +535,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         overhead_notify_ms_p50: percentile(&overhead_notify, 0.5),
         overhead_notify_ms_p99: percentile(&overhead_notify, 0.99),
         overhead_notify_ms_max: percentile(&overhead_notify, 1.0),
+        paired_instance_ms_p50: percentile(&paired_instance, 0.5),
+        paired_overhead_ms_p50: percentile(&paired_overhead, 0.5),
+        paired_overhead_ms_p99: percentile(&paired_overhead, 0.99),
+        paired_overhead_ms_max: percentile(&paired_overhead, 1.0),
+        paired_phases: paired_phases(&paired),
         burst_requests: args.burst,
         burst_failures: burst.failures.values().sum(),
         burst_failure_reasons: burst.failures,
