@@ -355,7 +355,10 @@ impl Exchange<'_> {
                 // request's future (a future is moved by copying its bytes).
                 let waited = self.wait(base, headers.as_ref(), &mut next, &mut held, record);
                 match Box::pin(waited).await? {
-                    Waited::Answered(resp, lease) => return Ok((resp, None, lease)),
+                    Waited::Answered(resp, lease) => {
+                        body.seal();
+                        return Ok((resp, None, lease));
+                    }
                     Waited::Ready(ready) => cluster = ready,
                 }
                 continue;
