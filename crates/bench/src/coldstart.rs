@@ -551,3 +551,30 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         phases,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_paired_overhead_is_the_time_around_the_instances_own_start() {
+        let sent = Instant::now();
+        let at = |ms: u64| sent + Duration::from_millis(ms);
+        let p = Paired {
+            sent,
+            asked: Some(at(2)),
+            spawning: at(3),
+            ready: at(210),
+            answered: at(212),
+        };
+        assert_eq!(p.instance_ms(), 207.0);
+        assert_eq!(p.overhead_ms(), 5.0);
+        assert_eq!(p.phases_ms(), [2.0, 1.0, 207.0, 2.0]);
+        // The phases cover the request: overhead plus the instance's start.
+        let sum: f64 = p.phases_ms().iter().sum();
+        assert_eq!(sum, ms(p.answered - p.sent));
+        let unasked = Paired { asked: None, ..p };
+        assert!(unasked.phases_ms()[0].is_nan() && unasked.phases_ms()[1].is_nan());
+        assert_eq!(unasked.overhead_ms(), 5.0);
+    }
+}
