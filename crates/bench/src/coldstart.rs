@@ -145,26 +145,34 @@ struct Paired {
 impl Paired {
     /// The instance's own start, ms.
     fn instance_ms(&self) -> f64 {
-        ms(self.ready.saturating_duration_since(self.spawning))
+        between(self.ready, self.spawning)
     }
 
-    /// What the path added around the instance's start, ms: before its
-    /// spawn and after its readiness.
+    /// What the path added around the instance's start, ms: the response
+    /// time minus the instance's own start. Below the time before the
+    /// spawn when the proxy's probe found the instance listening before
+    /// it said `READY=1` (the last phase is then negative).
     fn overhead_ms(&self) -> f64 {
-        ms(self.spawning.saturating_duration_since(self.sent))
-            + ms(self.answered.saturating_duration_since(self.ready))
+        between(self.answered, self.sent) - self.instance_ms()
     }
 
     /// The phases of [`PAIRED`], ms (`NaN` where the start was not asked
-    /// for by an activation).
+    /// for by an activation); they add up to the response time.
     fn phases_ms(&self) -> [f64; 4] {
-        let since = |later: Instant, earlier: Instant| ms(later.saturating_duration_since(earlier));
         [
-            self.asked.map_or(f64::NAN, |a| since(a, self.sent)),
-            self.asked.map_or(f64::NAN, |a| since(self.spawning, a)),
-            since(self.ready, self.spawning),
-            since(self.answered, self.ready),
+            self.asked.map_or(f64::NAN, |a| between(a, self.sent)),
+            self.asked.map_or(f64::NAN, |a| between(self.spawning, a)),
+            between(self.ready, self.spawning),
+            between(self.answered, self.ready),
         ]
+    }
+}
+
+/// `later - earlier` in ms, negative when `later` is earlier.
+fn between(later: Instant, earlier: Instant) -> f64 {
+    match later.checked_duration_since(earlier) {
+        Some(d) => ms(d),
+        None => -ms(earlier - later),
     }
 }
 
@@ -172,15 +180,28 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// The start of the one instance of `bench/cold` the plane recorded.
-fn instance_start(plane: &ControlPlane) -> Result<meshless_control::starts::InstanceStart> {
-    plane
-        .state
-        .starts
-        .list()
-        .into_iter()
-        .find(|s| s.service == "bench/cold")
-        .ok_or_else(|| BenchError::Failed("the control plane recorded no instance start".into()))
+/// The start of the one instance of `bench/cold` the plane recorded
+/// (waited for: the proxy's own probe may have released the request
+/// before the scaler read `READY=1`).
+async fn instance_start(plane: &ControlPlane) -> Result<meshless_control::starts::InstanceStart> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = plane
+            .state
+            .starts
+            .list()
+            .into_iter()
+            .find(|s| s.service == "bench/cold");
+        match found {
+            Some(start) => return Ok(start),
+            None if Instant::now() > deadline => {
+                return Err(BenchError::Failed(
+                    "the control plane recorded no instance start within 10 s".into(),
+                ));
+            }
+            None => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
 }
 
 /// p50 and p99 of each paired phase over `runs`.
@@ -480,7 +501,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
                 "cold start {run}: status {status}"
             )));
         }
-        let own = instance_start(&plane)?;
+        let own = instance_start(&plane).await?;
         paired.push(Paired {
             sent: start,
             answered,
@@ -576,5 +597,12 @@ mod tests {
         let unasked = Paired { asked: None, ..p };
         assert!(unasked.phases_ms()[0].is_nan() && unasked.phases_ms()[1].is_nan());
         assert_eq!(unasked.overhead_ms(), 5.0);
+        // Answered (through the proxy's probe) before READY=1 was read.
+        let early = Paired {
+            answered: at(209),
+            ..p
+        };
+        assert_eq!(early.phases_ms()[3], -1.0);
+        assert_eq!(early.overhead_ms(), 2.0);
     }
 }
