@@ -59,6 +59,17 @@ pub struct ColdstartReport {
     pub overhead_notify_ms_p50: f64,
     pub overhead_notify_ms_p99: f64,
     pub overhead_notify_ms_max: f64,
+    /// The same spawn's start (from the spawn call to the scaler seeing
+    /// `READY=1`), as the control plane recorded it, p50.
+    pub paired_instance_ms_p50: f64,
+    /// Per run: the first response minus its own instance's start (spawn
+    /// to `READY=1`): what the path added around that instance, without
+    /// the jitter of a second, independent spawn.
+    pub paired_overhead_ms_p50: f64,
+    pub paired_overhead_ms_p99: f64,
+    pub paired_overhead_ms_max: f64,
+    /// The paired overhead phase by phase (each run's own instants).
+    pub paired_phases: Vec<Phase>,
     pub burst_requests: usize,
     pub burst_failures: usize,
     /// Failed burst requests by status and body (or client error).
@@ -109,6 +120,110 @@ fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
 struct Baseline {
     listening: Duration,
     notified: Duration,
+}
+
+/// Names of the paired phases, in the order of a cold start.
+const PAIRED: [&str; 4] = [
+    "request -> activation read",
+    "activation read -> spawn",
+    "spawn -> READY=1 (instance)",
+    "READY=1 -> response",
+];
+
+/// One cold start's instants: the request sent and answered (the
+/// benchmark's), and its instance's start (the control plane's record,
+/// same process, same clock).
+#[derive(Debug, Clone, Copy)]
+struct Paired {
+    sent: Instant,
+    answered: Instant,
+    asked: Option<Instant>,
+    spawning: Instant,
+    ready: Instant,
+}
+
+impl Paired {
+    /// The instance's own start, ms.
+    fn instance_ms(&self) -> f64 {
+        between(self.ready, self.spawning)
+    }
+
+    /// What the path added around the instance's start, ms: the response
+    /// time minus the instance's own start. Below the time before the
+    /// spawn when the proxy's probe found the instance listening before
+    /// it said `READY=1` (the last phase is then negative).
+    fn overhead_ms(&self) -> f64 {
+        between(self.answered, self.sent) - self.instance_ms()
+    }
+
+    /// The phases of [`PAIRED`], ms (`NaN` where the start was not asked
+    /// for by an activation); they add up to the response time.
+    fn phases_ms(&self) -> [f64; 4] {
+        [
+            self.asked.map_or(f64::NAN, |a| between(a, self.sent)),
+            self.asked.map_or(f64::NAN, |a| between(self.spawning, a)),
+            between(self.ready, self.spawning),
+            between(self.answered, self.ready),
+        ]
+    }
+}
+
+/// `later - earlier` in ms, negative when `later` is earlier.
+fn between(later: Instant, earlier: Instant) -> f64 {
+    match later.checked_duration_since(earlier) {
+        Some(d) => ms(d),
+        None => -ms(earlier - later),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The start of the one instance of `bench/cold` the plane recorded
+/// (waited for: the proxy's own probe may have released the request
+/// before the scaler read `READY=1`).
+async fn instance_start(plane: &ControlPlane) -> Result<meshless_control::starts::InstanceStart> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = plane
+            .state
+            .starts
+            .list()
+            .into_iter()
+            .find(|s| s.service == "bench/cold");
+        match found {
+            Some(start) => return Ok(start),
+            None if Instant::now() > deadline => {
+                return Err(BenchError::Failed(
+                    "the control plane recorded no instance start within 10 s".into(),
+                ));
+            }
+            None => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+}
+
+/// p50 and p99 of each paired phase over `runs`.
+fn paired_phases(runs: &[Paired]) -> Vec<Phase> {
+    PAIRED
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut v: Vec<f64> = runs
+                .iter()
+                .map(|r| r.phases_ms()[i])
+                .filter(|x| !x.is_nan())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            Phase {
+                name: (*name).to_owned(),
+                count: v.len(),
+                p50_ms: percentile(&v, 0.5),
+                p99_ms: percentile(&v, 0.99),
+            }
+        })
+        .collect()
 }
 
 /// Spawns the command once and times its start both ways.
@@ -307,6 +422,21 @@ impl fmt::Display for ColdstartReport {
             self.overhead_notify_ms_p99,
             self.overhead_notify_ms_max
         )?;
+        write!(
+            f,
+            "\npaired (same spawn)       instance spawn to READY=1 p50 {:.1} ms; overhead p50/p99/max {:.2} / {:.2} / {:.2} ms",
+            self.paired_instance_ms_p50,
+            self.paired_overhead_ms_p50,
+            self.paired_overhead_ms_p99,
+            self.paired_overhead_ms_max
+        )?;
+        for p in &self.paired_phases {
+            write!(
+                f,
+                "\n  {:<30} p50/p99 {:.2} / {:.2} ms",
+                p.name, p.p50_ms, p.p99_ms
+            )?;
+        }
         for p in &self.phases {
             write!(
                 f,
@@ -353,6 +483,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut overhead = Vec::new();
     let mut base_notify = Vec::new();
     let mut overhead_notify = Vec::new();
+    let mut paired: Vec<Paired> = Vec::new();
     let (receiver, otlp) = Receiver::start().await?;
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
@@ -363,12 +494,21 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
             stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
         let start = Instant::now();
         let status = get(&client, addr).await?;
-        let f = start.elapsed().as_secs_f64() * 1000.0;
+        let answered = Instant::now();
+        let f = ms(answered - start);
         if status != 200 {
             return Err(BenchError::Failed(format!(
                 "cold start {run}: status {status}"
             )));
         }
+        let own = instance_start(&plane).await?;
+        paired.push(Paired {
+            sent: start,
+            answered,
+            asked: own.asked,
+            spawning: own.spawning,
+            ready: own.ready,
+        });
         proxy.shutdown().await;
         plane.shutdown().await;
         first.push(f);
@@ -390,7 +530,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         burst = run_burst(&cmd, &client, args).await?;
     }
     let mut burst_latency = std::mem::take(&mut burst.latency_ms);
+    let mut paired_overhead: Vec<f64> = paired.iter().map(Paired::overhead_ms).collect();
+    let mut paired_instance: Vec<f64> = paired.iter().map(Paired::instance_ms).collect();
     for v in [
+        &mut paired_overhead,
+        &mut paired_instance,
         &mut first,
         &mut base,
         &mut overhead,
@@ -412,6 +556,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         overhead_notify_ms_p50: percentile(&overhead_notify, 0.5),
         overhead_notify_ms_p99: percentile(&overhead_notify, 0.99),
         overhead_notify_ms_max: percentile(&overhead_notify, 1.0),
+        paired_instance_ms_p50: percentile(&paired_instance, 0.5),
+        paired_overhead_ms_p50: percentile(&paired_overhead, 0.5),
+        paired_overhead_ms_p99: percentile(&paired_overhead, 0.99),
+        paired_overhead_ms_max: percentile(&paired_overhead, 1.0),
+        paired_phases: paired_phases(&paired),
         burst_requests: args.burst,
         burst_failures: burst.failures.values().sum(),
         burst_failure_reasons: burst.failures,
@@ -422,4 +571,38 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         burst_over_1s: burst_latency.iter().filter(|ms| **ms > 1000.0).count(),
         phases,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_paired_overhead_is_the_time_around_the_instances_own_start() {
+        let sent = Instant::now();
+        let at = |ms: u64| sent + Duration::from_millis(ms);
+        let p = Paired {
+            sent,
+            asked: Some(at(2)),
+            spawning: at(3),
+            ready: at(210),
+            answered: at(212),
+        };
+        assert_eq!(p.instance_ms(), 207.0);
+        assert_eq!(p.overhead_ms(), 5.0);
+        assert_eq!(p.phases_ms(), [2.0, 1.0, 207.0, 2.0]);
+        // The phases cover the request: overhead plus the instance's start.
+        let sum: f64 = p.phases_ms().iter().sum();
+        assert_eq!(sum, ms(p.answered - p.sent));
+        let unasked = Paired { asked: None, ..p };
+        assert!(unasked.phases_ms()[0].is_nan() && unasked.phases_ms()[1].is_nan());
+        assert_eq!(unasked.overhead_ms(), 5.0);
+        // Answered (through the proxy's probe) before READY=1 was read.
+        let early = Paired {
+            answered: at(209),
+            ..p
+        };
+        assert_eq!(early.phases_ms()[3], -1.0);
+        assert_eq!(early.overhead_ms(), 2.0);
+    }
 }

@@ -20,6 +20,7 @@ pub mod process_scaler;
 pub mod reconciler;
 pub mod registry;
 pub mod scaling;
+pub mod starts;
 pub mod state;
 pub mod store;
 mod subscriber;

@@ -149,6 +149,9 @@ pub struct Placements {
     inner: Mutex<Inner>,
     /// Bumped on every change of the choices.
     generation: watch::Sender<u64>,
+    /// The hop credential sent to subscribers with the peers
+    /// ([`hop_token`]).
+    hop_token: String,
 }
 
 impl Default for Placements {
@@ -156,11 +159,34 @@ impl Default for Placements {
         Self {
             inner: Mutex::default(),
             generation: watch::channel(0).0,
+            hop_token: hop_token(),
         }
     }
 }
 
+/// A random hop credential: 32 bytes from the kernel's generator
+/// (`/dev/urandom`), in hex. Proxies trust a forwarded request only with
+/// it, so it must not be guessable: when the generator cannot be read it
+/// is empty, and no hop is trusted (forwarded requests are then held
+/// where they arrive, as ordinary ones).
+fn hop_token() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if let Err(e) = read {
+        tracing::error!(error = %e, "no hop credential (cannot read /dev/urandom): peer hops are not trusted");
+        return String::new();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Placements {
+    /// The hop credential subscribers get with the peers (empty when
+    /// none could be made).
+    pub fn hop_token(&self) -> &str {
+        &self.hop_token
+    }
+
     /// Applies `f`; when it `touched` anything, settles the choices and
     /// tells the subscribers (the peers may have changed even when the
     /// choices did not: they compare what they sent).
@@ -297,6 +323,16 @@ impl Placements {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_hop_credential_is_random_per_plane() {
+        let (a, b) = (Placements::default(), Placements::default());
+        for t in [a.hop_token(), b.hop_token()] {
+            assert_eq!(t.len(), 64, "{t}");
+            assert!(t.bytes().all(|c| c.is_ascii_hexdigit()), "{t}");
+        }
+        assert_ne!(a.hop_token(), b.hop_token());
+    }
 
     fn nodes(names: &[String]) -> BTreeMap<String, String> {
         names

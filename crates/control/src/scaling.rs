@@ -23,6 +23,7 @@ use crate::config::{ScalerConfig, ServiceScaling};
 use crate::kubernetes::{ScaleOutcome, ScaleTarget};
 use crate::metrics::ReadyLabels;
 use crate::process_scaler::{self, ProcessSpec};
+use crate::starts::InstanceStart;
 use crate::state::PlaneState;
 
 /// How long a drained instance keeps running after its endpoint is
@@ -88,6 +89,8 @@ struct InstanceJob {
     /// The node of the proxy whose activation request started it: the
     /// process scaler runs it locally and labels its endpoint so.
     node: Option<String>,
+    /// When that activation request woke the scaling loop.
+    asked: Option<Instant>,
 }
 
 /// Runs one process instance for its whole life.
@@ -101,7 +104,9 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         gone,
         drain,
         node,
+        asked,
     } = job;
+    let spawning = Instant::now();
     let mut inst = match process_scaler::spawn(&spec, &id, &state.metrics.notify) {
         Ok(i) => i,
         Err(e) => {
@@ -125,6 +130,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
                 state.metrics.instance_start.observe(spawned.elapsed().as_secs_f64());
                 state.metrics.instances_ready.get_or_create(&ReadyLabels { via: r.via.label() }).inc();
                 tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
+                state.starts.record(InstanceStart { service: service.clone(), id: id.clone(), asked, spawning, ready: inst.started + r.took, via: r.via.label() });
                 ready.store(true, Ordering::Relaxed);
                 put(&state, &service, &id, &at, conditions(true, false));
             }
@@ -308,6 +314,7 @@ pub async fn run(
                             gone: Arc::clone(&m.gone),
                             drain: cfg.drain_period,
                             node: state.distributor.take_activation_node(&service),
+                            asked: woken,
                         };
                         tokio::spawn(run_instance(job, rx));
                         if let Some(t) = woken.take() {

@@ -56,6 +56,8 @@ pub struct PlaneState {
     pub committer: Committer,
     /// Set once by the Kubernetes side when it starts (`scaler: kubernetes`).
     pub replica_scaler: OnceLock<Arc<dyn ReplicaScaler>>,
+    /// The process scaler's last instance starts, phase by phase.
+    pub starts: crate::starts::InstanceStarts,
 }
 
 impl PlaneState {
@@ -85,6 +87,7 @@ impl PlaneState {
             auth,
             committer,
             replica_scaler: OnceLock::new(),
+            starts: crate::starts::InstanceStarts::default(),
         }
     }
 

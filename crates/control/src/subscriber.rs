@@ -448,7 +448,12 @@ impl PlacementsSent {
             return Ok(());
         }
         self.peers = now;
-        let msg = v1::PeerAddresses { added, removed };
+        let hop_token = f.d.placements.hop_token().to_owned();
+        let msg = v1::PeerAddresses {
+            added,
+            removed,
+            hop_token,
+        };
         let msg = ServerMessage {
             msg: Some(server_message::Msg::Peers(msg)),
         };

@@ -136,6 +136,9 @@ struct ClusterView {
     active_retries: u64,
     /// Requests held for activation.
     queued_requests: u64,
+    /// Requests released from an activation hold still waiting for their
+    /// response headers (each holds a ticket: `release_concurrency`).
+    releasing_requests: u64,
     upstream_connections: u64,
     /// Idle HTTP/1.1 connections kept for reuse.
     upstream_idle_connections: u64,
@@ -177,6 +180,7 @@ fn clusters(state: &ProxyState) -> Vec<ClusterView> {
             pending_requests: c.counters.pending.load(Ordering::Relaxed),
             active_retries: c.counters.active_retries.load(Ordering::Relaxed),
             queued_requests: c.counters.queued.load(Ordering::Relaxed),
+            releasing_requests: c.counters.releasing.load(Ordering::Relaxed),
             upstream_connections: c.counters.connections.load(Ordering::Relaxed),
             upstream_idle_connections: c.counters.idle_connections.load(Ordering::Relaxed),
             endpoints: c

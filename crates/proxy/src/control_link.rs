@@ -354,6 +354,7 @@ async fn session(
                     }
                     Some(server_message::Msg::Peers(p)) => {
                         state.placements.change_peers(&p.added, &p.removed);
+                        state.placements.set_hop_token(&p.hop_token);
                     }
                     Some(server_message::Msg::Placement(p)) => {
                         state.placements.set(&p.service, &p.node, &p.address);

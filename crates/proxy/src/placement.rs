@@ -11,14 +11,61 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 
 use crate::config::UpstreamProtocol;
 use crate::upstream::{ClusterCounters, EndpointPool, Pool, Settings};
 
-/// Set on a request forwarded to a peer proxy, to this proxy's node name:
-/// a request carrying it is never forwarded again (one hop only).
+/// Set on a request forwarded to a peer proxy ([`Marker`]): a request
+/// carrying it is never forwarded again (one hop only).
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-meshless-forwarded-by");
+
+/// The value of [`FORWARDED_BY`]: `<node>;client=<ip>;token=<hex>`. The
+/// sending proxy's node, the client address it computed (its own
+/// `trusted_hops` applied, so the receiving proxy routes, hashes and logs
+/// the same client), and the control plane's hop credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub node: String,
+    pub client: Option<IpAddr>,
+    pub token: String,
+}
+
+impl Marker {
+    /// The header value (`None` when a part cannot be in one).
+    pub fn to_header(&self) -> Option<HeaderValue> {
+        let client = self.client.map(|ip| ip.to_string()).unwrap_or_default();
+        let text = format!("{};client={client};token={}", self.node, self.token);
+        HeaderValue::from_str(&text).ok()
+    }
+
+    /// Parses a header value; `None` when it is not one (then the request
+    /// is an ordinary one).
+    pub fn parse(value: &HeaderValue) -> Option<Self> {
+        let mut parts = value.to_str().ok()?.split(';');
+        let node = parts.next()?.trim().to_owned();
+        let (mut client, mut token) = (None, None);
+        for part in parts {
+            match part.trim().split_once('=')? {
+                ("client", ip) => client = Some(ip.parse().ok()),
+                ("token", t) => token = Some(t.to_owned()),
+                _ => return None,
+            }
+        }
+        Some(Self {
+            node,
+            client: client?,
+            token: token?,
+        })
+    }
+}
+
+/// Whether `a` and `b` are equal, in a time that depends on their lengths
+/// only (a marker's token is compared so: how long a wrong guess took
+/// says nothing about how much of it was right).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// Connections to peer proxies open at once, at most.
 const MAX_PEER_CONNECTIONS: u32 = 1024;
@@ -42,6 +89,9 @@ pub struct Placements {
     /// The IP addresses of the peer proxies (as the control plane sent
     /// them): the only sources whose [`FORWARDED_BY`] marker is trusted.
     peers: Mutex<HashSet<IpAddr>>,
+    /// The control plane's hop credential (none yet, or empty: no hop is
+    /// trusted).
+    hop_token: Mutex<Option<Arc<str>>>,
 }
 
 impl Default for Placements {
@@ -62,6 +112,7 @@ impl Default for Placements {
             pool: Pool::new(settings, counters),
             by_service: Mutex::default(),
             peers: Mutex::default(),
+            hop_token: Mutex::default(),
         }
     }
 }
@@ -112,6 +163,39 @@ impl Placements {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        *self
+            .hop_token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Keeps the control plane's hop credential (sent with the peers).
+    pub fn set_hop_token(&self, token: &str) {
+        let token = (!token.is_empty()).then(|| Arc::from(token));
+        *self
+            .hop_token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = token;
+    }
+
+    /// The hop credential to put in the marker of a forwarded request.
+    pub fn hop_token(&self) -> Option<Arc<str>> {
+        self.hop_token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether a request marked `marker` from `source` was forwarded by a
+    /// peer proxy: from a peer's address, with the hop credential.
+    pub fn trusts(&self, source: IpAddr, marker: &Marker) -> bool {
+        let Some(token) = self.hop_token() else {
+            return false;
+        };
+        // Compared before the address check, whatever it says: the time
+        // taken tells nothing about either.
+        let credential = same_secret(token.as_bytes(), marker.token.as_bytes());
+        self.is_peer(source) & credential
     }
 
     /// Applies a change of the peer proxies' addresses (text IPs; one
@@ -197,6 +281,64 @@ mod tests {
         assert_eq!(p.list().len(), 1);
         p.clear();
         assert!(p.list().is_empty());
+    }
+
+    fn marker(client: &str, token: &str) -> Marker {
+        Marker {
+            node: "n1".into(),
+            client: client.parse().ok(),
+            token: token.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hop_is_trusted_from_a_peer_with_the_credential_only() {
+        let p = Placements::default();
+        let peer: IpAddr = "10.0.0.1".parse().expect("ip");
+        p.change_peers(&["10.0.0.1".into()], &[]);
+        let good = marker("1.2.3.4", "s3cret");
+        assert!(!p.trusts(peer, &good), "no credential received yet");
+        p.set_hop_token("s3cret");
+        assert!(p.trusts(peer, &good));
+        assert!(!p.trusts("10.0.0.9".parse().expect("ip"), &good), "no peer");
+        for wrong in ["", "s3cre", "s3cret!", "S3cret", "x3cret"] {
+            assert!(!p.trusts(peer, &marker("1.2.3.4", wrong)), "{wrong:?}");
+        }
+        p.set_hop_token("");
+        assert!(!p.trusts(peer, &good), "an empty credential trusts nothing");
+        p.set_hop_token("s3cret");
+        p.clear();
+        assert!(!p.trusts(peer, &good), "a new stream sends it again");
+    }
+
+    #[test]
+    fn a_marker_reads_back_and_anything_else_is_none() {
+        let m = marker("2001:db8::1", "abc");
+        let v = m.to_header().expect("header");
+        assert_eq!(v, "n1;client=2001:db8::1;token=abc");
+        assert_eq!(Marker::parse(&v), Some(m));
+        let none = marker("", "abc");
+        assert_eq!(
+            Marker::parse(&none.to_header().expect("header")),
+            Some(none)
+        );
+        for bad in [
+            "n1",
+            "n1;token=abc",
+            "n1;client=1.2.3.4",
+            "n1;client=1.2.3.4;token=a;x=y",
+            "n1;client",
+        ] {
+            let v = HeaderValue::from_static(bad);
+            assert_eq!(Marker::parse(&v), None, "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn same_secret_is_equality(a in proptest::collection::vec(0u8..4, 0..6), b in proptest::collection::vec(0u8..4, 0..6)) {
+            proptest::prop_assert_eq!(same_secret(&a, &b), a == b);
+        }
     }
 
     #[tokio::test]

@@ -340,3 +340,249 @@ async fn long_lived_answers_do_not_keep_the_rest_of_the_burst_waiting() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+/// An instance that counts its requests waiting for their answer (one
+/// per connection: HTTP/1.0), in the file `state` of `dir` as `in_flight
+/// max answered`. The first instance started binds once `bind` exists,
+/// blocks every request until `serve` exists, answers at most `half`
+/// before `rest` exists, and exits at once when `die` exists. Every later
+/// instance (`second`: `serve` answering `ok2`, or `exit` failing at
+/// once) is told apart by the file `started`. A request leaves the count
+/// before its headers are sent: the proxy gives its ticket back at the
+/// headers, so the count is what the tickets bound.
+fn counting_instance(dir: &Path, half: usize, second: &str) -> String {
+    let script = format!(
+        "import os, time, threading, http.server as h\n\
+         D = '{dir}'\n\
+         def gate(n):\n    \
+           while not os.path.exists(D + '/' + n): time.sleep(0.005)\n\
+         first = not os.path.exists(D + '/started')\n\
+         open(D + '/started', 'a').close()\n\
+         if not first and '{second}' == 'exit': os._exit(3)\n\
+         lock = threading.Lock()\n\
+         st = [0, 0, 0]\n\
+         def save():\n    \
+           open(D + '/state.tmp', 'w').write('%d %d %d' % tuple(st))\n    \
+           os.replace(D + '/state.tmp', D + '/state')\n\
+         class H(h.BaseHTTPRequestHandler):\n    \
+           def do_GET(self):\n        \
+             with lock:\n            \
+               st[0] += 1; st[1] = max(st[1], st[0]); save()\n        \
+             if first:\n            \
+               gate('serve')\n            \
+               with lock: n = st[2]\n            \
+               if n >= {half}: gate('rest')\n        \
+             with lock:\n            \
+               st[0] -= 1; st[2] += 1; save()\n        \
+             body = b'ok\\n' if first else b'ok2\\n'\n        \
+             self.send_response(200)\n        \
+             self.send_header('content-length', str(len(body)))\n        \
+             self.end_headers()\n        \
+             self.wfile.write(body)\n    \
+           def log_message(self, *a):\n        \
+             pass\n\
+         def watch():\n    \
+           gate('die'); os._exit(0)\n\
+         if first:\n    \
+           threading.Thread(target=watch, daemon=True).start()\n    \
+           gate('bind')\n\
+         h.ThreadingHTTPServer(('127.0.0.1', int(os.environ['PORT'])), H).serve_forever()\n",
+        dir = dir.display(),
+    );
+    format!("[python3, -c, {script:?}]")
+}
+
+/// `(in_flight, max, answered)` of the instances started from `dir`.
+fn instance_state(dir: &Path) -> (usize, usize, usize) {
+    let text = std::fs::read_to_string(dir.join("state")).unwrap_or_default();
+    let v: Vec<usize> = text
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match v[..] {
+        [a, b, c] => (a, b, c),
+        _ => (0, 0, 0),
+    }
+}
+
+/// Sends `n` GETs; each task gives back its status and body.
+fn send(n: usize, addr: SocketAddr) -> Vec<tokio::task::JoinHandle<(StatusCode, String)>> {
+    (0..n)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (status, _, body) = get(&client(), addr, "/", &[]).await;
+                (status, body)
+            })
+        })
+        .collect()
+}
+
+async fn gauges_back_to_zero(p: &meshless_proxy::Proxy) {
+    eventually("every gauge back to 0", || async {
+        let c = cluster(p).await;
+        [
+            "queued_requests",
+            "releasing_requests",
+            "pending_requests",
+            "active_requests",
+            "active_retries",
+        ]
+        .iter()
+        .all(|f| count(&c, f) == 0)
+    })
+    .await;
+}
+
+/// The proxy and instance state of a release: `queued` held, `in_flight`
+/// at the instance.
+async fn settled(p: &meshless_proxy::Proxy, dir: &Path, queued: usize, in_flight: usize) {
+    eventually("the release settled", || async {
+        let c = cluster(p).await;
+        count(&c, "queued_requests") == queued as u64 && instance_state(dir).0 >= in_flight
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_requests_during_a_release_take_a_ticket_and_never_pass_the_limit() {
+    const RELEASE: usize = 4;
+    const NEW: usize = 60;
+    const HALF: usize = BURST / 2;
+    let g = gates();
+    let dir = g.bind.parent().expect("dir").to_path_buf();
+    let plane = ControlPlane::start(plane(&counting_instance(&dir, HALF, "serve")))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let activation = format!("release_concurrency: {RELEASE}");
+    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
+    subscribed(api, 1).await;
+    let mut tasks = held_burst(&p, addr).await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    settled(&p, &dir, BURST - RELEASE, RELEASE).await;
+    // New requests while the room is full wait behind the burst.
+    tasks.extend(send(NEW, addr));
+    settled(&p, &dir, BURST + NEW - RELEASE, RELEASE).await;
+    // New requests while tickets come and go: each takes one (or waits).
+    std::fs::write(&g.serve, b"go").expect("serve gate");
+    tasks.extend(send(NEW, addr));
+    let total = BURST + 2 * NEW;
+    eventually(
+        "every request held, at the instance or answered",
+        || async {
+            let (in_flight, _, answered) = instance_state(&dir);
+            let queued = count(&cluster(&p).await, "queued_requests") as usize;
+            answered >= HALF && queued + in_flight + answered == total
+        },
+    )
+    .await;
+    std::fs::write(dir.join("rest"), b"go").expect("rest gate");
+    for t in tasks {
+        let (status, body) = t.await.expect("task");
+        assert_eq!((status, &body[..]), (StatusCode::OK, "ok\n"));
+    }
+    let (_, max, answered) = instance_state(&dir);
+    assert_eq!(answered, total);
+    assert!(max <= RELEASE, "{max} requests at once at the instance");
+    gauges_back_to_zero(&p).await;
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// A burst being released (`RELEASE` at the instance, the rest held, and
+/// new requests paced behind it) whose instance exits; the next instance
+/// is `second` ([`counting_instance`]). Returns every answer, each
+/// within a generous deadline (none may hang), once every gauge is 0.
+async fn instance_leaves_mid_release(second: &str) -> Vec<(StatusCode, String)> {
+    const RELEASE: usize = 4;
+    const NEW: usize = 40;
+    let g = gates();
+    let dir = g.bind.parent().expect("dir").to_path_buf();
+    let plane = ControlPlane::start(plane(&counting_instance(&dir, BURST, second)))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let activation = format!("release_concurrency: {RELEASE}");
+    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
+    subscribed(api, 1).await;
+    let mut tasks = held_burst(&p, addr).await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    settled(&p, &dir, BURST - RELEASE, RELEASE).await;
+    // Paced: they find an instance, and no room.
+    tasks.extend(send(NEW, addr));
+    settled(&p, &dir, BURST + NEW - RELEASE, RELEASE).await;
+    assert_eq!(
+        proxy_metric(&p, "meshless_proxy_activations_total{result=\"sent\"}").await,
+        RELEASE as f64,
+        "only the burst's first requests were released"
+    );
+    let asked = || async {
+        let page = get(&client(), api, "/metrics", &[]).await.2;
+        metric(&page, "meshless_control_activation_requests_total").unwrap_or(0.0)
+    };
+    let before = asked().await;
+    std::fs::write(dir.join("die"), b"go").expect("die gate");
+    // The paced requests ask for an instance (the burst's own asked once,
+    // when it was held).
+    eventually("the held requests ask for a new instance", || async {
+        asked().await > before
+    })
+    .await;
+    let mut answers = Vec::new();
+    for t in tasks {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(60), t).await;
+        answers.push(got.expect("a held request hangs").expect("task"));
+    }
+    gauges_back_to_zero(&p).await;
+    p.shutdown().await;
+    plane.shutdown().await;
+    answers
+}
+
+/// How many of `answers` are `(status, body)`; panics on any answer that
+/// is neither that nor what the requests at the instance that left may
+/// get (an upstream fault: 502, or 503 when no endpoint was left to
+/// retry on).
+fn tally(answers: &[(StatusCode, String)], status: StatusCode, body: &str) -> usize {
+    let mut n = 0;
+    for (s, b) in answers {
+        if (*s, b.as_str()) == (status, body) || (*s == status && b.contains(body)) {
+            n += 1;
+        } else {
+            assert!(
+                matches!(s.as_u16(), 502 | 503),
+                "unexpected answer {s} {b:?}"
+            );
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_burst_whose_instance_leaves_gets_a_new_one() {
+    let answers = instance_leaves_mid_release("serve").await;
+    // Every request still held (the burst's and the paced ones) is
+    // answered by the next instance; only those at the instance that
+    // left may fail.
+    let ok = tally(&answers, StatusCode::OK, "ok2\n");
+    assert!(
+        ok >= answers.len() - 4,
+        "{ok} of {} answered",
+        answers.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_burst_whose_instance_leaves_is_refused_when_the_next_cannot_start() {
+    let answers = instance_leaves_mid_release("exit").await;
+    let refused = tally(
+        &answers,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "instance failed to start",
+    );
+    assert!(
+        refused >= answers.len() - 4,
+        "{refused} of {} refused",
+        answers.len()
+    );
+}

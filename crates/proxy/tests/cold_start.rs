@@ -54,6 +54,7 @@ async fn cold_start(command: &str, settled: fn(&str) -> bool) -> String {
     let api = plane.api_addr();
     let (p, addr) = proxy(&lazy_proxy(plane.grpc_addr())).await;
     subscribed(api).await;
+    let sent = std::time::Instant::now();
     let (status, _, body) = get(&client(), addr, "/", &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     eventually("the control plane's metrics settle", || async move {
@@ -61,6 +62,17 @@ async fn cold_start(command: &str, settled: fn(&str) -> bool) -> String {
     })
     .await;
     let metrics = plane_metrics(api).await;
+    // The start is recorded phase by phase, in order (what the benchmark
+    // pairs with the request): asked after the request was sent (unless
+    // a scaling tick on the load report started it first), spawned after
+    // that, ready after the spawn.
+    let starts = plane.state.starts.list();
+    let [start] = &starts[..] else {
+        panic!("one instance start recorded: {starts:?}");
+    };
+    assert_eq!(start.service, "demo/lazy");
+    let asked = start.asked.unwrap_or(sent);
+    assert!(sent <= asked && asked <= start.spawning && start.spawning < start.ready);
     p.shutdown().await;
     plane.shutdown().await;
     metrics

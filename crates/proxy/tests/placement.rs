@@ -87,9 +87,13 @@ fn activations(result: &str) -> String {
 /// Two proxies that both take forwarded requests, on `node-a` and
 /// `node-b`; returns them as (chosen, other) with the other's listener.
 async fn two_proxies(grpc: SocketAddr) -> (Proxy, Proxy, SocketAddr) {
-    let peer = ", peer_listener: web";
-    let (a, _) = proxy(&lazy_proxy(grpc, "node-a", peer)).await;
-    let (b, addr_b) = proxy(&lazy_proxy(grpc, "node-b", peer)).await;
+    two_proxies_of(|node| lazy_proxy(grpc, node, ", peer_listener: web")).await
+}
+
+/// Like [`two_proxies`], each proxy's YAML made by `yaml(node)`.
+async fn two_proxies_of(yaml: impl Fn(&str) -> String) -> (Proxy, Proxy, SocketAddr) {
+    let (a, _) = proxy(&yaml("node-a")).await;
+    let (b, addr_b) = proxy(&yaml("node-b")).await;
     let chosen = placed_node(&a).await;
     // Both proxies hear the same placement.
     eventually("both proxies placed", || async {
@@ -139,15 +143,23 @@ async fn a_first_request_is_served_on_the_chosen_node_through_its_proxy() {
     plane.shutdown().await;
 }
 
+/// The marker a peer proxy on `node-z` puts on a request it forwards,
+/// with the hop credential `p` received.
+fn marker_of(p: &Proxy) -> String {
+    let token = p.state().placements.hop_token().expect("a hop credential");
+    format!("node-z;client=203.0.113.9;token={token}")
+}
+
 /// A marked request from a peer proxy's address (both proxies are on
-/// 127.0.0.1 here) is held where it arrives.
+/// 127.0.0.1 here) with the hop credential is held where it arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_already_forwarded_is_never_forwarded_again() {
     let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
     let api = plane.api_addr();
     let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
     let other_node = other.state().snapshot.load().config.node.name.clone();
-    let marked = [("x-meshless-forwarded-by", "node-z")];
+    let marker = marker_of(&other);
+    let marked = [("x-meshless-forwarded-by", marker.as_str())];
     let (status, _, body) = get(&client(), other_addr, "/", &marked).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // Held where it arrived: the instance is the other node's.
@@ -255,5 +267,89 @@ async fn a_forwarding_marker_from_a_client_that_is_no_peer_is_not_trusted() {
             .is_peer("127.0.0.1".parse().expect("ip"))
     );
     here.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// A marker from a peer proxy's address without the hop credential (or
+/// with a wrong one) is an ordinary request: forwarded to the chosen node,
+/// its forwarding headers the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_without_the_hop_credential_is_an_ordinary_request() {
+    let plane = ControlPlane::start(echo_plane()).await.expect("plane");
+    let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
+    let token = other.state().placements.hop_token().expect("credential");
+    let wrong = format!(
+        "node-z;client=198.51.100.1;token={}",
+        token.replace(&token[..1], "_")
+    );
+    for marker in [
+        "node-z",
+        "node-z;client=198.51.100.1;token=",
+        wrong.as_str(),
+    ] {
+        let forged = [
+            ("x-meshless-forwarded-by", marker),
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-proto", "https"),
+        ];
+        let (status, _, body) = get(&client(), other_addr, "/", &forged).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body, "203.0.113.7, 127.0.0.1|http", "{marker}");
+    }
+    // The first went to the chosen node (the service then had an
+    // instance there: the others went straight to it).
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 1.0);
+    assert_eq!(proxy_metric(&chosen, &activations("sent")).await, 1.0);
+    chosen.shutdown().await;
+    other.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// The client of a hop is the one the forwarding proxy computed with its
+/// own `trusted_hops`, not the last `X-Forwarded-For` entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chosen_proxy_takes_the_client_the_forwarding_proxy_computed() {
+    let plane = ControlPlane::start(echo_plane()).await.expect("plane");
+    let grpc = plane.grpc_addr();
+    let dir = tempfile::tempdir().expect("dir");
+    let log = |node: &str| dir.path().join(format!("{node}.log"));
+    let (chosen, other, other_addr) = two_proxies_of(|node| {
+        let yaml = lazy_proxy(grpc, node, ", peer_listener: web").replace(
+            "    routes:",
+            "    forwarding: { trusted_hops: 1 }\n    routes:",
+        );
+        format!("access_log: \"{}\"\n{yaml}", log(node).display())
+    })
+    .await;
+    // One proxy in front of `other` appended the client 203.0.113.7.
+    let xff = [("x-forwarded-for", "192.0.2.1, 203.0.113.7")];
+    let (status, _, body) = get(&client(), other_addr, "/", &xff).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 1.0);
+    // What `other` would have sent the instance itself.
+    assert_eq!(body, "192.0.2.1, 203.0.113.7, 127.0.0.1|http");
+    let node = chosen
+        .state()
+        .snapshot
+        .load()
+        .config
+        .node
+        .name
+        .clone()
+        .expect("node");
+    let path = log(&node);
+    eventually("the chosen proxy's access log line", || async {
+        std::fs::read_to_string(&path).is_ok_and(|t| t.contains("\"status\":200"))
+    })
+    .await;
+    let line: serde_json::Value = std::fs::read_to_string(&path)
+        .expect("log")
+        .lines()
+        .find(|l| l.contains("\"status\":200"))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .expect("a JSON line");
+    assert_eq!(line["client"], "203.0.113.7", "{line}");
+    chosen.shutdown().await;
+    other.shutdown().await;
     plane.shutdown().await;
 }

@@ -35,14 +35,14 @@ use crate::upstream::ClusterCounters;
 /// Whether this pick must wait for activation: the cluster activates, this
 /// is not a retry, and there is no endpoint, or the picked one is over
 /// `container_concurrency` (the pick already counts in its load), or a
-/// held burst is being released and its room is full ([`Ticket`]): a new
-/// request then queues behind it. A request `released` with a ticket is
-/// past that queue.
+/// held burst is being released and its room was `full` when this request
+/// asked for a ticket ([`join_release`]): a new request then queues
+/// behind it.
 pub fn needed(
     cluster: &UpstreamCluster,
     picked: Option<&InFlight>,
     retrying: bool,
-    released: bool,
+    full: bool,
 ) -> bool {
     let Some(act) = cluster.config.activation.as_ref() else {
         return false;
@@ -56,11 +56,7 @@ pub fn needed(
     if act.container_concurrency > 0 {
         return cluster.lb.set().load(g.index()) > act.container_concurrency;
     }
-    let c = &cluster.counters;
-    !released
-        && act.release_concurrency > 0
-        && c.queued.load(Ordering::Relaxed) > 0
-        && c.releasing.load(Ordering::Relaxed) >= release_room(cluster, act)
+    full
 }
 
 /// How many released requests may wait for their response headers at
@@ -113,14 +109,22 @@ impl Ticket {
 /// A ticket for a request that was not held but comes while a burst is
 /// being released to `cluster`: it counts in the room like the released
 /// ones, so new requests do not reach a fresh instance past
-/// `release_concurrency` (nor ahead of the held ones). `None` when no
-/// burst is held, releases are not limited, or the room filled meanwhile.
-pub fn join_release(base: &UpstreamCluster, cluster: &UpstreamCluster) -> Option<Ticket> {
-    let act = cluster.config.activation.as_ref()?;
+/// `release_concurrency` (nor ahead of the held ones). `Ok(None)` when no
+/// burst is held or releases are not limited; `Err` when the room is full:
+/// the request must then wait its turn ([`needed`]). Taking the ticket is
+/// the check (one atomic step), so two requests cannot both see the last
+/// place free.
+pub(crate) fn join_release(
+    base: &UpstreamCluster,
+    cluster: &UpstreamCluster,
+) -> Result<Option<Ticket>, ()> {
+    let Some(act) = cluster.config.activation.as_ref() else {
+        return Ok(None);
+    };
     if base.counters.queued.load(Ordering::Relaxed) == 0 {
-        return None;
+        return Ok(None);
     }
-    Ticket::take(base, cluster, act).ok().flatten()
+    Ticket::take(base, cluster, act)
 }
 
 impl Drop for Ticket {

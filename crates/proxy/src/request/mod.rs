@@ -136,12 +136,10 @@ pub async fn handle(
     if let Some(reply) = path::apply(&settings.paths, &mut parts) {
         return Ok(reply.respond(record));
     }
-    let hop = peer::hop(state, &mut parts.headers, client);
-    let client_ip = if hop {
-        headers::hop_client_ip(&parts.headers).unwrap_or_else(|| client.ip())
-    } else {
-        headers::client_ip(&parts.headers, client, &settings.forwarding)
-    };
+    let hop_client = peer::hop(state, &mut parts.headers, client);
+    let hop = hop_client.is_some();
+    let client_ip = hop_client
+        .unwrap_or_else(|| headers::client_ip(&parts.headers, client, &settings.forwarding));
     record.client = Some(client_ip);
     let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
         Ok(r) => r,
@@ -283,10 +281,18 @@ impl Held {
     }
 
     /// Counts a request that was not held in the room of a burst being
-    /// released, if there is one ([`activate::join_release`]).
-    fn join_release(&mut self, base: &UpstreamCluster, cluster: &UpstreamCluster) {
-        if self.ticket.is_none() {
-            self.ticket = activate::join_release(base, cluster);
+    /// released, if there is one ([`activate::join_release`]); true when
+    /// that room is full (the request must wait its turn).
+    fn room_full(&mut self, base: &UpstreamCluster, cluster: &UpstreamCluster) -> bool {
+        if self.ticket.is_some() {
+            return false;
+        }
+        match activate::join_release(base, cluster) {
+            Ok(ticket) => {
+                self.ticket = ticket;
+                false
+            }
+            Err(()) => true,
         }
     }
 
@@ -338,8 +344,8 @@ impl Exchange<'_> {
         let mut retry: Option<Slot> = None;
         loop {
             let picked = policy.pick(&cluster, &ctx);
-            let released = held.ticket.is_some();
-            if activate::needed(&cluster, picked.as_ref(), policy.retrying(), released) {
+            let full = picked.is_some() && held.room_full(base, &cluster);
+            if activate::needed(&cluster, picked.as_ref(), policy.retrying(), full) {
                 if picked.is_some() {
                     // The key's endpoint is full: after the wait, pick by load.
                     ctx.key = None;
@@ -349,7 +355,10 @@ impl Exchange<'_> {
                 // request's future (a future is moved by copying its bytes).
                 let waited = self.wait(base, headers.as_ref(), &mut next, &mut held, record);
                 match Box::pin(waited).await? {
-                    Waited::Answered(resp, lease) => return Ok((resp, None, lease)),
+                    Waited::Answered(resp, lease) => {
+                        body.seal();
+                        return Ok((resp, None, lease));
+                    }
                     Waited::Ready(ready) => cluster = ready,
                 }
                 continue;
@@ -357,7 +366,6 @@ impl Exchange<'_> {
             let Some(mut guard) = picked else {
                 return Err(LocalReply::no_endpoint(cluster.config.fallback.as_ref()));
             };
-            held.join_release(base, &cluster);
             // A held request's headers stay for a reconnect (`reconnect`).
             let keep = held.at.is_some();
             let these = begin(
@@ -367,6 +375,11 @@ impl Exchange<'_> {
                 (&mut headers, keep),
                 record,
             );
+            if policy.last() {
+                // No retry can follow: the copy is not needed past what
+                // this attempt replays (a reconnect sends nothing twice).
+                body.seal();
+            }
             let sent = self
                 .attempt(&cluster, guard.index(), next.take(), these, record)
                 .await;
@@ -377,6 +390,7 @@ impl Exchange<'_> {
                     let (status, on) = attempt::judge(&resp, record.grpc);
                     retry = self.retry(&policy, on, &mut body, &cluster, &mut next);
                     if retry.is_none() {
+                        body.seal();
                         guard.set_outcome(status);
                         record.capacity = activate::CapacityNotice::of(&cluster);
                         held.answered(self.state, record, resp.status().as_u16());
@@ -426,7 +440,13 @@ impl Exchange<'_> {
         let policy = RetryPolicy::new(&base.config.retries, replayable);
         let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
         let activating = base.config.activation.is_some() && !self.upgrading;
-        let keep = (replayable && base.config.retries.count > 0) || activating;
+        let keep = if replayable && base.config.retries.count > 0 {
+            replay::Keep::Retries
+        } else if activating {
+            replay::Keep::Reconnect
+        } else {
+            replay::Keep::No
+        };
         (policy, RequestBody::new(downstream, keep))
     }
 

@@ -2,7 +2,10 @@
 //! hold for a service at zero that the control plane placed on another
 //! node goes to that node's proxy instead, which holds it and activates
 //! the service locally. One hop only: the forwarded request carries
-//! [`FORWARDED_BY`], and a request carrying it is never forwarded again.
+//! [`FORWARDED_BY`] (a [`Marker`]: this proxy's node, the client address
+//! it computed, the control plane's hop credential), and a request
+//! carrying it is never forwarded again. No credential from the control
+//! plane: nothing is forwarded.
 //!
 //! Fallback: when no connection to the chosen proxy can be had (it is
 //! gone, or unreachable within the connect timeout), nothing was sent, the
@@ -14,6 +17,7 @@
 //! The marker is removed from requests sent to endpoints
 //! (`headers::build_request`): it is between proxies only.
 
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use http::header::HOST;
@@ -21,7 +25,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::placement::{FORWARDED_BY, Target};
+use crate::placement::{FORWARDED_BY, Marker, Target};
 use crate::request::admit::{Gauge, Slot};
 use crate::request::body::Completion;
 use crate::request::respond::LocalReply;
@@ -40,20 +44,26 @@ pub enum Forwarded {
     Failed(LocalReply),
 }
 
-/// Whether the request was forwarded by a peer proxy: it carries
-/// [`FORWARDED_BY`] and comes from a peer proxy's address (as the control
-/// plane sent them). A marker from anyone else is removed: a client cannot
-/// opt out of placement, nor have its own `X-Forwarded-For` and
-/// `X-Forwarded-Proto` taken as a proxy's.
-pub fn hop(state: &ProxyState, headers: &mut HeaderMap, source: std::net::SocketAddr) -> bool {
-    if !headers.contains_key(FORWARDED_BY) {
-        return false;
-    }
-    if state.placements.is_peer(source.ip()) {
-        return true;
+/// The client of a request forwarded by a peer proxy: it carries a
+/// [`FORWARDED_BY`] marker with the control plane's hop credential and
+/// comes from a peer proxy's address (as the control plane sent them).
+/// Its client is the one the sending proxy computed (the source address
+/// when the marker names none). `None` for any other request, whose
+/// marker is removed: a client cannot opt out of placement, nor have its
+/// own `X-Forwarded-For` and `X-Forwarded-Proto` taken as a proxy's.
+pub fn hop(
+    state: &ProxyState,
+    headers: &mut HeaderMap,
+    source: std::net::SocketAddr,
+) -> Option<IpAddr> {
+    let value = headers.get(FORWARDED_BY)?;
+    if let Some(marker) = Marker::parse(value)
+        && state.placements.trusts(source.ip(), &marker)
+    {
+        return Some(marker.client.unwrap_or_else(|| source.ip()));
     }
     headers.remove(FORWARDED_BY);
-    false
+    None
 }
 
 /// The proxy to forward to instead of holding for `cluster`'s service: a
@@ -69,18 +79,20 @@ pub fn target(
     if headers.contains_key(FORWARDED_BY) {
         return None;
     }
+    // Without the credential the peer would take the hop for an ordinary
+    // request (and might forward it again).
+    state.placements.hop_token()?;
     state
         .placements
         .target(service, node, state.peer_address.get().copied())
 }
 
 /// The request for the peer proxy: the downstream request's method, path
-/// and (already forwarded) headers, its host kept, marked as forwarded by
-/// `node`.
+/// and (already forwarded) headers, its host kept, with `marker`.
 fn build(
     parts: &http::request::Parts,
     mut headers: HeaderMap,
-    node: &str,
+    marker: Option<&HeaderValue>,
     body: UpstreamBody,
 ) -> Request<UpstreamBody> {
     if !headers.contains_key(HOST)
@@ -91,8 +103,9 @@ fn build(
     {
         headers.insert(HOST, host);
     }
-    let marker = HeaderValue::from_str(node).unwrap_or_else(|_| HeaderValue::from_static("-"));
-    headers.insert(FORWARDED_BY, marker);
+    if let Some(marker) = marker {
+        headers.insert(FORWARDED_BY, marker.clone());
+    }
     let path = parts
         .uri
         .path_and_query()
@@ -116,7 +129,24 @@ pub async fn forward(
     record: &mut Completion,
 ) -> Forwarded {
     let state = std::sync::Arc::clone(&record.state);
-    let node = state.snapshot.load().config.node.name.clone();
+    let marker = Marker {
+        node: state
+            .snapshot
+            .load()
+            .config
+            .node
+            .name
+            .clone()
+            .unwrap_or_default(),
+        client: record.client,
+        token: state
+            .placements
+            .hop_token()
+            .as_deref()
+            .unwrap_or_default()
+            .to_owned(),
+    }
+    .to_header();
     let started = Instant::now();
     // Counted by the chosen proxy, not in this proxy's load report.
     let counted = Slot::acquire(&cluster.counters, Gauge::Forwarded, u64::MAX);
@@ -126,7 +156,7 @@ pub async fn forward(
                 .map_err(|never| match never {})
                 .boxed()
         });
-        build(parts, headers, node.as_deref().unwrap_or_default(), b)
+        build(parts, headers, marker.as_ref(), b)
     });
     let sent = tokio::time::timeout(limit, exchange).await;
     let (result, outcome) = match sent {

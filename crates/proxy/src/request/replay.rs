@@ -9,7 +9,15 @@
 //! attempt can be made ([`Replay::attempt`] is `None`); an older attempt
 //! still reading behind the newest one then waits forever rather than
 //! send a body with a hole (its stream is dropped with its exchange).
+//!
+//! The copy lives only while another attempt may need it: a body kept
+//! only for a reconnect ([`Keep::Reconnect`]: a request released from an
+//! activation hold whose connect failed, so nothing was read) keeps no
+//! byte, and once no retry can follow ([`RequestBody::seal`]: the last
+//! attempt is under way, or a response was chosen) nothing more is copied
+//! and what was is dropped as the newest attempt replays it.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -25,6 +33,18 @@ use crate::upstream::UpstreamBody;
 /// is the connection buffer limit, 1 MiB; gRPC unary requests are small).
 pub const REPLAY_LIMIT: usize = 64 * 1024;
 
+/// What a request's body is kept for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Nothing: one attempt.
+    No,
+    /// A new attempt only while no byte was read (a connect that failed):
+    /// no copy.
+    Reconnect,
+    /// Retries: a copy up to [`REPLAY_LIMIT`].
+    Retries,
+}
+
 /// A request's body as its attempts send it.
 #[derive(Debug)]
 pub enum RequestBody {
@@ -35,12 +55,30 @@ pub enum RequestBody {
 }
 
 impl RequestBody {
-    /// `body`, kept for retries when `retryable` and it has any bytes.
-    pub fn new(body: UpstreamBody, retryable: bool) -> Self {
-        if retryable && !body.is_end_stream() {
-            Self::Replay(Replay::new(body))
-        } else {
-            Self::Once(Some(body))
+    /// `body`, kept as `keep` says when it has any bytes.
+    pub fn new(body: UpstreamBody, keep: Keep) -> Self {
+        let limit = match keep {
+            _ if body.is_end_stream() => return Self::Once(Some(body)),
+            Keep::No => return Self::Once(Some(body)),
+            Keep::Reconnect => 0,
+            Keep::Retries => REPLAY_LIMIT,
+        };
+        Self::Replay(Replay::with_limit(body, limit))
+    }
+
+    /// No retry follows the attempt under way: copy nothing more, and drop
+    /// the copy as that attempt replays it.
+    pub fn seal(&self) {
+        if let Self::Replay(r) = self {
+            r.seal();
+        }
+    }
+
+    /// Bytes of the copy kept now.
+    pub fn kept_bytes(&self) -> usize {
+        match self {
+            Self::Once(_) => 0,
+            Self::Replay(r) => r.kept_bytes(),
         }
     }
 
@@ -67,15 +105,43 @@ enum Kept {
 #[derive(Debug)]
 struct Shared {
     source: UpstreamBody,
-    /// Frames read from `source`, in order, while within the limit.
-    kept: Vec<Kept>,
+    /// Frames read from `source`, in order, from frame `dropped` on.
+    kept: VecDeque<Kept>,
+    /// Frames dropped from the front of `kept` (after a seal).
+    dropped: usize,
     kept_bytes: usize,
+    /// Most bytes kept.
+    limit: usize,
     /// Frames read from `source` so far.
     pulled: usize,
-    /// Frames past the limit were read: `kept` is gone.
+    /// A frame read is not in `kept` (past the limit, or dropped after a
+    /// seal): no new attempt can be made.
     overflowed: bool,
+    /// No retry follows: nothing more is kept.
+    sealed: bool,
+    /// The newest attempt and how many frames it has sent.
+    newest: (u64, usize),
     /// `source` has ended.
     ended: bool,
+}
+
+impl Shared {
+    /// After a seal: drops the frames the newest attempt has sent.
+    fn drop_sent(&mut self) {
+        while self.sealed && self.dropped < self.newest.1 {
+            let Some(k) = self.kept.pop_front() else {
+                break;
+            };
+            if let Kept::Data(d) = k {
+                self.kept_bytes -= d.len();
+            }
+            self.dropped += 1;
+            self.overflowed = true;
+        }
+        if self.kept.is_empty() {
+            self.kept = VecDeque::new();
+        }
+    }
 }
 
 /// The downstream body of one request, shared by its attempts.
@@ -83,32 +149,60 @@ struct Shared {
 pub struct Replay(Arc<Mutex<Shared>>);
 
 impl Replay {
-    /// Wraps the downstream body.
+    /// Wraps the downstream body, keeping up to [`REPLAY_LIMIT`] bytes.
     pub fn new(source: UpstreamBody) -> Self {
+        Self::with_limit(source, REPLAY_LIMIT)
+    }
+
+    /// Wraps the downstream body, keeping up to `limit` bytes.
+    pub fn with_limit(source: UpstreamBody, limit: usize) -> Self {
         Self(Arc::new(Mutex::new(Shared {
             source,
-            kept: Vec::new(),
+            kept: VecDeque::new(),
+            dropped: 0,
             kept_bytes: 0,
+            limit,
             pulled: 0,
             overflowed: false,
+            sealed: false,
+            newest: (0, 0),
             ended: false,
         })))
     }
 
-    /// The body of a new attempt, from the start; `None` once the copy
-    /// outgrew [`REPLAY_LIMIT`].
+    /// The body of a new attempt, from the start; `None` once a frame
+    /// read is not kept (the copy outgrew its limit, or was dropped).
     pub fn attempt(&self) -> Option<UpstreamBody> {
-        let shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if shared.overflowed {
             return None;
         }
+        let generation = shared.newest.0 + 1;
+        shared.newest = (generation, 0);
         Some(
             AttemptBody {
                 shared: Arc::clone(&self.0),
                 cursor: 0,
+                generation,
             }
             .boxed(),
         )
+    }
+
+    /// No retry follows: nothing more is kept, and the copy is dropped as
+    /// the newest attempt sends it (at once for what it sent already).
+    pub fn seal(&self) {
+        let mut shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        shared.sealed = true;
+        shared.drop_sent();
+    }
+
+    /// Bytes of the copy kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .kept_bytes
     }
 
     /// Whether another attempt can still be made.
@@ -127,6 +221,8 @@ struct AttemptBody {
     shared: Arc<Mutex<Shared>>,
     /// Frames this attempt has sent.
     cursor: usize,
+    /// Its place among the attempts (the newest has the highest).
+    generation: u64,
 }
 
 impl Body for AttemptBody {
@@ -139,13 +235,19 @@ impl Body for AttemptBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let shared = Arc::clone(&self.shared);
         let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let newest = s.newest.0 == self.generation;
         if self.cursor < s.pulled {
-            // Behind the newest attempt: replay the copy, or (the copy is
-            // gone) never end rather than skip bytes.
-            let Some(k) = s.kept.get(self.cursor).cloned() else {
+            // Behind the front: replay the copy, or (the copy is gone)
+            // never end rather than skip bytes.
+            let at = self.cursor.checked_sub(s.dropped);
+            let Some(k) = at.and_then(|i| s.kept.get(i)).cloned() else {
                 return Poll::Pending;
             };
             self.cursor += 1;
+            if newest {
+                s.newest.1 = self.cursor;
+                s.drop_sent();
+            }
             return Poll::Ready(Some(Ok(match k {
                 Kept::Data(d) => Frame::data(d),
                 Kept::Trailers(t) => Frame::trailers(t),
@@ -159,6 +261,9 @@ impl Body for AttemptBody {
             Poll::Ready(Some(Ok(frame))) => {
                 s.pulled += 1;
                 self.cursor += 1;
+                if newest {
+                    s.newest.1 = self.cursor;
+                }
                 keep(&mut s, frame);
             }
             Poll::Ready(None) => s.ended = true,
@@ -182,24 +287,30 @@ impl Body for AttemptBody {
     }
 }
 
-/// Keeps a copy of `frame`, or drops every copy when over the limit.
+/// Keeps a copy of `frame`, or drops every copy when over the limit or
+/// sealed.
 fn keep(s: &mut Shared, frame: &Frame<Bytes>) {
-    if s.overflowed {
+    if s.overflowed && s.kept.is_empty() {
         return;
     }
     let kept = if let Some(d) = frame.data_ref() {
-        s.kept_bytes += d.len();
         Kept::Data(d.clone())
     } else if let Some(t) = frame.trailers_ref() {
         Kept::Trailers(t.clone())
     } else {
         return;
     };
-    if s.kept_bytes > REPLAY_LIMIT {
+    let len = frame.data_ref().map_or(0, Bytes::len);
+    // Sealed, the newest attempt reading at the front needs no copy (one
+    // behind it still does).
+    let front = s.sealed && s.newest.1 >= s.pulled;
+    if front || s.kept_bytes + len > s.limit {
         s.overflowed = true;
-        s.kept = Vec::new();
+        s.kept = VecDeque::new();
+        s.kept_bytes = 0;
     } else {
-        s.kept.push(kept);
+        s.kept_bytes += len;
+        s.kept.push_back(kept);
     }
 }
 
@@ -254,6 +365,52 @@ mod tests {
         assert!(first.frame().await.is_none());
     }
 
+    #[tokio::test]
+    async fn a_body_kept_for_a_reconnect_keeps_no_byte() {
+        let mut b = RequestBody::new(source(&[b"ab", b"cd"]), Keep::Reconnect);
+        // A connect failed: nothing was read, a new attempt is made.
+        drop(b.attempt().expect("first"));
+        let mut sent = b.attempt().expect("reconnect");
+        let f = sent.frame().await.expect("frame").expect("ok");
+        assert_eq!(f.into_data().expect("data"), &b"ab"[..]);
+        assert_eq!(b.kept_bytes(), 0, "no copy");
+        assert!(b.attempt().is_none(), "read from: it cannot be sent again");
+        assert_eq!(read(sent).await, b"cd");
+    }
+
+    #[tokio::test]
+    async fn sealed_the_copy_goes_as_the_last_attempt_replays_it() {
+        let mut b = RequestBody::new(source(&[b"ab", b"cd", b"ef"]), Keep::Retries);
+        let mut first = b.attempt().expect("first");
+        for _ in 0..2 {
+            first.frame().await.expect("frame").expect("ok");
+        }
+        drop(first);
+        assert_eq!(b.kept_bytes(), 4);
+        let mut last = b.attempt().expect("retry");
+        b.seal();
+        assert_eq!(b.kept_bytes(), 4, "not replayed yet");
+        let f = last.frame().await.expect("frame").expect("ok");
+        assert_eq!(f.into_data().expect("data"), &b"ab"[..]);
+        assert_eq!(b.kept_bytes(), 2, "replayed, dropped");
+        assert!(b.attempt().is_none(), "no attempt after a drop");
+        assert_eq!(read(last).await, b"cdef");
+        assert_eq!(b.kept_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn sealed_at_the_front_the_copy_goes_at_once() {
+        let mut b = RequestBody::new(source(&[b"ab", b"cd"]), Keep::Retries);
+        let mut only = b.attempt().expect("first");
+        only.frame().await.expect("frame").expect("ok");
+        assert_eq!(b.kept_bytes(), 2);
+        // A response was chosen: no attempt follows.
+        b.seal();
+        assert_eq!(b.kept_bytes(), 0);
+        assert_eq!(read(only).await, b"cd");
+        assert_eq!(b.kept_bytes(), 0, "nothing copied after the seal");
+    }
+
     fn futures_noop() -> std::task::Waker {
         std::task::Waker::noop().clone()
     }
@@ -274,6 +431,7 @@ mod tests {
         fn a_retry_sends_exactly_the_downstream_body(
             sizes in proptest::collection::vec(0usize..40_000, 0..8),
             failed_after in proptest::collection::vec(0usize..10, 0..4),
+            sealed_after in proptest::option::of(0usize..10),
         ) {
             // Bytes that differ by position, so a skipped or repeated frame shows.
             let chunks: Vec<Vec<u8>> = sizes
@@ -294,7 +452,25 @@ mod tests {
                     }
                 }
                 match r.attempt() {
-                    Some(last) => proptest::prop_assert_eq!(read(last).await, whole),
+                    // The last attempt, sealed (when `sealed_after`) after
+                    // it sent that many frames: still every byte, and no
+                    // copy left at its end.
+                    Some(mut last) => {
+                        let mut got = Vec::new();
+                        let mut n = 0;
+                        loop {
+                            if sealed_after == Some(n) {
+                                r.seal();
+                            }
+                            let Some(f) = last.frame().await else { break };
+                            got.extend_from_slice(&f.expect("ok").into_data().expect("data"));
+                            n += 1;
+                        }
+                        proptest::prop_assert_eq!(got, whole);
+                        if sealed_after.is_some_and(|k| k <= n) {
+                            proptest::prop_assert_eq!(r.kept_bytes(), 0);
+                        }
+                    }
                     // Offered no more only once more than the limit was read.
                     None => proptest::prop_assert!(whole.len() > REPLAY_LIMIT),
                 }
