@@ -87,6 +87,14 @@ impl RequestBody {
         }
     }
 
+    /// Whether another attempt can be made ([`Self::attempt`] is `Some`).
+    pub fn replayable(&self) -> bool {
+        match self {
+            Self::Once(_) => true,
+            Self::Replay(r) => r.replayable(),
+        }
+    }
+
     /// The body of the next attempt; `None` when it cannot be sent again.
     pub fn attempt(&mut self) -> Option<UpstreamBody> {
         match self {
