@@ -3,7 +3,10 @@
 //! reads on. The proxy's connection to that endpoint goes on sending the
 //! body while the retry (the last attempt, its copy sealed) streams it to
 //! the other endpoint: the retry must get every byte, whichever of the
-//! two reads the client's next chunk.
+//! two reads the client's next chunk. (Which task reads it is up to
+//! the scheduler: the hang fixed in `request/replay.rs`, the retry
+//! missing a chunk the first attempt read, is shown deterministically by
+//! that module's unit tests; this one checks the whole path.)
 
 mod common;
 
