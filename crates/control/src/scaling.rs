@@ -127,10 +127,12 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
             Ok(r) => {
+                // Recorded before the metrics count it: whoever sees the count
+                // finds the record.
+                state.starts.record(InstanceStart { service: service.clone(), id: id.clone(), asked, spawning, ready: inst.started + r.took, via: r.via.label() });
                 state.metrics.instance_start.observe(spawned.elapsed().as_secs_f64());
                 state.metrics.instances_ready.get_or_create(&ReadyLabels { via: r.via.label() }).inc();
                 tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
-                state.starts.record(InstanceStart { service: service.clone(), id: id.clone(), asked, spawning, ready: inst.started + r.took, via: r.via.label() });
                 ready.store(true, Ordering::Relaxed);
                 put(&state, &service, &id, &at, conditions(true, false));
             }

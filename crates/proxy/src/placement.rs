@@ -32,8 +32,17 @@ pub struct Marker {
 }
 
 impl Marker {
-    /// The header value (`None` when a part cannot be in one).
+    /// The header value (`None` when a part cannot be in one: the node or
+    /// the token holds `;`, `=` or anything but visible ASCII, which would
+    /// read back as another marker or none).
     pub fn to_header(&self) -> Option<HeaderValue> {
+        let plain = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b';' && b != b'=')
+        };
+        if !plain(&self.node) || !plain(&self.token) {
+            return None;
+        }
         let client = self.client.map(|ip| ip.to_string()).unwrap_or_default();
         let text = format!("{};client={client};token={}", self.node, self.token);
         HeaderValue::from_str(&text).ok()
@@ -322,6 +331,13 @@ mod tests {
             Marker::parse(&none.to_header().expect("header")),
             Some(none)
         );
+        for node in ["a;b", "a=b", "a b", "a,\u{e9}", "a\x7f"] {
+            let m = Marker {
+                node: node.into(),
+                ..marker("1.2.3.4", "abc")
+            };
+            assert_eq!(m.to_header(), None, "{node:?}");
+        }
         for bad in [
             "n1",
             "n1;token=abc",

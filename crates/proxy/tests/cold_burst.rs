@@ -586,3 +586,47 @@ async fn a_paced_burst_whose_instance_leaves_is_refused_when_the_next_cannot_sta
         answers.len()
     );
 }
+
+/// A burst no larger than the room is released whole: none is held any
+/// more, but its requests still await their headers. New requests then
+/// still take a ticket (or wait for one): they never pass the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_requests_wait_while_the_released_burst_awaits_its_headers() {
+    const RELEASE: usize = 4;
+    const NEW: usize = 20;
+    let g = gates();
+    let dir = g.bind.parent().expect("dir").to_path_buf();
+    let plane = ControlPlane::start(plane(&counting_instance(&dir, BURST, "serve")))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let activation = format!("release_concurrency: {RELEASE}");
+    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
+    subscribed(api, 1).await;
+    let mut tasks = send(RELEASE, addr);
+    eventually("the burst held", || async {
+        count(&cluster(&p).await, "queued_requests") == RELEASE as u64
+    })
+    .await;
+    std::fs::write(&g.bind, b"go").expect("bind gate");
+    settled(&p, &dir, 0, RELEASE).await;
+    tasks.extend(send(NEW, addr));
+    eventually("the new requests held or at the instance", || async {
+        let queued = count(&cluster(&p).await, "queued_requests") as usize;
+        queued + instance_state(&dir).0 == RELEASE + NEW
+    })
+    .await;
+    let (in_flight, _, _) = instance_state(&dir);
+    assert_eq!(in_flight, RELEASE, "only the burst at the instance");
+    std::fs::write(&g.serve, b"go").expect("serve gate");
+    for t in tasks {
+        let (status, body) = t.await.expect("task");
+        assert_eq!((status, &body[..]), (StatusCode::OK, "ok\n"));
+    }
+    let (_, max, answered) = instance_state(&dir);
+    assert_eq!(answered, RELEASE + NEW);
+    assert!(max <= RELEASE, "{max} requests at once at the instance");
+    gauges_back_to_zero(&p).await;
+    p.shutdown().await;
+    plane.shutdown().await;
+}

@@ -66,6 +66,10 @@ async fn cold_start(command: &str, settled: fn(&str) -> bool) -> String {
     // pairs with the request): asked after the request was sent (unless
     // a scaling tick on the load report started it first), spawned after
     // that, ready after the spawn.
+    eventually("the instance start recorded", || async {
+        !plane.state.starts.list().is_empty()
+    })
+    .await;
     let starts = plane.state.starts.list();
     let [start] = &starts[..] else {
         panic!("one instance start recorded: {starts:?}");

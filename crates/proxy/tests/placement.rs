@@ -271,22 +271,36 @@ async fn a_forwarding_marker_from_a_client_that_is_no_peer_is_not_trusted() {
 }
 
 /// A marker from a peer proxy's address without the hop credential (or
-/// with a wrong one) is an ordinary request: forwarded to the chosen node,
-/// its forwarding headers the client's.
+/// with a wrong one: a control plane restarted since it forwarded) is not
+/// trusted (its forwarding headers are the client's), and the request is
+/// never forwarded again: one hop only, whatever the credentials say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_marker_without_the_hop_credential_is_an_ordinary_request() {
+async fn a_marker_from_a_peer_without_the_hop_credential_is_held_here_untrusted() {
     let plane = ControlPlane::start(echo_plane()).await.expect("plane");
+    let api = plane.api_addr();
     let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
+    let other_node = other
+        .state()
+        .snapshot
+        .load()
+        .config
+        .node
+        .name
+        .clone()
+        .expect("node");
     let token = other.state().placements.hop_token().expect("credential");
     let wrong = format!(
         "node-z;client=198.51.100.1;token={}",
         token.replace(&token[..1], "_")
     );
-    for marker in [
+    for (i, marker) in [
         "node-z",
         "node-z;client=198.51.100.1;token=",
         wrong.as_str(),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let forged = [
             ("x-meshless-forwarded-by", marker),
             ("x-forwarded-for", "203.0.113.7"),
@@ -295,11 +309,23 @@ async fn a_marker_without_the_hop_credential_is_an_ordinary_request() {
         let (status, _, body) = get(&client(), other_addr, "/", &forged).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body, "203.0.113.7, 127.0.0.1|http", "{marker}");
+        if i == 0 {
+            // Held and activated here, not on the chosen node.
+            assert_eq!(instance_nodes(api).await, vec![other_node.clone()]);
+            eventually("the placement withdrawn, the instance ready", || async {
+                let snap = other.state().snapshot.load();
+                other.state().placements.list().is_empty()
+                    && snap.clusters.get("lazy").is_some_and(|c| {
+                        let set = c.lb.set();
+                        (0..set.len()).any(|e| set.is_available(e))
+                    })
+            })
+            .await;
+        }
     }
-    // The first went to the chosen node (the service then had an
-    // instance there: the others went straight to it).
-    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 1.0);
-    assert_eq!(proxy_metric(&chosen, &activations("sent")).await, 1.0);
+    assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 0.0);
+    assert_eq!(proxy_metric(&other, &activations("sent")).await, 1.0);
+    assert_eq!(proxy_metric(&chosen, &activations("sent")).await, 0.0);
     chosen.shutdown().await;
     other.shutdown().await;
     plane.shutdown().await;

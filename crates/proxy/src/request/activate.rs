@@ -83,37 +83,47 @@ fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
 #[derive(Debug)]
 pub struct Ticket {
     slot: Option<Slot>,
+    /// Set for a request that was held (counted in `released`).
+    held: Option<Slot>,
     counters: Arc<ClusterCounters>,
 }
 
 impl Ticket {
-    /// A ticket for `c`: `Ok(None)` when releases are not limited, `Err`
-    /// when the room is full.
+    /// A ticket for `c` for a request that was `held` or not: `Ok(None)`
+    /// when releases are not limited, `Err` when the room is full.
     fn take(
         base: &UpstreamCluster,
         c: &UpstreamCluster,
         act: &Activation,
+        held: bool,
     ) -> Result<Option<Self>, ()> {
         if act.release_concurrency == 0 || act.container_concurrency > 0 {
             return Ok(None);
         }
         let slot =
             Slot::acquire(&base.counters, Gauge::Releasing, release_room(c, act)).ok_or(())?;
+        let held = held
+            .then(|| Slot::acquire(&base.counters, Gauge::Released, u64::MAX))
+            .flatten();
         Ok(Some(Self {
             slot: Some(slot),
+            held,
             counters: Arc::clone(&base.counters),
         }))
     }
 }
 
 /// A ticket for a request that was not held but comes while a burst is
-/// being released to `cluster`: it counts in the room like the released
+/// being released to `cluster` (requests held, or released ones still
+/// awaiting their headers): it counts in the room like the released
 /// ones, so new requests do not reach a fresh instance past
 /// `release_concurrency` (nor ahead of the held ones). `Ok(None)` when no
-/// burst is held or releases are not limited; `Err` when the room is full:
-/// the request must then wait its turn ([`needed`]). Taking the ticket is
-/// the check (one atomic step), so two requests cannot both see the last
-/// place free.
+/// burst is being released (none held, and every released one got its
+/// headers or failed) or releases are not limited; `Err` when the room
+/// is full: the request must then wait its turn ([`needed`]). Taking the
+/// ticket is the check (one atomic step), so two requests cannot both see
+/// the last place free. Such a ticket does not itself keep tickets in
+/// force (steady traffic after a burst is not paced).
 pub(crate) fn join_release(
     base: &UpstreamCluster,
     cluster: &UpstreamCluster,
@@ -121,15 +131,17 @@ pub(crate) fn join_release(
     let Some(act) = cluster.config.activation.as_ref() else {
         return Ok(None);
     };
-    if base.counters.queued.load(Ordering::Relaxed) == 0 {
+    let c = &base.counters;
+    if c.queued.load(Ordering::Acquire) == 0 && c.released.load(Ordering::Acquire) == 0 {
         return Ok(None);
     }
-    Ticket::take(base, cluster, act)
+    Ticket::take(base, cluster, act, false)
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         drop(self.slot.take());
+        drop(self.held.take());
         if self.counters.queued.load(Ordering::Relaxed) > 0 {
             self.counters.capacity_freed.notify_one();
         }
@@ -347,7 +359,7 @@ pub async fn hold(
         }
         if let Some(c) = snap.clusters.get(&*base.name)
             && has_capacity(c, act.container_concurrency)
-            && let Ok(ticket) = Ticket::take(base, c, act)
+            && let Ok(ticket) = Ticket::take(base, c, act, true)
         {
             if !paced {
                 released(state, trace, (held, announced), probed);

@@ -28,6 +28,8 @@ pub enum Gauge {
     /// `releasing`: released from an activation hold, until its response
     /// headers (`release_concurrency`).
     Releasing,
+    /// `released`: of `releasing`, a request that was held.
+    Released,
 }
 
 impl Gauge {
@@ -39,6 +41,7 @@ impl Gauge {
             Gauge::Queued => &c.queued,
             Gauge::Forwarded => &c.forwarded,
             Gauge::Releasing => &c.releasing,
+            Gauge::Released => &c.released,
         }
     }
 }

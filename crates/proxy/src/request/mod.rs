@@ -546,9 +546,7 @@ impl Exchange<'_> {
         if !on.is_some_and(|on| policy.may_retry(on)) {
             return None;
         }
-        *next = body.attempt();
-        next.as_ref()
-            .and_then(|_| admit::retry(self.state, cluster))
+        next_attempt(body, next, || admit::retry(self.state, cluster))
     }
 
     /// One attempt to endpoint `index`, holding a `max_pending` slot until
@@ -574,5 +572,70 @@ impl Exchange<'_> {
             .deadline
             .map(|d| d.saturating_duration_since(Instant::now()));
         attempt::send(cluster, index, req, timeout, &record.fault).await
+    }
+}
+
+/// The next attempt's body (into `next`) and the retry-budget slot
+/// `budget` gives, or `None` (and no new attempt: a refused retry leaves
+/// the attempt under way the newest, so a seal drops the copy) when the
+/// body cannot be sent again or the budget is spent.
+fn next_attempt(
+    body: &mut RequestBody,
+    next: &mut Option<UpstreamBody>,
+    budget: impl FnOnce() -> Option<Slot>,
+) -> Option<Slot> {
+    if !body.replayable() {
+        return None;
+    }
+    let slot = budget()?;
+    *next = Some(body.attempt()?);
+    Some(slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    fn body() -> RequestBody {
+        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = [&b"ab"[..], b"cd", b"ef"]
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c))))
+            .collect();
+        let source = StreamBody::new(tokio_stream::iter(frames)).boxed();
+        RequestBody::new(source, replay::Keep::Retries)
+    }
+
+    /// A retry the budget refused: the response of the attempt under way
+    /// is chosen, and the seal drops the copy at once.
+    #[tokio::test]
+    async fn a_retry_refused_by_the_budget_keeps_no_copy() {
+        let mut b = body();
+        let mut first = b.attempt().expect("first");
+        first.frame().await.expect("frame").expect("ok");
+        let mut next = None;
+        assert!(next_attempt(&mut b, &mut next, || None).is_none());
+        assert!(next.is_none());
+        b.seal();
+        assert_eq!(b.kept_bytes(), 0, "the copy goes with the seal");
+        first.frame().await.expect("frame").expect("ok");
+        assert_eq!(b.kept_bytes(), 0, "and nothing more is copied");
+    }
+
+    #[tokio::test]
+    async fn a_retry_the_budget_allows_replays_the_body() {
+        let counters = Arc::new(crate::upstream::ClusterCounters::default());
+        let mut b = body();
+        let mut first = b.attempt().expect("first");
+        first.frame().await.expect("frame").expect("ok");
+        let mut next = None;
+        let slot = next_attempt(&mut b, &mut next, || {
+            Slot::acquire(&counters, admit::Gauge::Retries, 1)
+        });
+        assert!(slot.is_some());
+        let sent = next.expect("a body").collect().await.expect("body");
+        assert_eq!(sent.to_bytes(), &b"abcdef"[..]);
     }
 }

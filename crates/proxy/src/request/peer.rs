@@ -48,9 +48,12 @@ pub enum Forwarded {
 /// [`FORWARDED_BY`] marker with the control plane's hop credential and
 /// comes from a peer proxy's address (as the control plane sent them).
 /// Its client is the one the sending proxy computed (the source address
-/// when the marker names none). `None` for any other request, whose
-/// marker is removed: a client cannot opt out of placement, nor have its
-/// own `X-Forwarded-For` and `X-Forwarded-Proto` taken as a proxy's.
+/// when the marker names none). `None` for any other request: its client
+/// and forwarding headers are its own. A marker from a client that is no
+/// peer is removed (a client cannot opt out of placement); one from a
+/// peer's address that fails the check (a credential the control plane
+/// has since replaced, or none) stays, so the request is never forwarded
+/// again (one hop only, whatever the credentials say).
 pub fn hop(
     state: &ProxyState,
     headers: &mut HeaderMap,
@@ -62,7 +65,9 @@ pub fn hop(
     {
         return Some(marker.client.unwrap_or_else(|| source.ip()));
     }
-    headers.remove(FORWARDED_BY);
+    if !state.placements.is_peer(source.ip()) {
+        headers.remove(FORWARDED_BY);
+    }
     None
 }
 
@@ -92,7 +97,7 @@ pub fn target(
 fn build(
     parts: &http::request::Parts,
     mut headers: HeaderMap,
-    marker: Option<&HeaderValue>,
+    marker: &HeaderValue,
     body: UpstreamBody,
 ) -> Request<UpstreamBody> {
     if !headers.contains_key(HOST)
@@ -103,9 +108,7 @@ fn build(
     {
         headers.insert(HOST, host);
     }
-    if let Some(marker) = marker {
-        headers.insert(FORWARDED_BY, marker.clone());
-    }
+    headers.insert(FORWARDED_BY, marker.clone());
     let path = parts
         .uri
         .path_and_query()
@@ -117,8 +120,27 @@ fn build(
     req
 }
 
+/// The marker of a request this proxy (on `node`) forwards for `client`
+/// with the hop credential `token`: `None` when it may not forward (no
+/// credential, e.g. cleared by a new stream since [`target`]; or a part
+/// that cannot be in the marker).
+fn marker_header(
+    node: Option<&str>,
+    token: Option<&str>,
+    client: Option<IpAddr>,
+) -> Option<HeaderValue> {
+    let token = token.filter(|t| !t.is_empty())?;
+    Marker {
+        node: node.unwrap_or_default().to_owned(),
+        client,
+        token: token.to_owned(),
+    }
+    .to_header()
+}
+
 /// Sends the request to `target` and waits up to `limit` for its response
-/// headers. `body` is taken only once a connection is there.
+/// headers. `body` is taken only once a connection is there; nothing is
+/// sent (`Unreachable`) without a marker ([`marker_header`]).
 pub async fn forward(
     cluster: &UpstreamCluster,
     target: &Target,
@@ -129,24 +151,14 @@ pub async fn forward(
     record: &mut Completion,
 ) -> Forwarded {
     let state = std::sync::Arc::clone(&record.state);
-    let marker = Marker {
-        node: state
-            .snapshot
-            .load()
-            .config
-            .node
-            .name
-            .clone()
-            .unwrap_or_default(),
-        client: record.client,
-        token: state
-            .placements
-            .hop_token()
-            .as_deref()
-            .unwrap_or_default()
-            .to_owned(),
-    }
-    .to_header();
+    let snapshot = state.snapshot.load();
+    let token = state.placements.hop_token();
+    let node = snapshot.config.node.name.as_deref();
+    let Some(marker) = marker_header(node, token.as_deref(), record.client) else {
+        // Nothing sent: hold the request here.
+        tracing::warn!(peer = %target.address, "no marker to forward with (no hop credential, or a node name that cannot be in one); activating here");
+        return Forwarded::Unreachable;
+    };
     let started = Instant::now();
     // Counted by the chosen proxy, not in this proxy's load report.
     let counted = Slot::acquire(&cluster.counters, Gauge::Forwarded, u64::MAX);
@@ -156,7 +168,7 @@ pub async fn forward(
                 .map_err(|never| match never {})
                 .boxed()
         });
-        build(parts, headers, marker.as_ref(), b)
+        build(parts, headers, &marker, b)
     });
     let sent = tokio::time::timeout(limit, exchange).await;
     let (result, outcome) = match sent {
@@ -219,4 +231,25 @@ fn span(state: &ProxyState, record: &Completion, target: &Target, started: Insta
         Instant::now(),
         &attributes,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_marker_without_a_credential_or_with_a_node_that_cannot_be_in_one() {
+        let ip = "192.0.2.1".parse().ok();
+        let ok = marker_header(Some("n1"), Some("abc"), ip).expect("a marker");
+        assert_eq!(ok, "n1;client=192.0.2.1;token=abc");
+        assert!(marker_header(Some("n1"), None, ip).is_none(), "cleared");
+        assert!(marker_header(Some("n1"), Some(""), ip).is_none(), "empty");
+        for node in ["a;token=x", "a=b", "a b", "n\u{f6}de", "a\tb", " a"] {
+            assert!(
+                marker_header(Some(node), Some("abc"), ip).is_none(),
+                "{node:?}"
+            );
+        }
+        assert!(marker_header(Some("n1"), Some("a;b"), ip).is_none());
+    }
 }

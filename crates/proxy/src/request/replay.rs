@@ -5,22 +5,27 @@
 //! call (a POST with a body) be retried, as Envoy's retry buffer does.
 //!
 //! Invariant: a replayed body is byte for byte the downstream body, or it
-//! never ends. Once the copy outgrew the limit it is dropped and no new
-//! attempt can be made ([`Replay::attempt`] is `None`); an older attempt
-//! still reading behind the newest one then waits forever rather than
-//! send a body with a hole (its stream is dropped with its exchange).
+//! never ends. Every frame the newest attempt has not sent is kept, so
+//! the newest never waits on another attempt: an older attempt whose
+//! connection reads on (hyper sends a body after an early answer) reads
+//! for it too, at most [`REPLAY_LIMIT`] bytes ahead of it (then it waits
+//! its turn), and every attempt waiting for a frame is woken when another
+//! reads one. Once the copy outgrew the limit no new attempt can be made
+//! ([`Replay::attempt`] is `None`); an older attempt still reading behind
+//! frames that were dropped then waits forever rather than send a body
+//! with a hole (its stream is dropped with its exchange).
 //!
 //! The copy lives only while another attempt may need it: a body kept
 //! only for a reconnect ([`Keep::Reconnect`]: a request released from an
 //! activation hold whose connect failed, so nothing was read) keeps no
-//! byte, and once no retry can follow ([`RequestBody::seal`]: the last
-//! attempt is under way, or a response was chosen) nothing more is copied
-//! and what was is dropped as the newest attempt replays it.
+//! byte the newest attempt sent, and once no retry can follow
+//! ([`RequestBody::seal`]: the last attempt is under way, or a response
+//! was chosen) or past the limit, what the newest attempt sent is dropped.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -82,6 +87,14 @@ impl RequestBody {
         }
     }
 
+    /// Whether another attempt can be made ([`Self::attempt`] is `Some`).
+    pub fn replayable(&self) -> bool {
+        match self {
+            Self::Once(_) => true,
+            Self::Replay(r) => r.replayable(),
+        }
+    }
+
     /// The body of the next attempt; `None` when it cannot be sent again.
     pub fn attempt(&mut self) -> Option<UpstreamBody> {
         match self {
@@ -102,45 +115,103 @@ enum Kept {
     Trailers(HeaderMap),
 }
 
+impl Kept {
+    fn len(&self) -> usize {
+        match self {
+            Self::Data(d) => d.len(),
+            Self::Trailers(_) => 0,
+        }
+    }
+}
+
+/// The attempts waiting for the shared body. The downstream body wakes
+/// one waker (the last it was polled with), and more than one attempt
+/// may wait on it: it is polled with this one, which wakes them all.
+#[derive(Debug, Default)]
+struct Waiters(Mutex<Vec<Waker>>);
+
+impl Waiters {
+    fn add(&self, waker: &Waker) {
+        let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !list.iter().any(|w| w.will_wake(waker)) {
+            list.push(waker.clone());
+        }
+    }
+
+    /// Wakes every waiting attempt but `own` (the one that just read).
+    fn wake_others(&self, own: Option<&Waker>) {
+        let list = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
+        for w in list {
+            if !own.is_some_and(|o| o.will_wake(&w)) {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl Wake for Waiters {
+    fn wake(self: Arc<Self>) {
+        self.wake_others(None);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wake_others(None);
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
     source: UpstreamBody,
     /// Frames read from `source`, in order, from frame `dropped` on.
     kept: VecDeque<Kept>,
-    /// Frames dropped from the front of `kept` (after a seal).
+    /// Frames dropped from the front of `kept` (sent by the newest
+    /// attempt after a seal or past the limit): no new attempt can be
+    /// made once it is not 0.
     dropped: usize,
     kept_bytes: usize,
-    /// Most bytes kept.
+    /// Most bytes kept for a new attempt.
     limit: usize,
     /// Frames read from `source` so far.
     pulled: usize,
-    /// A frame read is not in `kept` (past the limit, or dropped after a
-    /// seal): no new attempt can be made.
-    overflowed: bool,
-    /// No retry follows: nothing more is kept.
+    /// The copy outgrew `limit`: no new attempt can be made, and what the
+    /// newest attempt sent is dropped.
+    over_limit: bool,
+    /// No retry follows: what the newest attempt sent is dropped.
     sealed: bool,
-    /// The newest attempt and how many frames it has sent.
+    /// The newest attempt and how many frames it has sent. Every frame it
+    /// has not sent is kept, whatever `sealed` and `over_limit` say.
     newest: (u64, usize),
     /// `source` has ended.
     ended: bool,
+    /// Attempts waiting for a frame another attempt reads.
+    waiters: Arc<Waiters>,
+    /// Wakes all of `waiters`: what `source` is polled with.
+    fanout: Waker,
 }
 
 impl Shared {
-    /// After a seal: drops the frames the newest attempt has sent.
-    fn drop_sent(&mut self) {
-        while self.sealed && self.dropped < self.newest.1 {
+    /// After a seal or past the limit: drops the frames the newest attempt
+    /// has sent. True when it dropped any (an older attempt waiting for
+    /// room may read on).
+    fn drop_sent(&mut self) -> bool {
+        let mut freed = false;
+        while (self.sealed || self.over_limit) && self.dropped < self.newest.1 {
             let Some(k) = self.kept.pop_front() else {
                 break;
             };
-            if let Kept::Data(d) = k {
-                self.kept_bytes -= d.len();
-            }
+            self.kept_bytes -= k.len();
             self.dropped += 1;
-            self.overflowed = true;
+            freed = true;
         }
         if self.kept.is_empty() {
             self.kept = VecDeque::new();
         }
+        freed
+    }
+
+    /// Whether a new attempt can still send the whole body from the copy.
+    fn replayable(&self) -> bool {
+        !self.over_limit && self.dropped == 0
     }
 }
 
@@ -156,6 +227,7 @@ impl Replay {
 
     /// Wraps the downstream body, keeping up to `limit` bytes.
     pub fn with_limit(source: UpstreamBody, limit: usize) -> Self {
+        let waiters = Arc::new(Waiters::default());
         Self(Arc::new(Mutex::new(Shared {
             source,
             kept: VecDeque::new(),
@@ -163,10 +235,12 @@ impl Replay {
             kept_bytes: 0,
             limit,
             pulled: 0,
-            overflowed: false,
+            over_limit: false,
             sealed: false,
             newest: (0, 0),
             ended: false,
+            fanout: Waker::from(Arc::clone(&waiters)),
+            waiters,
         })))
     }
 
@@ -174,7 +248,7 @@ impl Replay {
     /// read is not kept (the copy outgrew its limit, or was dropped).
     pub fn attempt(&self) -> Option<UpstreamBody> {
         let mut shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if shared.overflowed {
+        if !shared.replayable() {
             return None;
         }
         let generation = shared.newest.0 + 1;
@@ -189,12 +263,15 @@ impl Replay {
         )
     }
 
-    /// No retry follows: nothing more is kept, and the copy is dropped as
-    /// the newest attempt sends it (at once for what it sent already).
+    /// No retry follows: nothing more is kept but what the newest attempt
+    /// has not sent yet, and the copy is dropped as it sends it (at once
+    /// for what it sent already).
     pub fn seal(&self) {
         let mut shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         shared.sealed = true;
-        shared.drop_sent();
+        if shared.drop_sent() {
+            shared.waiters.wake_others(None);
+        }
     }
 
     /// Bytes of the copy kept now.
@@ -207,11 +284,10 @@ impl Replay {
 
     /// Whether another attempt can still be made.
     pub fn replayable(&self) -> bool {
-        !self
-            .0
+        self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .overflowed
+            .replayable()
     }
 }
 
@@ -237,16 +313,20 @@ impl Body for AttemptBody {
         let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
         let newest = s.newest.0 == self.generation;
         if self.cursor < s.pulled {
-            // Behind the front: replay the copy, or (the copy is gone)
-            // never end rather than skip bytes.
+            // Behind the front: replay the copy. Its frame is gone only
+            // for an older attempt (the newest's are kept), which then
+            // never ends rather than skip bytes.
             let at = self.cursor.checked_sub(s.dropped);
             let Some(k) = at.and_then(|i| s.kept.get(i)).cloned() else {
+                debug_assert!(!newest, "a frame the newest attempt needs was dropped");
                 return Poll::Pending;
             };
             self.cursor += 1;
             if newest {
                 s.newest.1 = self.cursor;
-                s.drop_sent();
+                if s.drop_sent() {
+                    s.waiters.wake_others(Some(cx.waker()));
+                }
             }
             return Poll::Ready(Some(Ok(match k {
                 Kept::Data(d) => Frame::data(d),
@@ -256,7 +336,14 @@ impl Body for AttemptBody {
         if s.ended {
             return Poll::Ready(None);
         }
-        let polled = Pin::new(&mut s.source).poll_frame(cx);
+        // An older attempt reads ahead of the newest only while what it
+        // reads (kept for the newest) fits the limit.
+        s.waiters.add(cx.waker());
+        if !newest && s.kept_bytes >= s.limit {
+            return Poll::Pending;
+        }
+        let fanout = s.fanout.clone();
+        let polled = Pin::new(&mut s.source).poll_frame(&mut Context::from_waker(&fanout));
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 s.pulled += 1;
@@ -268,6 +355,10 @@ impl Body for AttemptBody {
             }
             Poll::Ready(None) => s.ended = true,
             Poll::Ready(Some(Err(_))) | Poll::Pending => {}
+        }
+        if polled.is_ready() {
+            // The others may be waiting for this frame, or for the end.
+            s.waiters.wake_others(Some(cx.waker()));
         }
         polled
     }
@@ -287,31 +378,23 @@ impl Body for AttemptBody {
     }
 }
 
-/// Keeps a copy of `frame`, or drops every copy when over the limit or
-/// sealed.
+/// Keeps a copy of `frame` (just read): past the limit, or once sealed,
+/// only until the newest attempt has sent it.
 fn keep(s: &mut Shared, frame: &Frame<Bytes>) {
-    if s.overflowed && s.kept.is_empty() {
-        return;
-    }
     let kept = if let Some(d) = frame.data_ref() {
         Kept::Data(d.clone())
     } else if let Some(t) = frame.trailers_ref() {
         Kept::Trailers(t.clone())
     } else {
-        return;
+        // No other kind of frame exists; kept empty so indices stay true.
+        Kept::Data(Bytes::new())
     };
-    let len = frame.data_ref().map_or(0, Bytes::len);
-    // Sealed, the newest attempt reading at the front needs no copy (one
-    // behind it still does).
-    let front = s.sealed && s.newest.1 >= s.pulled;
-    if front || s.kept_bytes + len > s.limit {
-        s.overflowed = true;
-        s.kept = VecDeque::new();
-        s.kept_bytes = 0;
-    } else {
-        s.kept_bytes += len;
-        s.kept.push_back(kept);
+    s.kept_bytes += kept.len();
+    s.kept.push_back(kept);
+    if s.kept_bytes > s.limit {
+        s.over_limit = true;
     }
+    s.drop_sent();
 }
 
 #[cfg(test)]
@@ -350,19 +433,102 @@ mod tests {
         static BIG: [u8; REPLAY_LIMIT] = [7; REPLAY_LIMIT];
         let r = Replay::new(source(&[b"x", &BIG, b"y"]));
         let mut first = r.attempt().expect("first");
-        let mut behind = r.attempt().expect("second");
-        // `first` reads past the limit: the copy is dropped.
+        let mut newest = r.attempt().expect("second");
+        // `first` (older) reads past the limit: no new attempt.
         assert!(first.frame().await.is_some());
         assert!(first.frame().await.is_some());
         assert!(!r.replayable() && r.attempt().is_none());
-        // `behind` has sent nothing and the copy is gone: it must neither
-        // end nor skip frames, so it stays pending.
-        let waker = futures_noop();
-        let mut cx = Context::from_waker(&waker);
-        assert!(Pin::new(&mut behind).poll_frame(&mut cx).is_pending());
-        // The reader in front finishes normally.
-        assert!(first.frame().await.is_some());
-        assert!(first.frame().await.is_none());
+        // The newest has sent nothing: it still gets every byte, the copy
+        // dropped as it sends it.
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            Pin::new(&mut first).poll_frame(&mut cx).is_pending(),
+            "the older waits: a whole copy is kept for the newest"
+        );
+        assert_eq!(read(newest_of(&mut newest)).await.len(), REPLAY_LIMIT + 2);
+        assert_eq!(r.kept_bytes(), 0);
+        // The older is behind frames that are gone: it neither ends nor
+        // skips them.
+        assert!(Pin::new(&mut first).poll_frame(&mut cx).is_pending());
+    }
+
+    fn newest_of(b: &mut UpstreamBody) -> UpstreamBody {
+        std::mem::replace(
+            b,
+            http_body_util::Empty::new().map_err(|n| match n {}).boxed(),
+        )
+    }
+
+    fn poll(b: &mut UpstreamBody, cx: &mut Context<'_>) -> Poll<Option<Vec<u8>>> {
+        Pin::new(b)
+            .poll_frame(cx)
+            .map(|f| f.map(|f| f.expect("ok").into_data().expect("data").to_vec()))
+    }
+
+    /// The last attempt (sealed) caught up with the copy; then the first
+    /// attempt's connection reads on (hyper keeps sending it after an
+    /// early 503): the frame it reads is the newest's too.
+    #[tokio::test]
+    async fn the_newest_gets_a_frame_an_older_attempt_reads_after_it_caught_up() {
+        let mut b = RequestBody::new(source(&[b"ab", b"cd", b"ef"]), Keep::Retries);
+        let mut old = b.attempt().expect("first");
+        old.frame().await.expect("frame").expect("ok");
+        let mut last = b.attempt().expect("retry");
+        b.seal();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(poll(&mut last, &mut cx), Poll::Ready(Some(b"ab".to_vec())));
+        assert_eq!(b.kept_bytes(), 0);
+        assert_eq!(poll(&mut old, &mut cx), Poll::Ready(Some(b"cd".to_vec())));
+        assert_eq!(b.kept_bytes(), 2, "kept until the newest sent it");
+        assert_eq!(poll(&mut last, &mut cx), Poll::Ready(Some(b"cd".to_vec())));
+        assert_eq!(b.kept_bytes(), 0);
+        assert_eq!(read(last).await, b"ef");
+    }
+
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// The downstream body wakes only the last waker it was polled with:
+    /// an attempt waiting for it is woken when another reads the frame.
+    #[tokio::test]
+    async fn an_attempt_waiting_at_the_front_is_woken_when_another_reads() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, hyper::Error>>(4);
+        let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed();
+        let mut b = RequestBody::new(body, Keep::Retries);
+        let mut old = b.attempt().expect("first");
+        let mut last = b.attempt().expect("retry");
+        b.seal();
+        let (w_last, w_old) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let waker_last = Waker::from(Arc::clone(&w_last));
+        let waker_old = Waker::from(Arc::clone(&w_old));
+        let mut cx_last = Context::from_waker(&waker_last);
+        let mut cx_old = Context::from_waker(&waker_old);
+        assert!(poll(&mut last, &mut cx_last).is_pending());
+        assert!(poll(&mut old, &mut cx_old).is_pending());
+        tx.send(Ok(Frame::data(Bytes::from_static(b"ab"))))
+            .await
+            .expect("send");
+        assert_eq!(
+            poll(&mut old, &mut cx_old),
+            Poll::Ready(Some(b"ab".to_vec()))
+        );
+        assert!(
+            w_last.0.load(std::sync::atomic::Ordering::SeqCst) > 0,
+            "woken"
+        );
+        assert_eq!(
+            poll(&mut last, &mut cx_last),
+            Poll::Ready(Some(b"ab".to_vec()))
+        );
+        drop(tx);
+        assert_eq!(poll(&mut last, &mut cx_last), Poll::Ready(None));
     }
 
     #[tokio::test]
@@ -411,10 +577,6 @@ mod tests {
         assert_eq!(b.kept_bytes(), 0, "nothing copied after the seal");
     }
 
-    fn futures_noop() -> std::task::Waker {
-        std::task::Waker::noop().clone()
-    }
-
     fn owned_source(chunks: &[Vec<u8>]) -> UpstreamBody {
         let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = chunks
             .iter()
@@ -424,6 +586,72 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// An older attempt reading on (its connection sends on after an
+        /// early answer) interleaved with the newest, sealed at any step,
+        /// any limit: the newest sends exactly the downstream body, never
+        /// waits on the older, the older sends a prefix of it (no hole),
+        /// and the copy stays within the limit plus one frame.
+        #[test]
+        fn the_newest_sends_the_whole_body_whoever_reads_first(
+            sizes in proptest::collection::vec(0usize..40, 0..8),
+            limit in 0usize..120,
+            older_first in 0usize..4,
+            steps in proptest::collection::vec(proptest::bool::ANY, 0..24),
+            seal_at in proptest::option::of(0usize..24),
+        ) {
+            let chunks: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|j| ((i * 31 + j) % 251) as u8).collect())
+                .collect();
+            let whole: Vec<u8> = chunks.concat();
+            let r = Replay::with_limit(owned_source(&chunks), limit);
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut older = r.attempt().expect("first");
+            let mut old_got = Vec::new();
+            for _ in 0..older_first {
+                if let Poll::Ready(Some(d)) = poll(&mut older, &mut cx) {
+                    old_got.extend(d);
+                }
+            }
+            let Some(mut newest) = r.attempt() else {
+                // Not offered only once more than the limit was read.
+                proptest::prop_assert!(old_got.len() > limit);
+                return Ok(());
+            };
+            let mut got = Vec::new();
+            let mut done = false;
+            let max_frame = sizes.iter().copied().max().unwrap_or(0);
+            for (i, older_reads) in steps.into_iter().enumerate() {
+                if seal_at == Some(i) {
+                    r.seal();
+                }
+                if older_reads {
+                    if let Poll::Ready(Some(d)) = poll(&mut older, &mut cx) {
+                        old_got.extend(d);
+                    }
+                } else if !done {
+                    match poll(&mut newest, &mut cx) {
+                        Poll::Ready(Some(d)) => got.extend(d),
+                        Poll::Ready(None) => done = true,
+                        Poll::Pending => proptest::prop_assert!(false, "the newest waits"),
+                    }
+                }
+                proptest::prop_assert!(r.kept_bytes() <= limit + max_frame);
+            }
+            r.seal();
+            while !done {
+                match poll(&mut newest, &mut cx) {
+                    Poll::Ready(Some(d)) => got.extend(d),
+                    Poll::Ready(None) => done = true,
+                    Poll::Pending => proptest::prop_assert!(false, "the newest waits"),
+                }
+            }
+            proptest::prop_assert_eq!(&got, &whole);
+            proptest::prop_assert_eq!(&old_got[..], &whole[..old_got.len()]);
+            proptest::prop_assert_eq!(r.kept_bytes(), 0, "sealed, all sent");
+        }
+
         /// Attempts that each read a prefix and fail, then one that reads
         /// to the end: the last sends exactly the downstream bytes when
         /// they fit the limit; past it no further attempt is offered.

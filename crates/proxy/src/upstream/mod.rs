@@ -48,6 +48,10 @@ pub struct ClusterCounters {
     /// Requests released from an activation hold still waiting for their
     /// response headers (what `release_concurrency` bounds).
     pub releasing: AtomicU64,
+    /// Of `releasing`, those that were held (not new requests that took a
+    /// ticket while a burst was released): while any is there, new
+    /// requests take a ticket too.
+    pub released: AtomicU64,
     /// Woken (one waiter each time) when a request of an activating
     /// cluster ends or a released one gets its response headers while
     /// others are held: room under `container_concurrency` or
