@@ -200,15 +200,7 @@ async fn when_the_chosen_node_leaves_the_service_is_placed_on_another() {
     let plane = ControlPlane::start(lazy_plane()).await.expect("plane");
     let api = plane.api_addr();
     let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
-    let other_node = other
-        .state()
-        .snapshot
-        .load()
-        .config
-        .node
-        .name
-        .clone()
-        .expect("node");
+    let other_node = node_name(&other);
     chosen.shutdown().await;
     eventually("placed on the remaining node", || async {
         other
@@ -279,15 +271,7 @@ async fn a_marker_from_a_peer_without_the_hop_credential_is_held_here_untrusted(
     let plane = ControlPlane::start(echo_plane()).await.expect("plane");
     let api = plane.api_addr();
     let (chosen, other, other_addr) = two_proxies(plane.grpc_addr()).await;
-    let other_node = other
-        .state()
-        .snapshot
-        .load()
-        .config
-        .node
-        .name
-        .clone()
-        .expect("node");
+    let other_node = node_name(&other);
     let token = other.state().placements.hop_token().expect("credential");
     let wrong = format!(
         "node-z;client=198.51.100.1;token={}",
@@ -354,15 +338,7 @@ async fn the_chosen_proxy_takes_the_client_the_forwarding_proxy_computed() {
     assert_eq!(proxy_metric(&other, &activations("forwarded")).await, 1.0);
     // What `other` would have sent the instance itself.
     assert_eq!(body, "192.0.2.1, 203.0.113.7, 127.0.0.1|http");
-    let node = chosen
-        .state()
-        .snapshot
-        .load()
-        .config
-        .node
-        .name
-        .clone()
-        .expect("node");
+    let node = node_name(&chosen);
     let path = log(&node);
     eventually("the chosen proxy's access log line", || async {
         std::fs::read_to_string(&path).is_ok_and(|t| t.contains("\"status\":200"))
@@ -378,4 +354,16 @@ async fn the_chosen_proxy_takes_the_client_the_forwarding_proxy_computed() {
     chosen.shutdown().await;
     other.shutdown().await;
     plane.shutdown().await;
+}
+
+/// The node name `p` was configured with.
+fn node_name(p: &meshless_proxy::Proxy) -> String {
+    p.state()
+        .snapshot
+        .load()
+        .config
+        .node
+        .name
+        .clone()
+        .expect("node")
 }
