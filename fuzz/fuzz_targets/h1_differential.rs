@@ -6,7 +6,6 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use meshless_h1::Limits;
 
 #[allow(unreachable_pub)]
 #[path = "../../crates/h1/tests/sides/mod.rs"]
@@ -25,15 +24,7 @@ fuzz_target!(|data: &[u8]| {
     };
     RUNTIME.with(|rt| {
         if pick & 0x80 == 0 {
-            let limits = if pick & 1 == 1 {
-                Limits {
-                    max_header_bytes: 1024,
-                    max_headers: 8,
-                    max_uri_bytes: 256,
-                }
-            } else {
-                Limits::default()
-            };
+            let limits = meshless_h1::check::fuzz_limits(pick);
             let theirs = rt.block_on(sides::hypers_with(input.to_vec(), limits));
             let mine = sides::ours_with(input, &limits);
             assert_eq!(mine, theirs, "{:?}", String::from_utf8_lossy(input));

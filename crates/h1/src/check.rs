@@ -348,7 +348,13 @@ pub fn fuzz_request(data: &[u8]) {
     let Some((&pick, stream)) = data.split_first() else {
         return;
     };
-    let limits = if pick & 1 == 1 {
+    request_stream_with(stream, &fuzz_limits(pick));
+}
+
+/// The limits a fuzz input's first byte `pick` chooses: small ones when
+/// odd (so the limit paths are reached too), else the defaults.
+pub fn fuzz_limits(pick: u8) -> Limits {
+    if pick & 1 == 1 {
         Limits {
             max_header_bytes: 1024,
             max_headers: 8,
@@ -356,8 +362,7 @@ pub fn fuzz_request(data: &[u8]) {
         }
     } else {
         Limits::default()
-    };
-    request_stream_with(stream, &limits);
+    }
 }
 
 /// The `h1_response` fuzz target: the first byte picks the request method

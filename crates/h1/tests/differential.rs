@@ -23,7 +23,6 @@
 mod sides;
 
 use http::Method;
-use meshless_h1::Limits;
 use proptest::prelude::*;
 use sides::*;
 
@@ -870,17 +869,8 @@ fn corpus(target: &str) -> Vec<(String, u8, Vec<u8>)> {
 #[test]
 fn the_fuzz_corpus_frames_as_hyper_frames_it() {
     let rt = runtime();
-    let small = Limits {
-        max_header_bytes: 1024,
-        max_headers: 8,
-        max_uri_bytes: 256,
-    };
     for (name, pick, input) in corpus("h1_request") {
-        let limits = if pick & 1 == 1 {
-            small
-        } else {
-            Limits::default()
-        };
+        let limits = meshless_h1::check::fuzz_limits(pick);
         let theirs = rt.block_on(hypers_with(input.clone(), limits));
         let mine = ours_with(&input, &limits);
         assert_eq!(
