@@ -443,20 +443,51 @@ async fn settled(p: &meshless_proxy::Proxy, dir: &Path, queued: usize, in_flight
     .await;
 }
 
+/// A control plane whose instance is [`counting_instance`]`(dir, half,
+/// second)` and a proxy following it that releases `release` held
+/// requests at a time, once the proxy is subscribed.
+struct Paced {
+    g: Gates,
+    dir: PathBuf,
+    plane: ControlPlane,
+    api: SocketAddr,
+    p: meshless_proxy::Proxy,
+    addr: SocketAddr,
+}
+
+async fn paced(half: usize, second: &str, release: usize) -> Paced {
+    let g = gates();
+    let dir = g.bind.parent().expect("dir").to_path_buf();
+    let plane = ControlPlane::start(plane(&counting_instance(&dir, half, second)))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    let activation = format!("release_concurrency: {release}");
+    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
+    subscribed(api, 1).await;
+    Paced {
+        g,
+        dir,
+        plane,
+        api,
+        p,
+        addr,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_requests_during_a_release_take_a_ticket_and_never_pass_the_limit() {
     const RELEASE: usize = 4;
     const NEW: usize = 60;
     const HALF: usize = BURST / 2;
-    let g = gates();
-    let dir = g.bind.parent().expect("dir").to_path_buf();
-    let plane = ControlPlane::start(plane(&counting_instance(&dir, HALF, "serve")))
-        .await
-        .expect("plane");
-    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
-    let activation = format!("release_concurrency: {RELEASE}");
-    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
-    subscribed(api, 1).await;
+    let Paced {
+        g,
+        dir,
+        plane,
+        api: _,
+        p,
+        addr,
+    } = paced(HALF, "serve", RELEASE).await;
     let mut tasks = held_burst(&p, addr).await;
     std::fs::write(&g.bind, b"go").expect("bind gate");
     settled(&p, &dir, BURST - RELEASE, RELEASE).await;
@@ -496,15 +527,14 @@ async fn new_requests_during_a_release_take_a_ticket_and_never_pass_the_limit() 
 async fn instance_leaves_mid_release(second: &str) -> Vec<(StatusCode, String)> {
     const RELEASE: usize = 4;
     const NEW: usize = 40;
-    let g = gates();
-    let dir = g.bind.parent().expect("dir").to_path_buf();
-    let plane = ControlPlane::start(plane(&counting_instance(&dir, BURST, second)))
-        .await
-        .expect("plane");
-    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
-    let activation = format!("release_concurrency: {RELEASE}");
-    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
-    subscribed(api, 1).await;
+    let Paced {
+        g,
+        dir,
+        plane,
+        api,
+        p,
+        addr,
+    } = paced(BURST, second, RELEASE).await;
     let mut tasks = held_burst(&p, addr).await;
     std::fs::write(&g.bind, b"go").expect("bind gate");
     settled(&p, &dir, BURST - RELEASE, RELEASE).await;
@@ -600,15 +630,14 @@ async fn a_paced_burst_whose_instance_leaves_is_refused_when_the_next_cannot_sta
 async fn new_requests_wait_while_the_released_burst_awaits_its_headers() {
     const RELEASE: usize = 4;
     const NEW: usize = 20;
-    let g = gates();
-    let dir = g.bind.parent().expect("dir").to_path_buf();
-    let plane = ControlPlane::start(plane(&counting_instance(&dir, BURST, "serve")))
-        .await
-        .expect("plane");
-    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
-    let activation = format!("release_concurrency: {RELEASE}");
-    let (p, addr) = proxy(&proxy_yaml(grpc, &activation, "connect: 1s")).await;
-    subscribed(api, 1).await;
+    let Paced {
+        g,
+        dir,
+        plane,
+        api: _,
+        p,
+        addr,
+    } = paced(BURST, "serve", RELEASE).await;
     let mut tasks = send(RELEASE, addr);
     eventually("the burst held", || async {
         count(&cluster(&p).await, "queued_requests") == RELEASE as u64
