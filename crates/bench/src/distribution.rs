@@ -147,6 +147,7 @@ async fn subscriber(
                 .map(|size| v1::SubsetRequest {
                     service: SERVICE.into(),
                     size,
+                    zone_aware: false,
                 })
                 .into_iter()
                 .collect(),

@@ -392,7 +392,7 @@ impl Drop for SubsetLease<'_> {
     fn drop(&mut self) {
         self.d
             .lock_subsets()
-            .release(&self.service, self.key.size, &self.identity);
+            .release(&self.service, &self.key, &self.identity);
         self.d.metrics.subset_subscriptions.dec();
     }
 }
@@ -400,7 +400,7 @@ impl Drop for SubsetLease<'_> {
 impl SubsetLease<'_> {
     /// A reset of this subscription's current members; moves the floor.
     pub fn reset(&mut self) -> EncodedPair {
-        let (version, bytes) = self.d.lock_subsets().reset(&self.service, self.key);
+        let (version, bytes) = self.d.lock_subsets().reset(&self.service, &self.key);
         self.floor = version;
         bytes
     }
@@ -411,16 +411,20 @@ impl Distributor {
         self.subsets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `identity` follows a subset of `size` of `service`: the lease (its
-    /// index, held until dropped) and a reset holding its members. Call
-    /// after subscribing to the broadcast: deltas above `floor` follow.
+    /// `identity` follows a subset of `size` of `service` (preferring
+    /// `zone` when given): the lease (its index, held until dropped) and a
+    /// reset holding its members. Call after subscribing to the broadcast:
+    /// deltas above `floor` follow.
     pub(crate) fn lease_subset(
         &self,
         service: &str,
         size: u32,
+        zone: Option<&str>,
         identity: &str,
     ) -> (SubsetLease<'_>, EncodedPair) {
-        let (key, floor, bytes) = self.lock_subsets().register(service, size, identity);
+        let (key, floor, bytes) = self
+            .lock_subsets()
+            .register(service, size, zone, identity);
         self.metrics.subset_subscriptions.inc();
         let lease = SubsetLease {
             d: self,

@@ -53,18 +53,25 @@ fn delta_msg(bytes: bytes::Bytes) -> ServerMessage {
     }
 }
 
+/// How one service is followed as a subset: its size, and the zone it
+/// prefers (a zone-aware request from a subscriber that named its zone).
+type SubsetAsk = (u32, Option<String>);
+
 /// The services a `Hello` or `Subscribe` asks for: every watched service,
-/// and the subset size of those asked as subsets (size 0: whole).
+/// and how those asked as subsets are followed (size 0: whole). `zone` is
+/// the `Hello`'s.
 fn requested(
     services: Vec<String>,
     subsets: Vec<v1::SubsetRequest>,
-) -> (BTreeSet<String>, BTreeMap<String, u32>) {
+    zone: &str,
+) -> (BTreeSet<String>, BTreeMap<String, SubsetAsk>) {
     let mut watched: BTreeSet<String> = services.into_iter().collect();
     let mut sizes = BTreeMap::new();
     for s in subsets {
         watched.insert(s.service.clone());
         if s.size > 0 {
-            sizes.insert(s.service, s.size);
+            let zone = (s.zone_aware && !zone.is_empty()).then(|| zone.to_owned());
+            sizes.insert(s.service, (s.size, zone));
         }
     }
     (watched, sizes)
@@ -77,6 +84,8 @@ struct Follow<'a> {
     /// Who holds subset indices: the `Hello`'s subscriber, else its node,
     /// else this stream.
     identity: String,
+    /// The `Hello`'s zone (zone-aware subsets prefer it).
+    zone: String,
     watched: BTreeSet<String>,
     /// Per service followed whole: its floor.
     floors: BTreeMap<String, u64>,
@@ -166,10 +175,13 @@ impl<'a> Follow<'a> {
         Ok(version)
     }
 
-    /// Starts following `service` as a subset of `size`: its reset.
-    async fn lease(&mut self, service: &str, size: u32) -> Result<(), StreamEnd> {
+    /// Starts following `service` as the subset `ask`: its reset.
+    async fn lease(&mut self, service: &str, ask: SubsetAsk) -> Result<(), StreamEnd> {
         self.floors.remove(service);
-        let (lease, bytes) = self.d.lease_subset(service, size, &self.identity);
+        let (size, zone) = ask;
+        let (lease, bytes) = self
+            .d
+            .lease_subset(service, size, zone.as_deref(), &self.identity);
         self.leases.insert(service.to_owned(), lease);
         self.send_delta(&bytes).await
     }
@@ -236,12 +248,15 @@ impl<'a> Follow<'a> {
     /// A `Subscribe`: follows what it asks from now on; services newly
     /// followed (or followed another way) get a reset.
     async fn resubscribe(&mut self, s: v1::Subscribe) -> Result<(), StreamEnd> {
-        let (watched, sizes) = requested(s.services, s.subsets);
+        let (watched, sizes) = requested(s.services, s.subsets, &self.zone);
         let mut fresh: Vec<String> = Vec::new();
         let changed: Vec<String> = self
             .leases
             .iter()
-            .filter(|(service, l)| sizes.get(*service) != Some(&l.key.size))
+            .filter(|(service, l)| {
+                sizes.get(*service).map(|(size, zone)| (*size, zone.as_deref()))
+                    != Some((l.key.size, l.key.zone.as_deref()))
+            })
             .map(|(service, _)| service.clone())
             .collect();
         for service in changed {
@@ -258,9 +273,9 @@ impl<'a> Follow<'a> {
         }
         self.floors.retain(|s, _| watched.contains(s));
         self.watched = watched;
-        for (service, size) in sizes {
+        for (service, ask) in sizes {
             if !self.leases.contains_key(&service) {
-                self.lease(&service, size).await?;
+                self.lease(&service, ask).await?;
             }
         }
         self.send_resets(&fresh).await?;
@@ -272,10 +287,10 @@ impl<'a> Follow<'a> {
     async fn start(
         &mut self,
         hello: &v1::Hello,
-        sizes: BTreeMap<String, u32>,
+        sizes: BTreeMap<String, SubsetAsk>,
     ) -> Result<(), StreamEnd> {
-        for (service, size) in sizes {
-            self.lease(&service, size).await?;
+        for (service, ask) in sizes {
+            self.lease(&service, ask).await?;
         }
         let whole = self.whole();
         let same_incarnation = hello.resume_incarnation == self.d.incarnation;
@@ -334,7 +349,11 @@ pub(crate) async fn serve(
         .find(|s| !s.is_empty())
         .cloned()
         .unwrap_or_else(|| format!("stream-{id}"));
-    let (watched, sizes) = requested(hello.services.clone(), hello.subsets.clone());
+    let (watched, sizes) = requested(
+        hello.services.clone(),
+        hello.subsets.clone(),
+        &hello.zone,
+    );
     d.placements
         .join(id, &hello.node, &hello.peer_address, &watched);
     // Subscribe before reading state, so no delta falls between the two.
@@ -343,6 +362,7 @@ pub(crate) async fn serve(
         d,
         out,
         identity,
+        zone: hello.zone.clone(),
         watched,
         floors: BTreeMap::new(),
         leases: BTreeMap::new(),
@@ -552,11 +572,30 @@ mod tests {
         let sub = |service: &str, size| v1::SubsetRequest {
             service: service.into(),
             size,
+            zone_aware: false,
         };
-        let (watched, sizes) =
-            requested(vec!["ns/a".into()], vec![sub("ns/b", 0), sub("ns/c", 10)]);
+        let (watched, sizes) = requested(
+            vec!["ns/a".into()],
+            vec![sub("ns/b", 0), sub("ns/c", 10)],
+            "z1",
+        );
         assert_eq!(watched, ["ns/a", "ns/b", "ns/c"].map(String::from).into());
-        assert_eq!(sizes, [("ns/c".to_owned(), 10)].into());
+        assert_eq!(sizes, [("ns/c".to_owned(), (10, None))].into());
+    }
+
+    /// A zone-aware request takes the `Hello`'s zone; without a zone it is
+    /// an ordinary subset.
+    #[test]
+    fn a_zone_aware_subset_prefers_the_hellos_zone() {
+        let sub = |service: &str| v1::SubsetRequest {
+            service: service.into(),
+            size: 5,
+            zone_aware: true,
+        };
+        let (_, sizes) = requested(Vec::new(), vec![sub("ns/a")], "z1");
+        assert_eq!(sizes, [("ns/a".to_owned(), (5, Some("z1".into())))].into());
+        let (_, sizes) = requested(Vec::new(), vec![sub("ns/a")], "");
+        assert_eq!(sizes, [("ns/a".to_owned(), (5, None))].into());
     }
 
     /// Deltas already queued when the task wakes leave in one batch (up to
@@ -577,6 +616,7 @@ mod tests {
             d: &d,
             out,
             identity: "n".into(),
+            zone: String::new(),
             watched: ["ns/a".to_owned()].into(),
             floors: [("ns/a".to_owned(), 0)].into(),
             leases: BTreeMap::new(),
@@ -605,7 +645,7 @@ mod tests {
         let metrics = Arc::new(ControlMetrics::new());
         let d = Distributor::new(Arc::clone(&registry), metrics, 4096);
         let mut rx = d.tx.subscribe();
-        let (lease, _) = d.lease_subset("ns/a", 1, "n");
+        let (lease, _) = d.lease_subset("ns/a", 1, None, "n");
         let n = crate::distributor::SUBSET_WINDOW + 10;
         for _ in 0..n {
             let v = registry.lock().expect("lock").next_version();
@@ -617,6 +657,7 @@ mod tests {
             d: &d,
             out,
             identity: "n".into(),
+            zone: String::new(),
             watched: ["ns/a".to_owned()].into(),
             floors: BTreeMap::new(),
             leases: [("ns/a".to_owned(), lease)].into(),

@@ -25,18 +25,31 @@
 //! plus O(size) per subscriber index, not a sort per subscriber.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 
 use meshless_api::{EncodedPair, v1};
 use meshless_model::subset::{order_key, round_and_slot, slot_ranks, slots_per_round};
 
 /// What one subsetted subscriber of a service follows: `size` endpoints,
-/// at `index` in the service's group for that size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// at `index` in the service's group for that size (and zone, for a
+/// zone-aware subset: `index` then numbers the zone's subscribers).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SubsetKey {
     pub size: u32,
+    /// The subscriber's zone, for a subset that prefers it.
+    pub zone: Option<Arc<str>>,
     pub index: u64,
 }
+
+impl SubsetKey {
+    fn group(&self) -> GroupKey {
+        (self.size, self.zone.clone())
+    }
+}
+
+/// A group of subscribers sharing indices: subset size and zone.
+type GroupKey = (u32, Option<Arc<str>>);
 
 /// Per subset key, the encoded delta its subscribers receive for one
 /// published delta; a key absent receives nothing (no member changed).
@@ -48,22 +61,63 @@ pub struct Subsets {
     services: HashMap<String, View>,
 }
 
+/// Which endpoints of the view an order ranks.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    /// Every endpoint.
+    All,
+    /// The endpoints of one zone.
+    In(Arc<str>),
+    /// The endpoints of every other zone.
+    Out(Arc<str>),
+}
+
+impl Scope {
+    fn holds(&self, zone: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::In(z) => **z == *zone,
+            Scope::Out(z) => **z != *zone,
+        }
+    }
+}
+
+/// Where some of a key's members come from in the current view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    /// Every endpoint of the scope.
+    Every(Scope),
+    /// Ranks of one round's order of the scope.
+    Ranks {
+        scope: Scope,
+        round: u64,
+        ranks: Range<usize>,
+    },
+}
+
 /// One service as published, with its subset groups.
 #[derive(Debug, Default)]
 struct View {
     /// The version of the last delta applied.
     version: u64,
     endpoints: BTreeMap<String, v1::Endpoint>,
+    /// Endpoint ids per zone (every endpoint is in exactly one, `""` for
+    /// none).
+    zones: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
     settings: Option<v1::ServiceSettings>,
-    /// Per round in use: the endpoint ids by `(order_key(round, id), id)`.
-    orders: BTreeMap<u64, Vec<(u64, Arc<str>)>>,
-    /// Per subset size.
-    groups: BTreeMap<u32, Group>,
-    /// Per kept round: where the last delta inserted or removed, for
+    /// Per round and scope in use: the scope's endpoint ids by
+    /// `(order_key(round, id), id)`.
+    orders: BTreeMap<(u64, Scope), Vec<(u64, Arc<str>)>>,
+    /// Per subset size and zone.
+    groups: BTreeMap<GroupKey, Group>,
+    /// Per kept order: where the last delta inserted or removed, for
     /// skipping the subsets it cannot have moved.
-    touched: BTreeMap<u64, Touched>,
-    /// Whether the last delta added or removed an endpoint.
+    touched: BTreeMap<(u64, Scope), Touched>,
+    /// Whether the last delta added or removed an endpoint (or moved one
+    /// to another zone).
     ids_changed: bool,
+    /// The zones whose endpoint set the last delta changed.
+    zones_changed: BTreeSet<Arc<str>>,
 }
 
 /// The insertions and removals of one delta in one round's order, each
@@ -133,70 +187,128 @@ impl View {
         self.endpoints.len()
     }
 
-    /// Builds the orders of the rounds the held indices need now (`m`
-    /// follows the endpoint count) and drops the others.
-    fn ensure_rounds(&mut self) {
-        let n = self.n();
-        let needed: BTreeSet<u64> = self
-            .groups
+    /// Endpoints in `zone`.
+    fn n_in(&self, zone: &str) -> usize {
+        self.zones.get(zone).map_or(0, BTreeSet::len)
+    }
+
+    /// `size` of the `n` endpoints of `scope` for subscriber `index`.
+    fn part(scope: Scope, n: usize, size: usize, index: u64) -> Part {
+        if size >= n {
+            return Part::Every(scope);
+        }
+        let (round, slot) = round_and_slot(index, slots_per_round(n, size));
+        Part::Ranks {
+            scope,
+            round,
+            ranks: slot_ranks(slot, n, size),
+        }
+    }
+
+    /// Where `key`'s members come from now: [`meshless_model::subset`] over
+    /// every endpoint, or, for a zone-aware key,
+    /// [`meshless_model::subset::zone_subset`]: the zone's endpoints alone
+    /// when they are at least `size`, else all of them and a subset of the
+    /// rest.
+    fn parts(&self, key: &SubsetKey) -> Vec<Part> {
+        let (n, size) = (self.n(), key.size as usize);
+        if n == 0 || size == 0 {
+            return Vec::new();
+        }
+        let zone = match &key.zone {
+            Some(z) if size < n && self.n_in(z) > 0 => z,
+            _ => return vec![Self::part(Scope::All, n, size, key.index)],
+        };
+        let local = self.n_in(zone);
+        if local >= size {
+            return vec![Self::part(Scope::In(zone.clone()), local, size, key.index)];
+        }
+        vec![
+            Part::Every(Scope::In(zone.clone())),
+            Self::part(Scope::Out(zone.clone()), n - local, size - local, key.index),
+        ]
+    }
+
+    /// Every subset key of the view's groups.
+    fn keys(&self) -> Vec<SubsetKey> {
+        self.groups
             .iter()
-            .flat_map(|(&size, g)| {
-                let m = slots_per_round(n, size as usize);
-                // A size of N or more takes every endpoint: no order.
-                let ordered = (size as usize) < n;
-                g.members
-                    .keys()
-                    .filter(move |_| ordered)
-                    .map(move |&i| round_and_slot(i, m).0)
+            .flat_map(|((size, zone), g)| {
+                g.members.keys().map(move |&index| SubsetKey {
+                    size: *size,
+                    zone: zone.clone(),
+                    index,
+                })
+            })
+            .collect()
+    }
+
+    /// Builds the orders the held indices need now (rounds follow the
+    /// endpoint counts) and drops the others.
+    fn ensure_rounds(&mut self) {
+        let needed: BTreeSet<(u64, Scope)> = self
+            .keys()
+            .iter()
+            .flat_map(|key| self.parts(key))
+            .filter_map(|part| match part {
+                Part::Ranks { scope, round, .. } => Some((round, scope)),
+                Part::Every(_) => None,
             })
             .collect();
-        self.orders.retain(|r, _| needed.contains(r));
-        for r in needed {
-            if !self.orders.contains_key(&r) {
-                let mut order: Vec<(u64, Arc<str>)> = self
-                    .endpoints
-                    .keys()
-                    .map(|id| (order_key(r, id), Arc::from(id.as_str())))
-                    .collect();
-                order.sort_unstable();
-                self.orders.insert(r, order);
+        self.orders.retain(|k, _| needed.contains(k));
+        for (round, scope) in needed {
+            if self.orders.contains_key(&(round, scope.clone())) {
+                continue;
             }
+            let mut order: Vec<(u64, Arc<str>)> = self
+                .endpoints
+                .iter()
+                .filter(|(_, e)| scope.holds(&e.zone))
+                .map(|(id, _)| (order_key(round, id), Arc::from(id.as_str())))
+                .collect();
+            order.sort_unstable();
+            self.orders.insert((round, scope), order);
         }
     }
 
     /// The members of `key` in the current view (sorted by id); call after
     /// [`View::ensure_rounds`].
-    fn compute(&self, key: SubsetKey) -> Vec<Arc<str>> {
-        let (n, size) = (self.n(), key.size as usize);
-        if n == 0 || size == 0 {
-            return Vec::new();
+    fn compute(&self, key: &SubsetKey) -> Vec<Arc<str>> {
+        let mut out: Vec<Arc<str>> = Vec::new();
+        for part in self.parts(key) {
+            match part {
+                Part::Every(Scope::In(z)) => {
+                    out.extend(self.zones.get(&z).into_iter().flatten().cloned());
+                }
+                Part::Every(scope) => out.extend(
+                    self.endpoints
+                        .iter()
+                        .filter(|(_, e)| scope.holds(&e.zone))
+                        .map(|(id, _)| Arc::from(id.as_str())),
+                ),
+                Part::Ranks {
+                    scope,
+                    round,
+                    ranks,
+                } => out.extend(
+                    self.orders
+                        .get(&(round, scope))
+                        .and_then(|o| o.get(ranks))
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|(_, id)| Arc::clone(id)),
+                ),
+            }
         }
-        if size >= n {
-            return self
-                .endpoints
-                .keys()
-                .map(|id| Arc::from(id.as_str()))
-                .collect();
-        }
-        let (round, slot) = round_and_slot(key.index, slots_per_round(n, size));
-        let Some(order) = self.orders.get(&round) else {
-            return Vec::new();
-        };
-        let mut out: Vec<Arc<str>> = order
-            .get(slot_ranks(slot, n, size))
-            .unwrap_or_default()
-            .iter()
-            .map(|(_, id)| Arc::clone(id))
-            .collect();
         out.sort_unstable();
         out
     }
 
     /// The current members of `key`, sorted by id (none for an unknown
     /// key).
-    fn members_of(&self, key: SubsetKey) -> &[Arc<str>] {
+    fn members_of(&self, key: &SubsetKey) -> &[Arc<str>] {
         self.groups
-            .get(&key.size)
+            .get(&key.group())
             .and_then(|g| g.members.get(&key.index))
             .map(Vec::as_slice)
             .unwrap_or_default()
@@ -205,9 +317,19 @@ impl View {
     /// Whether the last delta may have changed the members of `key` (else
     /// they are the same): a reset, a change of `m` or of the "size >= N"
     /// case, or an insertion or removal at a rank before the slot's end.
-    fn may_move(&self, key: SubsetKey, n_before: usize, reset: bool) -> bool {
+    /// A zone-aware key whose zone holds at least `size` endpoints moves
+    /// only when that zone's set changed; one whose zone holds fewer, when
+    /// any set changed.
+    fn may_move(&self, key: &SubsetKey, n_before: usize, reset: bool) -> bool {
         let (n, size) = (self.n(), key.size as usize);
-        if reset || slots_per_round(n_before, size) != slots_per_round(n, size) {
+        if reset {
+            return true;
+        }
+        if let Some(zone) = &key.zone {
+            let local_kept = !self.zones_changed.contains(zone) && self.n_in(zone) >= size;
+            return self.ids_changed && !local_kept;
+        }
+        if slots_per_round(n_before, size) != slots_per_round(n, size) {
             return true;
         }
         if size >= n || size >= n_before {
@@ -216,30 +338,55 @@ impl View {
         let (round, slot) = round_and_slot(key.index, slots_per_round(n, size));
         let ranks = slot_ranks(slot, n, size);
         self.touched
-            .get(&round)
+            .get(&(round, Scope::All))
             .is_some_and(|t| t.moves(ranks.start, ranks.end))
     }
 
-    /// Adds `id` to every kept order (it was not in the view).
-    fn order_insert(&mut self, id: &str) {
-        for (&r, order) in &mut self.orders {
-            let k = (order_key(r, id), Arc::from(id));
+    /// Adds `id` of `zone` to every kept order of a scope holding it (it
+    /// was not in the view).
+    fn order_insert(&mut self, id: &str, zone: &str) {
+        self.ids_changed = true;
+        let zone: Arc<str> = Arc::from(zone);
+        let id: Arc<str> = Arc::from(id);
+        self.zones
+            .entry(zone.clone())
+            .or_default()
+            .insert(id.clone());
+        self.zones_changed.insert(zone.clone());
+        for ((r, scope), order) in &mut self.orders {
+            if !scope.holds(&zone) {
+                continue;
+            }
+            let k = (order_key(*r, &id), id.clone());
             let at = order.binary_search(&k).unwrap_or_else(|at| at);
             order.insert(at, k);
-            if let Some(t) = Touched::record(self.touched.get_mut(&r), at, 1) {
-                self.touched.insert(r, t);
+            let tk = (*r, scope.clone());
+            if let Some(t) = Touched::record(self.touched.get_mut(&tk), at, 1) {
+                self.touched.insert(tk, t);
             }
         }
     }
 
-    /// Removes `id` from every kept order.
-    fn order_remove(&mut self, id: &str) {
-        for (&r, order) in &mut self.orders {
-            let k = (order_key(r, id), Arc::from(id));
+    /// Removes `id` of `zone` from every kept order.
+    fn order_remove(&mut self, id: &str, zone: &str) {
+        self.ids_changed = true;
+        if let Some(ids) = self.zones.get_mut(zone) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.zones.remove(zone);
+            }
+        }
+        self.zones_changed.insert(Arc::from(zone));
+        for ((r, scope), order) in &mut self.orders {
+            if !scope.holds(zone) {
+                continue;
+            }
+            let k = (order_key(*r, id), Arc::from(id));
             if let Ok(at) = order.binary_search(&k) {
                 order.remove(at);
-                if let Some(t) = Touched::record(self.touched.get_mut(&r), at, -1) {
-                    self.touched.insert(r, t);
+                let tk = (*r, scope.clone());
+                if let Some(t) = Touched::record(self.touched.get_mut(&tk), at, -1) {
+                    self.touched.insert(tk, t);
                 }
             }
         }
@@ -249,24 +396,31 @@ impl View {
     fn apply_endpoints(&mut self, delta: &v1::Delta) {
         self.version = delta.version;
         self.touched.clear();
+        self.zones_changed.clear();
         self.ids_changed = delta.reset;
         if delta.reset {
             self.endpoints.clear();
+            self.zones.clear();
             self.orders.clear();
             self.settings = delta.settings.clone();
         } else if let Some(s) = &delta.settings {
             self.settings = Some(s.clone());
         }
         for e in &delta.upserted {
-            if self.endpoints.insert(e.id.clone(), e.clone()).is_none() {
-                self.ids_changed = true;
-                self.order_insert(&e.id);
+            match self.endpoints.insert(e.id.clone(), e.clone()) {
+                None => self.order_insert(&e.id, &e.zone),
+                // Moved to another zone: out of the old zone's orders,
+                // into the new one's (the whole order keeps its place).
+                Some(old) if old.zone != e.zone => {
+                    self.order_remove(&e.id, &old.zone);
+                    self.order_insert(&e.id, &e.zone);
+                }
+                Some(_) => {}
             }
         }
         for id in &delta.removed {
-            if self.endpoints.remove(id).is_some() {
-                self.ids_changed = true;
-                self.order_remove(id);
+            if let Some(old) = self.endpoints.remove(id) {
+                self.order_remove(id, &old.zone);
             }
         }
     }
@@ -335,28 +489,19 @@ impl Subsets {
         }
         view.ensure_rounds();
         let mut out = SubsetDeltas::new();
-        let keys: Vec<SubsetKey> = view
-            .groups
-            .iter()
-            .flat_map(|(&size, g)| {
-                g.members
-                    .keys()
-                    .map(move |&index| SubsetKey { size, index })
-            })
-            .collect();
-        for key in keys {
-            if !view.may_move(key, n_before, delta.reset) {
+        for key in view.keys() {
+            if !view.may_move(&key, n_before, delta.reset) {
                 // Same members: only changes to them (and settings).
-                let members = view.members_of(key);
+                let members = view.members_of(&key);
                 if let Some(bytes) = member_delta(view, delta, members, members) {
                     out.insert(key, bytes);
                 }
                 continue;
             }
-            let new = view.compute(key);
+            let new = view.compute(&key);
             let old = view
                 .groups
-                .get_mut(&key.size)
+                .get_mut(&key.group())
                 .and_then(|g| g.members.insert(key.index, new.clone()))
                 .unwrap_or_default();
             if let Some(bytes) = member_delta(&*view, delta, &old, &new) {
@@ -366,17 +511,19 @@ impl Subsets {
         Some(out)
     }
 
-    /// `identity` subscribes to a subset of `size` of `service`: returns
-    /// its key, the version of the view and a reset holding its members.
-    /// Pair with [`Subsets::release`].
+    /// `identity` subscribes to a subset of `size` of `service` (preferring
+    /// `zone` when given): returns its key, the version of the view and a
+    /// reset holding its members. Pair with [`Subsets::release`].
     pub fn register(
         &mut self,
         service: &str,
         size: u32,
+        zone: Option<&str>,
         identity: &str,
     ) -> (SubsetKey, u64, EncodedPair) {
         let view = self.services.entry(service.to_owned()).or_default();
-        let group = view.groups.entry(size).or_default();
+        let zone: Option<Arc<str>> = zone.filter(|z| !z.is_empty()).map(Arc::from);
+        let group = view.groups.entry((size, zone.clone())).or_default();
         let index = match group.holders.get_mut(identity) {
             Some((index, streams)) => {
                 *streams += 1;
@@ -389,11 +536,11 @@ impl Subsets {
                 index
             }
         };
-        let key = SubsetKey { size, index };
+        let key = SubsetKey { size, zone, index };
         view.ensure_rounds();
-        let members = view.compute(key);
+        let members = view.compute(&key);
         let bytes = view.reset_bytes(service, &members);
-        if let Some(g) = view.groups.get_mut(&size) {
+        if let Some(g) = view.groups.get_mut(&key.group()) {
             g.members.insert(index, members);
         }
         (key, view.version, bytes)
@@ -401,7 +548,7 @@ impl Subsets {
 
     /// A reset of `key`'s current members and the view's version (a
     /// subscriber that lagged behind the ring).
-    pub fn reset(&self, service: &str, key: SubsetKey) -> (u64, EncodedPair) {
+    pub fn reset(&self, service: &str, key: &SubsetKey) -> (u64, EncodedPair) {
         let Some(view) = self.services.get(service) else {
             return (
                 0,
@@ -416,13 +563,13 @@ impl Subsets {
         (view.version, view.reset_bytes(service, members))
     }
 
-    /// One stream of `identity` leaves the group of `size` of `service`;
+    /// One stream of `identity` leaves the group of `key` of `service`;
     /// the last one frees the index.
-    pub fn release(&mut self, service: &str, size: u32, identity: &str) {
+    pub fn release(&mut self, service: &str, key: &SubsetKey, identity: &str) {
         let Some(view) = self.services.get_mut(service) else {
             return;
         };
-        let Some(group) = view.groups.get_mut(&size) else {
+        let Some(group) = view.groups.get_mut(&key.group()) else {
             return;
         };
         if let Some((index, streams)) = group.holders.get_mut(identity) {
@@ -434,7 +581,7 @@ impl Subsets {
             }
         }
         if group.holders.is_empty() {
-            view.groups.remove(&size);
+            view.groups.remove(&key.group());
         }
         view.ensure_rounds();
         // A view made only because a subscriber named a service that was
@@ -451,7 +598,7 @@ impl Subsets {
     }
 
     /// The current members of `key` (tests and diagnostics).
-    pub fn members(&self, service: &str, key: SubsetKey) -> Vec<String> {
+    pub fn members(&self, service: &str, key: &SubsetKey) -> Vec<String> {
         self.services
             .get(service)
             .map(|v| v.members_of(key).iter().map(|id| id.to_string()).collect())

@@ -1,6 +1,7 @@
 //! Deterministic subsetting in the stream (`meshless_control::subsets`):
 //! what every subsetted subscriber holds equals `meshless_model::subset`
-//! of the published endpoints after any sequence of changes.
+//! (or `zone_subset`, for a zone-aware one) of the published endpoints
+//! after any sequence of changes.
 
 #![allow(clippy::unwrap_used)]
 use std::collections::BTreeMap;
@@ -9,14 +10,21 @@ use meshless_api::v1;
 use meshless_control::subsets::{SubsetKey, Subsets};
 use proptest::prelude::*;
 
+/// Endpoint `id` on `port`, in one of three zones by both (so a new port
+/// may move it to another zone).
 fn ep(id: &str, port: u32) -> v1::Endpoint {
+    let spread = id.bytes().map(u32::from).sum::<u32>() + port;
     v1::Endpoint {
         id: id.to_owned(),
         addresses: vec!["10.0.0.1".into()],
         port,
+        zone: format!("z{}", spread % 3),
         ..v1::Endpoint::default()
     }
 }
+
+/// The zones subscribers sit in: the endpoints' three and one with none.
+const ZONES: [Option<&str>; 5] = [None, Some("z0"), Some("z1"), Some("z2"), Some("empty")];
 
 /// What a subscriber holds after applying `bytes` (the proxy's rule:
 /// reset clears; upserts, then removals).
@@ -94,8 +102,9 @@ fn delta_of(op: &Op, version: u64) -> v1::Delta {
 
 proptest! {
     /// After any sequence of changes, every subscriber holds exactly
-    /// `subset()` of the current endpoints, with their latest fields,
-    /// whether it joined at the start or half-way.
+    /// `subset()` of the current endpoints (`zone_subset()` for a
+    /// zone-aware one), with their latest fields, whether it joined at the
+    /// start or half-way.
     #[test]
     fn streamed_subsets_equal_the_model(
         initial in proptest::collection::vec(0u8..40, 0..30),
@@ -113,10 +122,12 @@ proptest! {
         let mut subs: Vec<(SubsetKey, BTreeMap<String, v1::Endpoint>)> = Vec::new();
         let join = |s: &mut Subsets, subs: &mut Vec<_>, n: usize| {
             for (k, size) in sizes.iter().enumerate() {
-                let (key, _, bytes) = s.register("ns/a", *size, &format!("node-{n}-{k}"));
-                let mut view = BTreeMap::new();
-                follow(&mut view, &bytes.compact);
-                subs.push((key, view));
+                for zone in ZONES {
+                    let (key, _, bytes) = s.register("ns/a", *size, zone, &format!("node-{n}-{k}"));
+                    let mut view = BTreeMap::new();
+                    follow(&mut view, &bytes.compact);
+                    subs.push((key, view));
+                }
             }
         };
         join(&mut s, &mut subs, 0);
@@ -141,11 +152,16 @@ proptest! {
                 }
             }
             let ids: Vec<&str> = truth.keys().map(String::as_str).collect();
+            let zoned: Vec<(&str, &str)> = truth.values().map(|e| (e.id.as_str(), e.zone.as_str())).collect();
             for (key, view) in &subs {
-                let want = meshless_model::subset::subset(&ids, key.index, key.size as usize);
+                let size = key.size as usize;
+                let want = match &key.zone {
+                    None => meshless_model::subset::subset(&ids, key.index, size),
+                    Some(z) => meshless_model::subset::zone_subset(&zoned, z, key.index, size),
+                };
                 let got: Vec<&str> = view.keys().map(String::as_str).collect();
                 prop_assert_eq!(&got, &want, "key {:?} after {:?}", key, op);
-                prop_assert_eq!(s.members("ns/a", *key), want.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+                prop_assert_eq!(s.members("ns/a", key), want.iter().map(|x| x.to_string()).collect::<Vec<_>>());
                 for (id, e) in view {
                     prop_assert_eq!(Some(e), truth.get(id), "stale fields of {}", id);
                 }
@@ -159,17 +175,17 @@ fn identities_take_the_lowest_free_index_and_keep_it_while_held() {
     let mut s = Subsets::default();
     let eps: Vec<v1::Endpoint> = (0..10).map(|i| ep(&format!("p{i}"), 1)).collect();
     s.seed("ns/a", 1, eps, None);
-    let (a, _, _) = s.register("ns/a", 3, "a");
-    let (b, _, _) = s.register("ns/a", 3, "b");
-    let (a2, _, _) = s.register("ns/a", 3, "a");
+    let (a, _, _) = s.register("ns/a", 3, None, "a");
+    let (b, _, _) = s.register("ns/a", 3, None, "b");
+    let (a2, _, _) = s.register("ns/a", 3, None, "a");
     assert_eq!((a.index, b.index, a2.index), (0, 1, 0));
-    s.release("ns/a", 3, "a");
-    let (c, _, _) = s.register("ns/a", 3, "c");
+    s.release("ns/a", &a, "a");
+    let (c, _, _) = s.register("ns/a", 3, None, "c");
     assert_eq!(c.index, 2, "a still holds 0 through its second stream");
-    s.release("ns/a", 3, "a");
-    let (d, _, _) = s.register("ns/a", 3, "d");
+    s.release("ns/a", &a, "a");
+    let (d, _, _) = s.register("ns/a", 3, None, "d");
     assert_eq!(d.index, 0, "freed by a's last stream");
-    assert_eq!(s.members("ns/a", d).len(), 3);
+    assert_eq!(s.members("ns/a", &d).len(), 3);
 }
 
 #[test]
@@ -177,8 +193,8 @@ fn a_change_outside_the_subset_sends_nothing_and_an_activation_error_goes_to_all
     let mut s = Subsets::default();
     let eps: Vec<v1::Endpoint> = (0..12).map(|i| ep(&format!("p{i}"), 1)).collect();
     s.seed("ns/a", 1, eps, None);
-    let (key, _, _) = s.register("ns/a", 3, "a");
-    let members = s.members("ns/a", key);
+    let (key, _, _) = s.register("ns/a", 3, None, "a");
+    let members = s.members("ns/a", &key);
     let outside = (0..12)
         .map(|i| format!("p{i}"))
         .find(|id| !members.contains(id))
@@ -217,8 +233,8 @@ fn unknown_services_leave_no_view_behind() {
     let mut s = Subsets::default();
     for i in 0..50 {
         let name = format!("ns/typo-{i}");
-        s.register(&name, 3, "proxy-a");
-        s.release(&name, 3, "proxy-a");
+        let (key, _, _) = s.register(&name, 3, None, "proxy-a");
+        s.release(&name, &key, "proxy-a");
     }
     assert_eq!(s.services(), 0);
     s.apply(&v1::Delta {
@@ -228,7 +244,7 @@ fn unknown_services_leave_no_view_behind() {
         upserted: vec![ep("a", 80)],
         ..v1::Delta::default()
     });
-    s.register("ns/real", 3, "proxy-a");
-    s.release("ns/real", 3, "proxy-a");
+    let (key, _, _) = s.register("ns/real", 3, None, "proxy-a");
+    s.release("ns/real", &key, "proxy-a");
     assert_eq!(s.services(), 1);
 }

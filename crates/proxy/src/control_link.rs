@@ -104,9 +104,10 @@ fn requests(w: &Watched) -> Requests {
     let subsets = w
         .subsets
         .iter()
-        .map(|(service, &size)| v1::SubsetRequest {
+        .map(|(service, ask)| v1::SubsetRequest {
             service: service.clone(),
-            size,
+            size: ask.size,
+            zone_aware: ask.zone_aware,
         })
         .collect();
     (w.services.iter().cloned().collect(), subsets)

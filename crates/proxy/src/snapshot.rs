@@ -10,7 +10,7 @@ use http::uri::Authority;
 use meshless_balance::Cluster;
 use meshless_model::FieldError;
 
-use crate::config::{ClusterConfig, ProxyConfig};
+use crate::config::{ClusterConfig, ProxyConfig, SubsetConfig};
 use crate::router::RouteTable;
 use crate::upstream::{self, ClusterCounters, EndpointPool, Pool, PoolKey};
 
@@ -259,9 +259,10 @@ impl Snapshot {
     }
 
     /// What the control link asks for: every referenced service, and a
-    /// subset size for a service when every cluster referencing it asks
-    /// for one (the largest; one cluster without `subset` needs every
-    /// endpoint, and the proxy holds one view per service).
+    /// subset for a service when every cluster referencing it asks for one
+    /// (the largest; one cluster without `subset` needs every endpoint, and
+    /// the proxy holds one view per service), zone-aware when every one of
+    /// them asks it.
     pub fn watched(&self) -> Watched {
         let mut subsets = std::collections::BTreeMap::new();
         let mut whole = std::collections::BTreeSet::new();
@@ -269,8 +270,9 @@ impl Snapshot {
             let Some(service) = &c.service else { continue };
             match c.subset {
                 Some(s) => {
-                    let size = subsets.entry(service.clone()).or_insert(s.size);
-                    *size = (*size).max(s.size);
+                    let ask: &mut SubsetConfig = subsets.entry(service.clone()).or_insert(s);
+                    ask.size = ask.size.max(s.size);
+                    ask.zone_aware &= s.zone_aware;
                 }
                 None => {
                     whole.insert(service.clone());
@@ -290,7 +292,7 @@ impl Snapshot {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Watched {
     pub services: std::collections::BTreeSet<String>,
-    pub subsets: std::collections::BTreeMap<String, u32>,
+    pub subsets: std::collections::BTreeMap<String, SubsetConfig>,
 }
 
 #[cfg(test)]
@@ -349,8 +351,11 @@ mod tests {
             ["ns/a", "ns/b", "ns/c"]
         );
         assert_eq!(
-            w.subsets.into_iter().collect::<Vec<_>>(),
-            [("ns/a".to_owned(), 8)]
+            w.subsets
+                .into_iter()
+                .map(|(s, ask)| (s, ask.size, ask.zone_aware))
+                .collect::<Vec<_>>(),
+            [("ns/a".to_owned(), 8, false)]
         );
         let bad = |extra: &str| {
             let y = yaml.replace("subset: { size: 5 } }\n  - { name: b2", extra);
@@ -362,6 +367,30 @@ mod tests {
         assert!(
             e.contains("clusters[2].subset.size: must be 1..=100000, got 0"),
             "{e}"
+        );
+        let e = bad("subset: { size: 5, zone: true } }\n  - { name: b2");
+        assert!(e.contains("unknown field `zone`"), "{e}");
+    }
+
+    /// A subset is zone-aware only when every cluster on the service asks
+    /// it: one that does not wants its endpoints spread over every zone.
+    #[test]
+    fn watched_asks_zone_aware_only_when_every_cluster_does() {
+        let yaml = "control: { address: \"127.0.0.1:1\" }\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: a }]\nclusters:\n  - { name: a, service: ns/a, subset: { size: 5, zone_aware: true } }\n  - { name: a2, service: ns/a, subset: { size: 8, zone_aware: true } }\n  - { name: b, service: ns/b, subset: { size: 5, zone_aware: true } }\n  - { name: b2, service: ns/b, subset: { size: 5 } }\n";
+        let config = crate::ProxyConfig::parse(yaml, "p.yaml").expect("valid");
+        let snap = Snapshot::build(config, None, &Default::default()).expect("snapshot");
+        let asked: Vec<(String, u32, bool)> = snap
+            .watched()
+            .subsets
+            .into_iter()
+            .map(|(s, ask)| (s, ask.size, ask.zone_aware))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                ("ns/a".to_owned(), 8, true),
+                ("ns/b".to_owned(), 5, false)
+            ]
         );
     }
 }

@@ -102,6 +102,12 @@ fn default_panic_mode() -> bool {
 pub struct SubsetConfig {
     /// Endpoints in the subset, 1..=[`MAX_SUBSET_SIZE`].
     pub size: u32,
+    /// Prefer endpoints in this proxy's zone (`node.zone`): the subset is
+    /// taken from the zone's endpoints when it holds at least `size`, else
+    /// it is all of them plus the rest from other zones. Off by default;
+    /// without a zone the subset is an ordinary one.
+    #[serde(default)]
+    pub zone_aware: bool,
 }
 
 /// The largest `subset.size` accepted.

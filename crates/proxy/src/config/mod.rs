@@ -26,7 +26,7 @@ use meshless_model::serde_duration as duration;
 pub use crate::protocol::{FlowKey, ListenerProtocol, TcpProxy};
 pub use activation::{Activation, Fallback};
 pub use balancer::{BalancerYaml, HashKey, LocalityYaml};
-pub use cluster::{ClusterConfig, EndpointConfig};
+pub use cluster::{ClusterConfig, EndpointConfig, SubsetConfig};
 pub use control::ControlLink;
 pub use listener::ListenerConfig;
 pub use pool::{ConnectionPool, UpstreamTls};
