@@ -422,9 +422,7 @@ impl Distributor {
         zone: Option<&str>,
         identity: &str,
     ) -> (SubsetLease<'_>, EncodedPair) {
-        let (key, floor, bytes) = self
-            .lock_subsets()
-            .register(service, size, zone, identity);
+        let (key, floor, bytes) = self.lock_subsets().register(service, size, zone, identity);
         self.metrics.subset_subscriptions.inc();
         let lease = SubsetLease {
             d: self,

@@ -254,7 +254,9 @@ impl<'a> Follow<'a> {
             .leases
             .iter()
             .filter(|(service, l)| {
-                sizes.get(*service).map(|(size, zone)| (*size, zone.as_deref()))
+                sizes
+                    .get(*service)
+                    .map(|(size, zone)| (*size, zone.as_deref()))
                     != Some((l.key.size, l.key.zone.as_deref()))
             })
             .map(|(service, _)| service.clone())
@@ -349,11 +351,7 @@ pub(crate) async fn serve(
         .find(|s| !s.is_empty())
         .cloned()
         .unwrap_or_else(|| format!("stream-{id}"));
-    let (watched, sizes) = requested(
-        hello.services.clone(),
-        hello.subsets.clone(),
-        &hello.zone,
-    );
+    let (watched, sizes) = requested(hello.services.clone(), hello.subsets.clone(), &hello.zone);
     d.placements
         .join(id, &hello.node, &hello.peer_address, &watched);
     // Subscribe before reading state, so no delta falls between the two.

@@ -82,6 +82,10 @@ impl Scope {
     }
 }
 
+/// One round's order of a scope's endpoint ids: by `(order_key(round, id),
+/// id)`.
+type Order = Vec<(u64, Arc<str>)>;
+
 /// Where some of a key's members come from in the current view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
@@ -107,7 +111,7 @@ struct View {
     settings: Option<v1::ServiceSettings>,
     /// Per round and scope in use: the scope's endpoint ids by
     /// `(order_key(round, id), id)`.
-    orders: BTreeMap<(u64, Scope), Vec<(u64, Arc<str>)>>,
+    orders: BTreeMap<(u64, Scope), Order>,
     /// Per subset size and zone.
     groups: BTreeMap<GroupKey, Group>,
     /// Per kept order: where the last delta inserted or removed, for
@@ -260,7 +264,7 @@ impl View {
             if self.orders.contains_key(&(round, scope.clone())) {
                 continue;
             }
-            let mut order: Vec<(u64, Arc<str>)> = self
+            let mut order: Order = self
                 .endpoints
                 .iter()
                 .filter(|(_, e)| scope.holds(&e.zone))

@@ -387,10 +387,7 @@ mod tests {
             .collect();
         assert_eq!(
             asked,
-            [
-                ("ns/a".to_owned(), 8, true),
-                ("ns/b".to_owned(), 5, false)
-            ]
+            [("ns/a".to_owned(), 8, true), ("ns/b".to_owned(), 5, false)]
         );
     }
 }

@@ -225,3 +225,95 @@ async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
     .await;
     plane.shutdown().await;
 }
+
+/// Waits until proxy `p` (in `zone`, the first zone-aware subscriber of
+/// its zone: index 0) holds exactly `zone_subset()` of `live` (id ->
+/// (zone, backend)).
+async fn follows_its_zone(
+    p: &meshless_proxy::Proxy,
+    live: &BTreeMap<String, (&str, Backend)>,
+    zone: &str,
+    size: usize,
+) -> BTreeSet<String> {
+    let pairs: Vec<(&str, &str)> = live.iter().map(|(id, (z, _))| (id.as_str(), *z)).collect();
+    let ids: BTreeSet<String> = meshless_model::subset::zone_subset(&pairs, zone, 0, size)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let want: BTreeSet<String> = ids
+        .iter()
+        .map(|id| live[id].1.local_addr().to_string())
+        .collect();
+    eventually(
+        "the proxy holds zone_subset() of the live endpoints",
+        || async {
+            let got: BTreeSet<String> = cluster_addresses(p, "cart").await.into_iter().collect();
+            got == want
+        },
+    )
+    .await;
+    ids
+}
+
+/// Two proxies in different zones ask for a zone-aware subset of 2 of a
+/// service spread over both zones: each holds endpoints of its own zone
+/// only; when its zone has fewer than 2 left, it holds those and one from
+/// the other zone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_aware_subset_takes_its_own_zone_first() {
+    let plane = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let mut live: BTreeMap<String, (&str, Backend)> = BTreeMap::new();
+    for (zone, prefix) in [("z1", "a"), ("z2", "b")] {
+        for i in 0..3 {
+            let id = format!("{prefix}{i}");
+            live.insert(id.clone(), (zone, backend(&id).await));
+        }
+    }
+    register_cart(api, &[]).await;
+    let put: Vec<_> = live
+        .iter()
+        .map(|(id, (zone, b))| {
+            let mut e = endpoint_json(id, b.local_addr());
+            e["zone"] = (*zone).into();
+            e
+        })
+        .collect();
+    let (s, body) = api_call(
+        api,
+        Method::POST,
+        "/v1/services/shop/cart/endpoints",
+        serde_json::json!({ "put": put }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
+    let extra = "    subset: { size: 2, zone_aware: true }\n";
+    let in_zone = |zone: &str| {
+        format!(
+            "node: {{ name: node-{zone}, zone: {zone} }}\n{}",
+            cart_proxy_yaml(plane.grpc_addr(), extra)
+        )
+    };
+    let (p1, _) = proxy(&in_zone("z1")).await;
+    let (p2, _) = proxy(&in_zone("z2")).await;
+    let held = follows_its_zone(&p1, &live, "z1", 2).await;
+    assert!(held.iter().all(|id| id.starts_with('a')), "{held:?}");
+    let held = follows_its_zone(&p2, &live, "z2", 2).await;
+    assert!(held.iter().all(|id| id.starts_with('b')), "{held:?}");
+
+    // z1 down to one endpoint: p1 holds it and one of z2; p2 is untouched.
+    for id in ["a0", "a1"] {
+        delete(api, id).await;
+        live.remove(id);
+    }
+    let held = follows_its_zone(&p1, &live, "z1", 2).await;
+    assert!(held.contains("a2"), "{held:?}");
+    assert_eq!(held.iter().filter(|id| id.starts_with('b')).count(), 1);
+    follows_its_zone(&p2, &live, "z2", 2).await;
+    p1.shutdown().await;
+    p2.shutdown().await;
+    plane.shutdown().await;
+}
