@@ -322,6 +322,38 @@ struct Plane {
 
 const SERVICE: &str = "bench/svc";
 
+/// The command the control plane runs under, from
+/// `MESHLESS_BENCH_PLANE_WRAPPER` split at whitespace (e.g. `valgrind
+/// --tool=callgrind`, as `bench/callgrind_distribution.py` sets it); empty:
+/// none.
+fn plane_wrapper() -> Vec<String> {
+    std::env::var("MESHLESS_BENCH_PLANE_WRAPPER")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Stops the control plane with SIGTERM (its graceful shutdown, after
+/// which a profiler it runs under writes its data), waiting up to 60 s;
+/// the guard kills it if it is still there.
+async fn stop_plane(child: ChildGuard) {
+    let pid = child.0.id().to_string();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut child = child;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sent && Instant::now() < deadline {
+        if matches!(child.0.try_wait(), Ok(Some(_)) | Err(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(child);
+}
+
 /// Starts `meshless control` with the benchmark's settings and waits until ready.
 async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
     let (api, grpc) = free_ports()?;
@@ -343,7 +375,16 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
         ),
     )
     .map_err(BenchError::io("writing the control plane's config"))?;
-    let child = Command::new(&args.exe)
+    let wrapper = plane_wrapper();
+    let mut command = match wrapper.split_first() {
+        Some((tool, tool_args)) => {
+            let mut c = Command::new(tool);
+            c.args(tool_args).arg(&args.exe);
+            c
+        }
+        None => Command::new(&args.exe),
+    };
+    let child = command
         .args(["control", "--config"])
         .arg(&config)
         .env("RUST_LOG", "warn")
@@ -358,8 +399,10 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
         dir,
     };
     let start = Instant::now();
+    // A plane under a profiler starts tens of times slower.
+    let patience = Duration::from_secs(if wrapper.is_empty() { 10 } else { 120 });
     while plane.api.ready().await.is_err() {
-        if start.elapsed() > Duration::from_secs(10) {
+        if start.elapsed() > patience {
             return Err(BenchError::Failed("the control plane did not start".into()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -595,7 +638,7 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         followed.push(p.report(args.changes + args.endpoints));
     }
     drop(proxies);
-    drop(plane.child);
+    stop_plane(plane.child).await;
     let writes_ms: Vec<f64> = sent_at
         .iter()
         .filter(|w| w.id.starts_with(SINGLE))
