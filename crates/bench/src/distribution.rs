@@ -65,6 +65,9 @@ pub struct DistributionBenchSettings {
     /// Each subscriber asks for a deterministic subset of this many
     /// endpoints (identity `bench-INDEX`); None: every endpoint.
     pub subset_size: Option<u32>,
+    /// Subscribers acknowledge every delta; otherwise once per heartbeat,
+    /// as a meshless proxy does.
+    pub ack_every_delta: bool,
 }
 
 /// What the benchmark measured.
@@ -124,11 +127,21 @@ fn endpoint(id: &str, i: usize) -> EndpointInput {
 }
 
 /// Receipt times of tracked endpoints (ids starting with `t-`), per subscriber.
+/// When a subscriber acknowledges the version it applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acks {
+    /// After every delta.
+    EveryDelta,
+    /// In answer to each heartbeat, as a meshless proxy does.
+    PerHeartbeat,
+}
+
 async fn subscriber(
     grpc: SocketAddr,
     ready: Arc<AtomicU64>,
     index: usize,
     subset: Option<u32>,
+    acks: Acks,
 ) -> Result<Receipts> {
     let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
     let mut client = DistributionClient::connect(format!("http://{grpc}"))
@@ -163,6 +176,10 @@ async fn subscriber(
         .map_err(|e| failed(&e))?
         .into_inner();
     let mut seen = Vec::new();
+    let mut applied = 0;
+    let ack = |version| ClientMessage {
+        msg: Some(client_message::Msg::Ack(v1::Ack { version })),
+    };
     loop {
         let msg = match tokio::time::timeout(Duration::from_secs(120), inbound.message()).await {
             Ok(Ok(Some(m))) => m,
@@ -175,11 +192,18 @@ async fn subscriber(
             }
             Some(server_message::Msg::Delta(b)) => {
                 let d = decode_delta(&b).map_err(|e| failed(&e))?;
+                applied = d.version.max(applied);
                 for e in d.upserted {
                     if e.id.starts_with("t-") {
                         seen.push((e.id, now, d.version));
                     }
                 }
+                if acks == Acks::EveryDelta {
+                    let _ = tx.try_send(ack(applied));
+                }
+            }
+            Some(server_message::Msg::Heartbeat(_)) => {
+                let _ = tx.try_send(ack(applied));
             }
             _ => {}
         }
@@ -432,7 +456,12 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
 }
 
 /// Connects every subscriber and waits until each has its snapshot.
-async fn connect(grpc: SocketAddr, n: usize, subset: Option<u32>) -> Result<Subscribers> {
+async fn connect(
+    grpc: SocketAddr,
+    n: usize,
+    subset: Option<u32>,
+    acks: Acks,
+) -> Result<Subscribers> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
     let mut progress = Progress::new("connecting subscribers", n as u64);
@@ -442,6 +471,7 @@ async fn connect(grpc: SocketAddr, n: usize, subset: Option<u32>) -> Result<Subs
             Arc::clone(&ready),
             i,
             subset,
+            acks,
         )));
         if i % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -602,7 +632,12 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         f.wait_for(&format!("e-{}", args.endpoints - 1)).await?;
         proxies.push(f);
     }
-    let subs = connect(plane.grpc, args.subscribers, args.subset_size).await?;
+    let acks = if args.ack_every_delta {
+        Acks::EveryDelta
+    } else {
+        Acks::PerHeartbeat
+    };
+    let subs = connect(plane.grpc, args.subscribers, args.subset_size, acks).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_connected = proc_kb(pid, "VmRSS:");
     proxies.iter_mut().for_each(Follower::mark);

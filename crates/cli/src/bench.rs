@@ -57,6 +57,10 @@ pub struct DistributionBenchArgs {
     /// endpoints (as a proxy's `subset: { size }`); default: every endpoint.
     #[arg(long)]
     pub subset_size: Option<u32>,
+    /// Subscribers acknowledge every delta (as proxies did before they
+    /// acknowledged once per heartbeat), to measure what that costs.
+    #[arg(long)]
+    pub ack_every_delta: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -101,6 +105,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 stream_batch: a.stream_batch,
                 stream_interval_ms: a.stream_interval_ms,
                 subset_size: a.subset_size,
+                ack_every_delta: a.ack_every_delta,
             };
             let report = rt.block_on(meshless_bench::distribution::run(&settings))?;
             crate::simulate::print(a.json, &report)

@@ -8,6 +8,7 @@ pub mod client;
 pub mod commit;
 pub mod config;
 pub mod distributor;
+mod gate;
 pub mod grpc;
 pub mod http;
 pub mod kubernetes;

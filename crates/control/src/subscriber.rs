@@ -26,10 +26,12 @@ use std::time::Duration;
 
 use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
 use meshless_api::{EncodedPair, Encoding};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
+use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
 use crate::distributor::{Distributor, EncodedDelta, SubsetLease};
+use crate::gate;
 use crate::placement::Peer;
 
 /// How often an idle stream carries a heartbeat.
@@ -337,15 +339,19 @@ pub(crate) async fn serve(
     d: &Distributor,
     id: u64,
     hello: v1::Hello,
-    mut inbound: Streaming<ClientMessage>,
+    inbound: Streaming<ClientMessage>,
     out: Out,
     batch: usize,
     interval: Duration,
 ) -> Result<(), StreamEnd> {
-    let mut closing = d.closing.subscribe();
+    let closing = d.closing.subscribe();
     if *closing.borrow() {
         return Ok(());
     }
+    // Every source but the ring behind a gate: the task wakes once per
+    // delta, and an idle source then costs an atomic swap, not a poll.
+    let mut closing = gate::watch_changes(closing);
+    let mut inbound = gate::Gate::new(inbound);
     let identity = [&hello.subscriber, &hello.node]
         .into_iter()
         .find(|s| !s.is_empty())
@@ -370,11 +376,13 @@ pub(crate) async fn serve(
         encoding: Encoding::of(&hello),
     };
     f.start(&hello, sizes).await?;
-    let mut placed = PlacementsSent::new(d);
+    let mut placements = gate::watch_changes(d.placements.changed());
+    let mut placed = PlacementsSent::default();
     placed.send_changes(&mut f).await?;
     f.flush().await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
+    let mut heartbeat = gate::ticks(heartbeat);
     // Pacing (`stream_interval`): after a write that emptied the ring,
     // the ring is not read again until the pause ends.
     let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
@@ -402,8 +410,8 @@ pub(crate) async fn serve(
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
-            msg = inbound.message() => match msg {
-                Ok(Some(ClientMessage { msg: Some(m) })) => {
+            msg = inbound.next() => match msg {
+                Some(Ok(ClientMessage { msg: Some(m) })) => {
                     let resubscribed = matches!(m, client_message::Msg::Subscribe(_));
                     on_message(&mut f, id, &hello.node, m).await?;
                     if resubscribed {
@@ -412,16 +420,16 @@ pub(crate) async fn serve(
                     }
                     f.flush().await?;
                 }
-                Ok(Some(_)) => {}
-                Ok(None) => return Ok(()),
-                Err(s) => return Err(StreamEnd::Inbound(s)),
+                Some(Ok(_)) => {}
+                None => return Ok(()),
+                Some(Err(s)) => return Err(StreamEnd::Inbound(s)),
             },
-            Ok(()) = placed.changed.changed() => {
+            Some(()) = placements.next() => {
                 placed.send_changes(&mut f).await?;
                 f.flush().await?;
             }
-            _ = closing.changed() => return Ok(()),
-            _ = heartbeat.tick() => {
+            _ = closing.next() => return Ok(()),
+            Some(()) = heartbeat.next() => {
                 let hb = v1::Heartbeat { version: f.sent_up_to };
                 let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
                 f.send(msg, 0).await?;
@@ -433,22 +441,14 @@ pub(crate) async fn serve(
 
 /// What one subscriber was last told of the placements of the services it
 /// watches; it is sent what differs (an empty node: withdrawn).
+#[derive(Default)]
 struct PlacementsSent {
-    changed: watch::Receiver<u64>,
     sent: BTreeMap<String, Peer>,
     /// The peer proxies' IP addresses sent.
     peers: BTreeSet<std::net::IpAddr>,
 }
 
 impl PlacementsSent {
-    fn new(d: &Distributor) -> Self {
-        Self {
-            changed: d.placements.changed(),
-            sent: BTreeMap::new(),
-            peers: BTreeSet::new(),
-        }
-    }
-
     /// Queues on `f` the change of the peer proxies' addresses since the
     /// last one sent, if any.
     async fn send_peers(&mut self, f: &mut Follow<'_>) -> Result<(), StreamEnd> {
@@ -481,7 +481,6 @@ impl PlacementsSent {
     /// Queues on `f` the placements of its watched services that differ
     /// from what it was told.
     async fn send_changes(&mut self, f: &mut Follow<'_>) -> Result<(), StreamEnd> {
-        self.changed.mark_unchanged();
         self.send_peers(f).await?;
         let mut now = f.d.placements.current();
         now.retain(|s, _| f.watched.contains(s));

@@ -343,8 +343,6 @@ async fn session(
                         if !reset {
                             resume.version = resume.version.max(v);
                         }
-                        let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: resume.version })) };
-                        let _ = tx.try_send(ack);
                     }
                     Some(server_message::Msg::SnapshotDone(done)) => {
                         // The snapshot is the whole state at `done.version`
@@ -360,7 +358,14 @@ async fn session(
                     Some(server_message::Msg::Placement(p)) => {
                         state.placements.set(&p.service, &p.node, &p.address);
                     }
-                    Some(server_message::Msg::Heartbeat(_)) | None => {}
+                    // The version applied, once per heartbeat: an ack per
+                    // delta would cost the control plane a message in for
+                    // every message out, on every stream.
+                    Some(server_message::Msg::Heartbeat(_)) => {
+                        let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: resume.version })) };
+                        let _ = tx.try_send(ack);
+                    }
+                    None => {}
                 }
             }
             _ = report.tick() => {
