@@ -33,6 +33,7 @@ fn workload(name: &str) -> Workload {
         namespace: "demo".into(),
         deployment: name.into(),
         service: name.into(),
+        start_after: Duration::ZERO,
         ready_after: Duration::from_millis(500),
         drain: Duration::from_secs(1),
     }

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::FakeApiServer;
-use super::workloads::{Placement, slice_of, start_pod};
+use super::workloads::{Placement, sleep_until, slice_of, start_pod};
 use crate::objects::{PodState, ZONE_LABEL};
 
 /// The kubelets of every node, for one Service's Pods.
@@ -157,14 +157,6 @@ pub async fn run(fake: Arc<FakeApiServer>, k: Kubelets, mut stop: watch::Receive
     }
     for (_, r) in running {
         r.backend.stop().await;
-    }
-}
-
-/// Sleeps until `at`, or forever when `None`.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

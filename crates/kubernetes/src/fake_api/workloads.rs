@@ -15,6 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use meshless_backend::{Backend, BackendConfig};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::FakeApiServer;
 use crate::objects::{PodState, pod_endpoint, slice};
@@ -65,6 +66,9 @@ pub struct Workload {
     pub deployment: String,
     /// The Service whose slices list the pods.
     pub service: String,
+    /// From a rise of `spec.replicas` to its pods starting (the
+    /// ReplicaSet controller and the scheduler; zero: at once).
+    pub start_after: Duration,
     /// From start to ready (the kubelet's readiness period).
     pub ready_after: Duration,
     /// From terminating to gone.
@@ -131,6 +135,7 @@ pub async fn follow(fake: Arc<FakeApiServer>, w: Workload, mut stop: watch::Rece
     let mut pods: Vec<Backend> = Vec::new();
     let mut serial = 0u32;
     let mut changes = fake.changes();
+    let mut due: Option<Instant> = None;
     loop {
         changes.borrow_and_update();
         let replicas = fake
@@ -138,7 +143,15 @@ pub async fn follow(fake: Arc<FakeApiServer>, w: Workload, mut stop: watch::Rece
             .and_then(|d| d.spec?.replicas)
             .unwrap_or(0)
             .max(0) as usize;
-        while pods.len() < replicas {
+        // The controllers and the scheduler take `start_after` to react.
+        let start_now = pods.len() < replicas && {
+            let at = *due.get_or_insert_with(|| Instant::now() + w.start_after);
+            at <= Instant::now()
+        };
+        if pods.len() >= replicas || start_now {
+            due = None;
+        }
+        while start_now && pods.len() < replicas {
             serial += 1;
             let Ok(pod) = start_pod(&format!("{}-{serial}", w.deployment)).await else {
                 break;
@@ -175,10 +188,19 @@ pub async fn follow(fake: Arc<FakeApiServer>, w: Workload, mut stop: watch::Rece
         // do), so the Deployment path is measured without a poll period.
         tokio::select! {
             c = changes.changed() => if c.is_err() { break },
+            _ = sleep_until(due) => {}
             _ = crate::stopped(&mut stop) => break,
         }
     }
     for pod in pods {
         pod.stop().await;
+    }
+}
+
+/// Sleeps until `at`, or forever when `None`.
+pub(crate) async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
