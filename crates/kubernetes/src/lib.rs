@@ -56,6 +56,7 @@ pub async fn start(
             Arc::clone(&leader),
             metrics.clone(),
             Arc::clone(&state),
+            stop.clone(),
         );
         let _ = state.replica_scaler.set(Arc::new(scaler));
         let le = cfg.leader_election.clone();

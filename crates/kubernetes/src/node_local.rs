@@ -37,6 +37,7 @@ use meshless_control::kubernetes::{
     FallbackLabels, KubernetesMetrics, NodeLocalLabels, ScaleRequest,
 };
 use meshless_control::state::PlaneState;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// The label marking a bridge Pod, valued with its Deployment's name.
@@ -160,6 +161,8 @@ pub struct NodeLocal {
     leader: Arc<AtomicBool>,
     metrics: KubernetesMetrics,
     state: Arc<PlaneState>,
+    /// The Kubernetes side stops: handovers end.
+    stop: watch::Receiver<bool>,
     /// Per workload `(namespace, deployment)`.
     handovers: Mutex<HashMap<(String, String), Handover>>,
 }
@@ -179,18 +182,21 @@ impl Drop for NodeLocal {
 }
 
 impl NodeLocal {
-    /// Bridges through `client` while `leader`; handovers read `state`'s registry.
+    /// Bridges through `client` while `leader`; handovers read `state`'s
+    /// registry until `stop`.
     pub fn new(
         client: kube::Client,
         leader: Arc<AtomicBool>,
         metrics: KubernetesMetrics,
         state: Arc<PlaneState>,
+        stop: watch::Receiver<bool>,
     ) -> Self {
         Self {
             client,
             leader,
             metrics,
             state,
+            stop,
             handovers: Mutex::new(HashMap::new()),
         }
     }
@@ -239,10 +245,19 @@ impl NodeLocal {
     }
 
     /// Above zero: adopts the workload's bridge Pods, or (with a node)
-    /// creates one; falls back (counted, logged) on any failure.
+    /// creates one; falls back (counted, logged) on any failure. The list
+    /// of bridges and the reads the new Pod needs go out together: two
+    /// round trips to the API before the Pod exists.
     pub async fn ensure(&self, request: &ScaleRequest<'_>) {
         let (namespace, deployment) = (request.namespace, request.target.name.as_str());
-        let found = match self.bridges(namespace, deployment).await {
+        let prepare = async {
+            match request.node {
+                Some(node) => Some(self.prepare(namespace, deployment, node).await),
+                None => None,
+            }
+        };
+        let (found, prepared) = tokio::join!(self.bridges(namespace, deployment), prepare);
+        let found = match found {
             Ok(found) => found,
             Err(e) => {
                 if request.node.is_some() {
@@ -252,26 +267,25 @@ impl NodeLocal {
             }
         };
         if !found.is_empty() {
-            let known = self
-                .handovers()
-                .get(&(namespace.to_owned(), deployment.to_owned()))
-                .map(|h| h.pods.clone())
-                .unwrap_or_default();
-            let new = found.iter().filter(|p| !known.contains(*p)).count();
-            if new > 0 {
-                self.count("adopted", new);
-                tracing::info!(service = request.service, pods = ?found, "node-local Pods adopted");
-                self.hand_over(request, found.into_iter().collect());
-            }
+            self.adopt(request, found);
             return;
         }
-        let Some(node) = request.node else { return };
-        match self.create(namespace, deployment, node).await {
+        let created = match prepared {
+            None => return,
+            Some(Ok(pod)) => self
+                .pods(namespace)
+                .create(&PostParams::default(), &pod)
+                .await
+                .map_err(|e| (Fallback::of(&e), e.to_string())),
+            Some(Err(e)) => Err(e),
+        };
+        match created {
             Ok(pod) => {
+                let pod = pod.metadata.name.unwrap_or_default();
                 self.count("created", 1);
                 tracing::info!(
                     service = request.service,
-                    node,
+                    node = request.node,
                     pod,
                     "node-local Pod created"
                 );
@@ -281,13 +295,30 @@ impl NodeLocal {
         }
     }
 
-    /// Creates the bridge Pod of `deployment` on `node`; its name.
-    async fn create(
+    /// Takes over bridge Pods found in the API (counted once each).
+    fn adopt(&self, request: &ScaleRequest<'_>, found: Vec<String>) {
+        let key = (request.namespace.to_owned(), request.target.name.clone());
+        let known = self
+            .handovers()
+            .get(&key)
+            .map(|h| h.pods.clone())
+            .unwrap_or_default();
+        let new = found.iter().filter(|p| !known.contains(*p)).count();
+        if new > 0 {
+            self.count("adopted", new);
+            tracing::info!(service = request.service, pods = ?found, "node-local Pods adopted");
+            self.hand_over(request, found.into_iter().collect());
+        }
+    }
+
+    /// The bridge Pod of `deployment` on `node`, once the Node is known
+    /// to exist (the Node and the Deployment are read together).
+    async fn prepare(
         &self,
         namespace: &str,
         deployment: &str,
         node: &str,
-    ) -> Result<String, (Fallback, String)> {
+    ) -> Result<Pod, (Fallback, String)> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
         let (n, d) = tokio::join!(nodes.get(node), deployments.get(deployment));
@@ -299,14 +330,8 @@ impl NodeLocal {
             Err(e) => return Err((Fallback::NodeLookup, e.to_string())),
         }
         let d = d.map_err(|e| (Fallback::of(&e), e.to_string()))?;
-        let pod = bridge_pod(&d, node, &suffix())
-            .map_err(|why| (why, "the Deployment cannot make a Pod".to_owned()))?;
-        let created = self
-            .pods(namespace)
-            .create(&PostParams::default(), &pod)
-            .await
-            .map_err(|e| (Fallback::of(&e), e.to_string()))?;
-        Ok(created.metadata.name.unwrap_or_default())
+        bridge_pod(&d, node, &suffix())
+            .map_err(|why| (why, "the Deployment cannot make a Pod".to_owned()))
     }
 
     /// Watches the service until it has a ready endpoint other than
@@ -321,9 +346,13 @@ impl NodeLocal {
         );
         let service = request.service.to_owned();
         let bridges = pods.clone();
+        let mut stop = self.stop.clone();
         let task = tokio::spawn(async move {
             loop {
-                tokio::time::sleep(HANDOVER_CHECK).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(HANDOVER_CHECK) => {}
+                    _ = crate::stopped(&mut stop) => return,
+                }
                 let others_ready = state.lock().view(&service).is_some_and(|v| {
                     v.endpoints
                         .iter()

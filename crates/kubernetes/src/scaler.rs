@@ -16,6 +16,7 @@ use meshless_control::kubernetes::{
     KubernetesMetrics, ReplicaScaler, ScaleFuture, ScaleOutcome, ScaleRequest, ScaleTarget,
 };
 use meshless_control::state::PlaneState;
+use tokio::sync::watch;
 
 use crate::node_local::NodeLocal;
 
@@ -38,15 +39,21 @@ impl std::fmt::Debug for KubeScaler {
 
 impl KubeScaler {
     /// Scales through `client` while `leader` is true; node-local
-    /// handovers read `state`'s registry.
+    /// handovers read `state`'s registry until `stop`.
     pub fn new(
         client: kube::Client,
         leader: Arc<AtomicBool>,
         metrics: KubernetesMetrics,
         state: Arc<PlaneState>,
+        stop: watch::Receiver<bool>,
     ) -> Self {
-        let node_local =
-            NodeLocal::new(client.clone(), Arc::clone(&leader), metrics.clone(), state);
+        let node_local = NodeLocal::new(
+            client.clone(),
+            Arc::clone(&leader),
+            metrics.clone(),
+            state,
+            stop,
+        );
         Self {
             client,
             leader,
