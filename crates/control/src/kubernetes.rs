@@ -331,6 +331,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn node_local_is_for_deployments_only_and_off_by_default() {
+        let parse =
+            |json: &str| -> ScaleTarget { serde_json::from_str(json).expect("a scale target") };
+        let plain = parse(r#"{"name": "web"}"#);
+        assert!(!plain.node_local, "off by default");
+        assert_eq!(plain.validate(), Ok(()));
+        assert_eq!(
+            parse(r#"{"name": "web", "node_local": true}"#).validate(),
+            Ok(())
+        );
+        let sts = parse(r#"{"name": "db", "resource": "statefulsets", "node_local": true}"#);
+        assert_eq!(sts.validate().expect_err("refused").path, "node_local");
+    }
+
+    #[test]
     fn namespaces_and_selector_are_checked_with_their_path() {
         let ok = KubernetesSource {
             namespaces: vec!["default".into(), "team-a".into()],
