@@ -431,80 +431,93 @@ async fn deleting_the_deployment_deletes_its_bridge_pod() {
     plane.shutdown().await;
 }
 
+/// The API calls of the Pod path's scale call from zero, sorted (the
+/// bridge list, the Node and the Deployment read together, then the
+/// create; the scale alongside).
+const POD_PATH_CALLS: [&str; 5] = [
+    "GET /api/v1/namespaces/shop/pods",
+    "GET /api/v1/nodes/node-b",
+    "GET /apis/apps/v1/namespaces/shop/deployments/lazy",
+    "PATCH /apis/apps/v1/namespaces/shop/deployments/lazy/scale",
+    "POST /api/v1/namespaces/shop/pods",
+];
+
+/// One cold start from a proxy on node-b in a fresh cluster, through the
+/// Pod path or the Deployment path: the time from the request to its
+/// answer. Asserts which Pod answered and the API calls made.
+async fn cold_start(node_local: bool, run: usize) -> Duration {
+    let timing = match node_local {
+        true => SLOW_DEPLOYMENT,
+        false => Timing {
+            deployment_start: Duration::ZERO,
+            deployment_ready: NEVER,
+        },
+    };
+    let fake = Fake::start(&format!("paths-{run}"), timing).await;
+    let (plane, _stop) = plane(&fake, &control_yaml(&fake, "cp-1", node_local, 0)).await;
+    let (p, addr) = proxy_on(&plane, "node-b").await;
+    let client = client();
+    let from = fake.api.requests().len();
+    let sent = Instant::now();
+    let answered = routed(&client, addr).await.expect("an answer");
+    let took = sent.elapsed();
+    // The scale call's requests (the answer need not wait for all).
+    eventually("the scale call done", || async {
+        fake.calls_since(from).iter().any(|c| c.contains("/scale"))
+    })
+    .await;
+    let mut calls: Vec<String> = fake
+        .calls_since(from)
+        .into_iter()
+        .filter(|c| !c.contains("/leases/"))
+        .map(|c| c.split('?').next().unwrap_or_default().to_owned())
+        .collect();
+    calls.sort();
+    if node_local {
+        assert!(answered.starts_with("lazy-act-"), "{answered}");
+        assert_eq!(calls, POD_PATH_CALLS);
+    } else {
+        assert_eq!(answered, "lazy-1");
+        assert_eq!(calls, [POD_PATH_CALLS[3]]);
+    }
+    p.shutdown().await;
+    plane.shutdown().await;
+    took
+}
+
+fn summary(label: &str, mut times: Vec<Duration>) -> String {
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "{label}: runs {}, request -> answer min {:.1} ms, median {:.1} ms, max {:.1} ms",
+        times.len(),
+        ms(times[0]),
+        ms(times[times.len() / 2]),
+        ms(times[times.len() - 1]),
+    )
+}
+
 /// Time from a request that starts a cold start to its answer, for the
-/// node-local Pod path and the Deployment path, on the fake (debug build;
-/// no controller, scheduler or image-pull latency is modelled, so the
-/// difference is the scaler's own API calls). Prints the figures; asserts
-/// only the API calls each path makes. `MESHLESS_COLD_RUNS` sets the runs.
+/// node-local Pod path and the Deployment path, runs interleaved, on the
+/// fake (debug build; no controller, scheduler or image-pull latency is
+/// modelled, so the difference is the scaler's own API calls). Prints the
+/// figures; asserts only which Pod answers and the API calls each path
+/// makes. `MESHLESS_COLD_RUNS` sets the runs per path (default 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_paths_measured_side_by_side() {
     let runs: usize = std::env::var("MESHLESS_COLD_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let mut report = Vec::new();
-    for (label, node_local, timing) in [
-        ("pod", true, SLOW_DEPLOYMENT),
-        (
-            "deployment",
-            false,
-            Timing {
-                deployment_start: Duration::ZERO,
-                deployment_ready: NEVER,
-            },
-        ),
-    ] {
-        let mut times = Vec::new();
-        for run in 0..runs {
-            let fake = Fake::start(&format!("{label}-{run}"), timing).await;
-            let (plane, _stop) = plane(&fake, &control_yaml(&fake, "cp-1", node_local, 0)).await;
-            let (p, addr) = proxy_on(&plane, "node-b").await;
-            let client = client();
-            let from = fake.api.requests().len();
-            let sent = Instant::now();
-            let answered = routed(&client, addr).await.expect("an answer");
-            times.push(sent.elapsed());
-            // The scale call's requests (the answer need not wait for all).
-            eventually("the scale call done", || async {
-                fake.calls_since(from).iter().any(|c| c.contains("/scale"))
-            })
-            .await;
-            let mut calls: Vec<String> = fake
-                .calls_since(from)
-                .into_iter()
-                .filter(|c| !c.contains("/leases/"))
-                .map(|c| c.split('?').next().unwrap_or_default().to_owned())
-                .collect();
-            calls.sort();
-            if node_local {
-                assert!(answered.starts_with("lazy-act-"), "{answered}");
-                assert_eq!(
-                    calls,
-                    [
-                        "GET /api/v1/namespaces/shop/pods",
-                        "GET /api/v1/nodes/node-b",
-                        "GET /apis/apps/v1/namespaces/shop/deployments/lazy",
-                        "PATCH /apis/apps/v1/namespaces/shop/deployments/lazy/scale",
-                        "POST /api/v1/namespaces/shop/pods",
-                    ]
-                );
-            } else {
-                assert_eq!(answered, "lazy-1");
-                assert_eq!(
-                    calls,
-                    ["PATCH /apis/apps/v1/namespaces/shop/deployments/lazy/scale"]
-                );
-            }
-            p.shutdown().await;
-            plane.shutdown().await;
-        }
-        times.sort();
-        report.push(format!(
-            "{label}: runs {runs}, request -> answer min {:.1} ms, median {:.1} ms, max {:.1} ms",
-            times[0].as_secs_f64() * 1e3,
-            times[times.len() / 2].as_secs_f64() * 1e3,
-            times[times.len() - 1].as_secs_f64() * 1e3,
-        ));
+        .unwrap_or(2)
+        .max(1);
+    let (mut pod, mut deployment) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        pod.push(cold_start(true, run).await);
+        deployment.push(cold_start(false, run).await);
     }
-    eprintln!("{}", report.join("\n"));
+    eprintln!(
+        "{}\n{}",
+        summary("pod", pod),
+        summary("deployment", deployment)
+    );
 }
