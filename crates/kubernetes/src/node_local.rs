@@ -298,9 +298,12 @@ impl NodeLocal {
     /// Takes over bridge Pods found in the API (counted once each).
     fn adopt(&self, request: &ScaleRequest<'_>, found: Vec<String>) {
         let key = (request.namespace.to_owned(), request.target.name.clone());
+        // Pods of a handover still running; one that ended (its delete
+        // failed, or the leadership moved) is taken over again.
         let known = self
             .handovers()
             .get(&key)
+            .filter(|h| !h.task.is_finished())
             .map(|h| h.pods.clone())
             .unwrap_or_default();
         let new = found.iter().filter(|p| !known.contains(*p)).count();

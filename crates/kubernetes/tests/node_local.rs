@@ -167,8 +167,13 @@ async fn plane(fake: &Fake, yaml: &str) -> (ControlPlane, watch::Sender<bool>) {
 
 /// A proxy on `node` routing listener `web` to `shop/lazy`.
 async fn proxy_on(plane: &ControlPlane, node: &str) -> (Proxy, std::net::SocketAddr) {
+    proxy_with(plane, node, "").await
+}
+
+/// [`proxy_on`] with `peer` added to its `control:` settings.
+async fn proxy_with(plane: &ControlPlane, node: &str, peer: &str) -> (Proxy, std::net::SocketAddr) {
     let yaml = format!(
-        "node: {{ name: {node} }}\nadmin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\n\
+        "node: {{ name: {node} }}\nadmin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\"{peer} }}\n\
          listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\n\
          clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n",
         plane.grpc_addr()
@@ -264,6 +269,37 @@ async fn the_pod_starts_on_the_asking_node_the_other_proxy_follows_and_zero_dele
     assert_eq!(pods_metric(&plane, "deleted"), 1.0);
     eventually("the Pod's endpoint is gone", || async {
         endpoint_node(&plane, &name).is_none()
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// With `node_local`, a service at zero is placed ahead of time: a
+/// request to the proxy on the other node is forwarded to the chosen
+/// node's proxy, whose `Activate` puts the Pod on the chosen node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_puts_the_first_pod_on_the_chosen_node() {
+    let fake = Fake::start("placed", SLOW_DEPLOYMENT).await;
+    let (plane, _stop) = plane(&fake, &control_yaml(&fake, "cp-1", true, 0)).await;
+    let (a, addr_a) = proxy_with(&plane, "node-a", ", peer_listener: web").await;
+    let (b, addr_b) = proxy_with(&plane, "node-b", ", peer_listener: web").await;
+    let placed = |p: &Proxy| p.state().placements.list().first().map(|x| x.1.clone());
+    eventually("both proxies hear one placement", || async {
+        placed(&a).is_some() && placed(&a) == placed(&b)
+    })
+    .await;
+    let chosen = placed(&a).unwrap();
+    let other = if chosen == "node-a" { addr_b } else { addr_a };
+    let answered = routed(&client(), other).await.expect("an answer");
+    let pods = fake.bridges();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].metadata.name.as_deref(), Some(answered.as_str()));
+    let node = pods[0].spec.clone().unwrap().node_name;
+    assert_eq!(node.as_deref(), Some(chosen.as_str()), "on the chosen node");
+    eventually("the placement withdrawn", || async {
+        placed(&a).is_none() && placed(&b).is_none()
     })
     .await;
     a.shutdown().await;
