@@ -134,6 +134,13 @@ pub struct ScaleTarget {
     /// Absent = the service's namespace.
     #[serde(default)]
     pub namespace: Option<String>,
+    /// Node-local activation (Deployments only): from zero, also create
+    /// one Pod from the Deployment's template bound to the node of the
+    /// proxy that asked (`spec.nodeName`), until the Deployment's own Pod
+    /// is ready. Needs RBAC for Pods (create, list, delete), Deployments
+    /// (get) and Nodes (get).
+    #[serde(default)]
+    pub node_local: bool,
 }
 
 fn default_resource() -> String {
@@ -152,6 +159,12 @@ impl ScaleTarget {
         if self.name.is_empty() {
             return Err(FieldError::new("name", "must not be empty"));
         }
+        if self.node_local && self.resource != "deployments" {
+            return Err(FieldError::new(
+                "node_local",
+                "only for deployments (a StatefulSet's pods have fixed identities)",
+            ));
+        }
         Ok(())
     }
 }
@@ -168,16 +181,42 @@ pub enum ScaleOutcome {
 /// A boxed scale call.
 pub type ScaleFuture<'a> = Pin<Box<dyn Future<Output = Result<ScaleOutcome, String>> + Send + 'a>>;
 
+/// One scale decision for a [`ReplicaScaler`].
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleRequest<'a> {
+    /// The autoscaled service, `NS/NAME` (whose endpoints are the workload's pods).
+    pub service: &'a str,
+    /// The workload's namespace.
+    pub namespace: &'a str,
+    pub target: &'a ScaleTarget,
+    pub replicas: u32,
+    /// From zero only: the node of the proxy that asked for an instance
+    /// (node-local activation); `None` otherwise. A scaler may ignore it.
+    pub node: Option<&'a str>,
+}
+
 /// Sets replicas through the Kubernetes API (implemented by the
 /// `meshless-kubernetes` crate, which also elects the one replica that may).
 pub trait ReplicaScaler: Send + Sync + std::fmt::Debug {
-    /// Sets `target`'s replicas in `namespace` to `replicas`.
-    fn scale<'a>(
-        &'a self,
-        namespace: &'a str,
-        target: &'a ScaleTarget,
-        replicas: u32,
-    ) -> ScaleFuture<'a>;
+    /// Sets the target's replicas (and, with `node_local`, starts the
+    /// first instance on the asking node).
+    fn scale<'a>(&'a self, request: ScaleRequest<'a>) -> ScaleFuture<'a>;
+}
+
+/// Labels of `meshless_control_kubernetes_node_local_pods`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLocalLabels {
+    /// `created`, `adopted` (found after a restart), `handed_over`
+    /// (deleted once the Deployment's pod was ready) or `deleted` (scale to zero).
+    pub event: String,
+}
+
+/// Labels of `meshless_control_kubernetes_node_local_fallbacks`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// `node_unknown`, `node_lookup`, `forbidden`, `conflict`,
+    /// `invalid`, `no_template` or `error`.
+    pub reason: String,
 }
 
 /// Labels of `meshless_control_kubernetes_events`.
@@ -219,6 +258,10 @@ pub struct KubernetesMetrics {
     /// Bad `meshless.io/*` settings annotations seen (each distinct error
     /// once per service); the service kept its previous settings.
     pub annotation_errors: Family<AnnotationLabels, Counter>,
+    /// Node-local Pods created, adopted, handed over, deleted.
+    pub node_local_pods: Family<NodeLocalLabels, Counter>,
+    /// Node-local activations that fell back to the Deployment alone, by reason.
+    pub node_local_fallbacks: Family<FallbackLabels, Counter>,
 }
 
 impl KubernetesMetrics {
@@ -266,6 +309,16 @@ impl KubernetesMetrics {
             self.annotation_errors.clone(),
         );
         r.register(
+            "node_local_pods",
+            "Node-local Pods (node-local activation) by event: created, adopted, handed_over, deleted",
+            self.node_local_pods.clone(),
+        );
+        r.register(
+            "node_local_fallbacks",
+            "Node-local activations that fell back to scaling the Deployment alone, by reason",
+            self.node_local_fallbacks.clone(),
+        );
+        r.register(
             "leader",
             "1 while this control-plane replica holds the leader Lease",
             self.leader.clone(),
@@ -276,6 +329,21 @@ impl KubernetesMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_local_is_for_deployments_only_and_off_by_default() {
+        let parse =
+            |json: &str| -> ScaleTarget { serde_json::from_str(json).expect("a scale target") };
+        let plain = parse(r#"{"name": "web"}"#);
+        assert!(!plain.node_local, "off by default");
+        assert_eq!(plain.validate(), Ok(()));
+        assert_eq!(
+            parse(r#"{"name": "web", "node_local": true}"#).validate(),
+            Ok(())
+        );
+        let sts = parse(r#"{"name": "db", "resource": "statefulsets", "node_local": true}"#);
+        assert_eq!(sts.validate().expect_err("refused").path, "node_local");
+    }
 
     #[test]
     fn namespaces_and_selector_are_checked_with_their_path() {

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::api::EndpointInput;
 use crate::autoscaler::Autoscaler;
 use crate::config::{ScalerConfig, ServiceScaling};
-use crate::kubernetes::{ScaleOutcome, ScaleTarget};
+use crate::kubernetes::{ScaleOutcome, ScaleRequest, ScaleTarget};
 use crate::metrics::ReadyLabels;
 use crate::process_scaler::{self, ProcessSpec};
 use crate::starts::InstanceStart;
@@ -185,7 +185,8 @@ fn registered(state: &PlaneState, service: &str) -> u32 {
     })
 }
 
-/// Sets the replicas of `target` through the Kubernetes side; returns the
+/// Sets the replicas of `target` through the Kubernetes side (from zero,
+/// with the asking proxy's `node` for node-local activation); returns the
 /// count now set, or `None` to try again on the next decision (not the
 /// leader, no Kubernetes side connected, or an error).
 async fn scale_kubernetes(
@@ -193,6 +194,7 @@ async fn scale_kubernetes(
     service: &str,
     target: &ScaleTarget,
     desired: u32,
+    node: Option<&str>,
 ) -> Option<u32> {
     let Some(scaler) = state.replica_scaler.get() else {
         // The file requires `kubernetes:` with this scaler: its side is still starting.
@@ -206,9 +208,16 @@ async fn scale_kubernetes(
         .namespace
         .clone()
         .unwrap_or_else(|| service.split('/').next().unwrap_or_default().to_owned());
-    match scaler.scale(&namespace, target, desired).await {
+    let request = ScaleRequest {
+        service,
+        namespace: &namespace,
+        target,
+        replicas: desired,
+        node,
+    };
+    match scaler.scale(request).await {
         Ok(ScaleOutcome::Scaled) => {
-            tracing::info!(service, target = %target.name, desired, "replicas set");
+            tracing::info!(service, target = %target.name, desired, node, "replicas set");
             Some(desired)
         }
         Ok(ScaleOutcome::NotLeader) => None,
@@ -239,6 +248,9 @@ pub async fn run(
     let mut tick = tokio::time::interval(cfg.tick);
     // When a proxy last asked for activation, until an instance is spawned for it.
     let mut woken: Option<Instant> = None;
+    // Kubernetes: the node of the last activation request, until a scale
+    // call succeeds.
+    let mut asking_node: Option<String> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -287,8 +299,19 @@ pub async fn run(
                 }
             }
             ScalerConfig::Kubernetes(target) => {
+                if let Some(n) = state.distributor.take_activation_node(&service) {
+                    asking_node = Some(n);
+                }
                 if external_desired != Some(d.desired) {
-                    external_desired = scale_kubernetes(&state, &service, target, d.desired).await;
+                    // The node matters only for the first instance.
+                    let node = asking_node
+                        .as_deref()
+                        .filter(|_| running == 0 && d.desired > 0);
+                    external_desired =
+                        scale_kubernetes(&state, &service, target, d.desired, node).await;
+                    if external_desired.is_some() {
+                        asking_node = None;
+                    }
                 }
             }
             ScalerConfig::Process(spec) => {
@@ -341,9 +364,14 @@ pub async fn run(
             }
         }
         // Ahead-of-time placement: a node is chosen for the next instance
-        // while there is none. Only the process scaler starts an instance
-        // on the asking node; placing for the others would add a hop.
-        let local = matches!(cfg.scaler, ScalerConfig::Process(_));
+        // while there is none. Only the process scaler and the Kubernetes
+        // scaler with `node_local` start an instance on the asking node;
+        // placing for the others would add a hop.
+        let local = match &cfg.scaler {
+            ScalerConfig::Process(_) => true,
+            ScalerConfig::Kubernetes(t) => t.node_local,
+            ScalerConfig::Webhook { .. } => false,
+        };
         let at_zero = local && instances.is_empty() && registered(&state, &service) == 0;
         state.distributor.placements.set_at_zero(&service, at_zero);
     }

@@ -4,6 +4,9 @@
 //!   at a time, surge first) every `roll_every`;
 //! - Service `lazy` and Deployment `lazy` at 0 replicas: the control
 //!   plane's `scaler: kubernetes` scales it from zero on the first request.
+//!   Its pods start [`LAZY_START`] after a scale (standing for the
+//!   ReplicaSet controller and the scheduler); Pods created through the
+//!   API on Node `node-a` (node-local activation) start at once.
 //!
 //! Every pod is a real `meshless-backend` on 127.0.0.1.
 
@@ -15,8 +18,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::fake_api::FakeApiServer;
+use crate::fake_api::kubelet::{self, Kubelets};
 use crate::fake_api::workloads::{self, Workload, deployment};
-use crate::objects::service;
+use crate::objects::{node, service};
 
 /// What the demo cluster does.
 #[derive(Debug, Clone)]
@@ -28,11 +32,26 @@ pub struct DemoSettings {
     pub roll_every: Option<Duration>,
 }
 
-fn workload(name: &str) -> Workload {
+/// How long `demo/lazy`'s Deployment takes to start a pod after a scale.
+pub const LAZY_START: Duration = Duration::from_secs(2);
+
+fn workload(name: &str, start_after: Duration) -> Workload {
     Workload {
         namespace: "demo".into(),
         deployment: name.into(),
         service: name.into(),
+        start_after,
+        ready_after: Duration::from_millis(500),
+        drain: Duration::from_secs(1),
+    }
+}
+
+/// The kubelets running the Pods of Service `name` created through the API.
+fn kubelets(name: &str) -> Kubelets {
+    Kubelets {
+        namespace: "demo".into(),
+        service: name.into(),
+        selector: [("app".to_owned(), name.to_owned())].into(),
         ready_after: Duration::from_millis(500),
         drain: Duration::from_secs(1),
     }
@@ -57,16 +76,22 @@ pub async fn run(settings: DemoSettings, stop: watch::Receiver<bool>) -> std::io
     fake.apply(&deployment("demo", "web", 3));
     fake.apply(&service("demo", "lazy", &[("http", 80)]));
     fake.apply(&deployment("demo", "lazy", 0));
-    tracing::info!(url = %fake.url(), kubeconfig = %settings.kubeconfig.display(), "fake API server: namespace demo, Services web (3 pods) and lazy (0 pods)");
+    fake.apply(&node("node-a", "zone-a"));
+    tracing::info!(url = %fake.url(), kubeconfig = %settings.kubeconfig.display(), "fake API server: namespace demo, Services web (3 pods) and lazy (0 pods), Node node-a");
     let mut tasks = vec![
         tokio::spawn(workloads::follow(
             Arc::clone(&fake),
-            workload("web"),
+            workload("web", Duration::ZERO),
             stop.clone(),
         )),
         tokio::spawn(workloads::follow(
             Arc::clone(&fake),
-            workload("lazy"),
+            workload("lazy", LAZY_START),
+            stop.clone(),
+        )),
+        tokio::spawn(kubelet::run(
+            Arc::clone(&fake),
+            kubelets("lazy"),
             stop.clone(),
         )),
     ];

@@ -3,7 +3,8 @@
 //! - [`source`]: Services and EndpointSlices watched and merged per
 //!   service ([`slices_cache`]) into the registry as read-only services;
 //! - [`scaler`]: `scaler: kubernetes` through the `scale` subresource,
-//!   only on the replica that holds the [`lease`];
+//!   only on the replica that holds the [`lease`], with [`node_local`]
+//!   Pods bound to the asking proxy's node;
 //! - [`fake_api`]: an in-process API server for tests and the demo;
 //! - [`objects`]: builders of the objects it serves;
 //! - [`demo`]: a fake cluster to try it on (`meshless fake-kube`).
@@ -14,6 +15,7 @@ pub mod client;
 pub mod demo;
 pub mod fake_api;
 pub mod lease;
+pub mod node_local;
 pub mod objects;
 pub mod scaler;
 pub mod slices_cache;
@@ -49,7 +51,13 @@ pub async fn start(
     if scales {
         let leader = Arc::new(AtomicBool::new(false));
         let metrics = state.metrics.kubernetes.clone();
-        let scaler = scaler::KubeScaler::new(client.clone(), Arc::clone(&leader), metrics.clone());
+        let scaler = scaler::KubeScaler::new(
+            client.clone(),
+            Arc::clone(&leader),
+            metrics.clone(),
+            Arc::clone(&state),
+            stop.clone(),
+        );
         let _ = state.replica_scaler.set(Arc::new(scaler));
         let le = cfg.leader_election.clone();
         let namespace = le

@@ -105,3 +105,18 @@ pub fn pod_endpoint(pod: &str, ip: &str, state: PodState, node: &str, zone: &str
         ..Endpoint::default()
     }
 }
+
+/// A Node labelled with its zone (`topology.kubernetes.io/zone`).
+pub fn node(name: &str, zone: &str) -> k8s_openapi::api::core::v1::Node {
+    k8s_openapi::api::core::v1::Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(ZONE_LABEL.to_owned(), zone.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..k8s_openapi::api::core::v1::Node::default()
+    }
+}
+
+/// The well-known label of a Node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";

@@ -2,7 +2,9 @@
 //! through its `scale` subresource (a merge patch of `spec.replicas`, as
 //! `kubectl scale` sends), only while this replica leads ([`crate::lease`]).
 //! The pods it asks for arrive through the source as not-ready endpoints,
-//! which proxies holding requests probe directly.
+//! which proxies holding requests probe directly. With `node_local`, it
+//! also starts the first instance on the asking proxy's node
+//! ([`crate::node_local`]), alongside the scale.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +13,12 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use meshless_control::kubernetes::{
-    KubernetesMetrics, ReplicaScaler, ScaleFuture, ScaleOutcome, ScaleTarget,
+    KubernetesMetrics, ReplicaScaler, ScaleFuture, ScaleOutcome, ScaleRequest, ScaleTarget,
 };
+use meshless_control::state::PlaneState;
+use tokio::sync::watch;
+
+use crate::node_local::NodeLocal;
 
 /// The Kubernetes [`ReplicaScaler`].
 #[derive(Clone)]
@@ -20,6 +26,7 @@ pub struct KubeScaler {
     client: kube::Client,
     leader: Arc<AtomicBool>,
     metrics: KubernetesMetrics,
+    node_local: Arc<NodeLocal>,
 }
 
 impl std::fmt::Debug for KubeScaler {
@@ -31,12 +38,27 @@ impl std::fmt::Debug for KubeScaler {
 }
 
 impl KubeScaler {
-    /// Scales through `client` while `leader` is true.
-    pub fn new(client: kube::Client, leader: Arc<AtomicBool>, metrics: KubernetesMetrics) -> Self {
+    /// Scales through `client` while `leader` is true; node-local
+    /// handovers read `state`'s registry until `stop`.
+    pub fn new(
+        client: kube::Client,
+        leader: Arc<AtomicBool>,
+        metrics: KubernetesMetrics,
+        state: Arc<PlaneState>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        let node_local = NodeLocal::new(
+            client.clone(),
+            Arc::clone(&leader),
+            metrics.clone(),
+            state,
+            stop,
+        );
         Self {
             client,
             leader,
             metrics,
+            node_local: Arc::new(node_local),
         }
     }
 
@@ -63,19 +85,21 @@ impl KubeScaler {
 }
 
 impl ReplicaScaler for KubeScaler {
-    fn scale<'a>(
-        &'a self,
-        namespace: &'a str,
-        target: &'a ScaleTarget,
-        replicas: u32,
-    ) -> ScaleFuture<'a> {
+    fn scale<'a>(&'a self, request: ScaleRequest<'a>) -> ScaleFuture<'a> {
         Box::pin(async move {
             if !self.leader.load(Ordering::SeqCst) {
                 return Ok(ScaleOutcome::NotLeader);
             }
-            self.patch(namespace, target, replicas)
-                .await
-                .map_err(|e| e.to_string())?;
+            let (namespace, target) = (request.namespace, request.target);
+            let patch = self.patch(namespace, target, request.replicas);
+            // The bridge Pod and the scale go out together: the Deployment's
+            // Pod is the fallback if the bridge fails, and its successor.
+            let patched = match (target.node_local, request.replicas) {
+                (false, _) => patch.await,
+                (true, 0) => tokio::join!(patch, self.node_local.remove(&request)).0,
+                (true, _) => tokio::join!(patch, self.node_local.ensure(&request)).0,
+            };
+            patched.map_err(|e| e.to_string())?;
             self.metrics.scale_writes.inc();
             Ok(ScaleOutcome::Scaled)
         })

@@ -12,7 +12,7 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use meshless_control::config::{ControlConfig, ControlConfigError};
-use meshless_control::kubernetes::{ScaleOutcome, ScaleTarget};
+use meshless_control::kubernetes::{ScaleOutcome, ScaleRequest, ScaleTarget};
 use meshless_control::plane::ControlPlane;
 use meshless_kubernetes::fake_api::FakeApiServer;
 use meshless_kubernetes::fake_api::workloads::{self, Workload, deployment};
@@ -94,6 +94,7 @@ async fn the_first_request_scales_a_deployment_from_zero() {
         service: "lazy".into(),
         // Longer than any cold start here: the proxy answers by probing the
         // not-ready pod directly, before the "kubelet" marks it ready.
+        start_after: Duration::ZERO,
         ready_after: Duration::from_secs(30),
         drain: Duration::from_millis(200),
     };
@@ -163,16 +164,18 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
         resource: "deployments".into(),
         name: "lazy".into(),
         namespace: None,
+        node_local: false,
     };
     let scale = |p: &ControlPlane| Arc::clone(p.state.replica_scaler.get().unwrap());
-    assert_eq!(
-        scale(&b).scale("shop", &target, 2).await,
-        Ok(ScaleOutcome::NotLeader)
-    );
-    assert_eq!(
-        scale(&a).scale("shop", &target, 2).await,
-        Ok(ScaleOutcome::Scaled)
-    );
+    let to = |replicas| ScaleRequest {
+        service: "shop/lazy",
+        namespace: "shop",
+        target: &target,
+        replicas,
+        node: None,
+    };
+    assert_eq!(scale(&b).scale(to(2)).await, Ok(ScaleOutcome::NotLeader));
+    assert_eq!(scale(&a).scale(to(2)).await, Ok(ScaleOutcome::Scaled));
     assert_eq!(
         fake.get::<Deployment>("shop", "lazy")
             .and_then(|d| d.spec?.replicas),
@@ -192,10 +195,7 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
         .unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some("cp-b"));
     assert_eq!(lease.lease_transitions, Some(1));
-    assert_eq!(
-        scale(&b).scale("shop", &target, 0).await,
-        Ok(ScaleOutcome::Scaled)
-    );
+    assert_eq!(scale(&b).scale(to(0)).await, Ok(ScaleOutcome::Scaled));
 
     // A clean stop releases the Lease at once.
     let _ = stop_b.send(true);

@@ -7,10 +7,15 @@
 //!
 //! Scenario scripts drive it: [`FakeApiServer::apply`], `delete`,
 //! `bookmark`, `compact` (the next resume gets 410), `end_watches`,
-//! `set_down`. It is no apiserver: no admission, no defaulting, no
-//! pagination, no field selectors, no auth; label selectors are
-//! equality-based only.
+//! `set_down`, `refuse_creates` (an admission webhook's or RBAC's
+//! refusal). Deleting an object deletes its dependents (objects whose
+//! `ownerReferences` name its uid), as the garbage collector's background
+//! cascade does. [`kubelet`] runs created Pods as real processes. It is
+//! no apiserver: no admission, no defaulting, no pagination, no field
+//! selectors, no auth, no graceful deletion (a DELETE removes the object
+//! at once); label selectors are equality-based only.
 
+pub mod kubelet;
 mod routes;
 pub mod store;
 pub mod workloads;
@@ -52,6 +57,8 @@ struct Shared {
     down: AtomicBool,
     /// `METHOD path?query` of every request, in order.
     requests: Mutex<Vec<String>>,
+    /// Resource (plural) -> the status code every create of it answers.
+    refusals: Mutex<std::collections::BTreeMap<String, u16>>,
 }
 
 impl Shared {
@@ -96,6 +103,7 @@ impl FakeApiServer {
             epoch: AtomicU64::new(0),
             down: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            refusals: Mutex::new(std::collections::BTreeMap::new()),
         });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(accept_loop(listener, Arc::clone(&shared), stopped));
@@ -154,6 +162,70 @@ impl FakeApiServer {
         );
         let value = self.shared.store().objects.get(&key).cloned()?;
         serde_json::from_value(value).ok()
+    }
+
+    /// The objects of type `K` in `namespace`, sorted by name.
+    pub fn list<K: k8s_openapi::Resource + serde::de::DeserializeOwned>(
+        &self,
+        namespace: &str,
+    ) -> Vec<K> {
+        let items =
+            self.shared
+                .store()
+                .list(plural::<K>(), Some(namespace), &store::Selector::default());
+        items
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
+    }
+
+    /// Changes as they happen: the value grows on every change (and
+    /// bookmark), so a scenario's controller can wait on it.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
+    /// Every create (POST) of `resource` answers `code` (e.g. 403 as
+    /// RBAC, 422 as an admission policy) until called with `None`.
+    pub fn refuse_creates(&self, resource: &str, code: Option<u16>) {
+        let mut r = self
+            .shared
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match code {
+            Some(c) => r.insert(resource.to_owned(), c),
+            None => r.remove(resource),
+        };
+    }
+
+    /// Changes a stored object in place (one step: a concurrent delete
+    /// either wins or loses, the object is never brought back); false
+    /// when it is absent.
+    pub fn update<K>(&self, namespace: &str, name: &str, change: impl FnOnce(&mut K)) -> bool
+    where
+        K: k8s_openapi::Resource + Serialize + serde::de::DeserializeOwned,
+    {
+        let key = (
+            plural::<K>().to_owned(),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
+        {
+            let mut s = self.shared.store();
+            let Some(mut object) = s
+                .objects
+                .get(&key)
+                .and_then(|v| serde_json::from_value::<K>(v.clone()).ok())
+            else {
+                return false;
+            };
+            change(&mut object);
+            let value = serde_json::to_value(&object).unwrap_or_default();
+            s.apply(plural::<K>(), value);
+        }
+        self.shared.notify();
+        true
     }
 
     /// Sends a bookmark to every watch that allows them.

@@ -229,12 +229,15 @@ fn write(shared: &Shared, t: &Target, mut object: Value) -> Response<Body> {
         t.namespace.clone().unwrap_or_default(),
         name.clone(),
     );
+    let created = t.name.is_none();
+    if created && let Some(refused) = refusal(shared, &t.resource) {
+        return refused;
+    }
     let mut store = shared.store();
     let stored = store
         .objects
         .get(&k)
         .map(|o| o["metadata"]["resourceVersion"].clone());
-    let created = t.name.is_none();
     match (created, stored) {
         (true, Some(_)) => {
             return status(
@@ -267,6 +270,27 @@ fn write(shared: &Shared, t: &Target, mut object: Value) -> Response<Body> {
         },
         &saved,
     )
+}
+
+/// The answer a scenario set for creates of `resource`, if any.
+fn refusal(shared: &Shared, resource: &str) -> Option<Response<Body>> {
+    let code = *shared
+        .refusals
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(resource)?;
+    let status_code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let reason = match code {
+        403 => "Forbidden",
+        409 => "AlreadyExists",
+        422 => "Invalid",
+        _ => "InternalError",
+    };
+    Some(status(
+        status_code,
+        reason,
+        &format!("{resource} creation refused by the scenario"),
+    ))
 }
 
 fn delete(shared: &Shared, t: &Target) -> Response<Body> {

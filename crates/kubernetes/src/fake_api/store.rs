@@ -73,8 +73,26 @@ impl Store {
         object
     }
 
-    /// Removes an object; returns it (with its deletion's version).
+    /// Removes an object, then (as the garbage collector's background
+    /// cascade does) every object of its namespace whose
+    /// `ownerReferences` name its uid; returns it (with its deletion's
+    /// version).
     pub fn delete(&mut self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let object = self.delete_one(resource, namespace, name)?;
+        let uid = object.pointer("/metadata/uid").cloned();
+        let dependents: Vec<ObjectKey> = self
+            .objects
+            .iter()
+            .filter(|((_, ns, _), o)| ns == namespace && uid.is_some() && owned_by(o, &uid))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (r, ns, n) in dependents {
+            self.delete(&r, &ns, &n);
+        }
+        Some(object)
+    }
+
+    fn delete_one(&mut self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
         let key = (resource.to_owned(), namespace.to_owned(), name.to_owned());
         let mut object = self.objects.remove(&key)?;
         self.version += 1;
@@ -169,6 +187,14 @@ impl Store {
     }
 }
 
+/// Whether `object` names `uid` among its `ownerReferences`.
+fn owned_by(object: &Value, uid: &Option<Value>) -> bool {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| refs.iter().any(|r| r.get("uid") == uid.as_ref()))
+}
+
 /// What one watch asked for.
 #[derive(Debug, Clone)]
 pub struct WatchScope {
@@ -248,6 +274,43 @@ mod tests {
         assert_eq!(m("tier"), Ok(true));
         assert_eq!(m("!tier"), Ok(false));
         assert!(m("app in (web)").is_err());
+    }
+
+    #[test]
+    fn deleting_an_owner_deletes_its_dependents_only() {
+        let mut s = Store::default();
+        let d = s.apply(
+            "deployments",
+            json!({"metadata": {"namespace": "ns", "name": "web"}}),
+        );
+        let uid = d["metadata"]["uid"].clone();
+        let owned = |name: &str, uid: &Value| {
+            json!({"metadata": {"namespace": "ns", "name": name,
+                "ownerReferences": [{"kind": "Deployment", "name": "web", "uid": uid}]}})
+        };
+        s.apply("pods", owned("web-act-1", &uid));
+        s.apply("pods", owned("other", &json!("uid-elsewhere")));
+        s.apply(
+            "pods",
+            json!({"metadata": {"namespace": "ns2", "name": "web-act-1",
+                "ownerReferences": [{"uid": uid}]}}),
+        );
+        assert!(s.delete("deployments", "ns", "web").is_some());
+        let left: Vec<&ObjectKey> = s.objects.keys().collect();
+        assert_eq!(
+            left,
+            [
+                &("pods".to_owned(), "ns".to_owned(), "other".to_owned()),
+                &("pods".to_owned(), "ns2".to_owned(), "web-act-1".to_owned())
+            ]
+        );
+        let deleted: Vec<&str> = s
+            .log
+            .iter()
+            .filter(|e| e.kind == "DELETED")
+            .map(|e| e.object["metadata"]["name"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(deleted, ["web", "web-act-1"], "a DELETED event for each");
     }
 
     #[test]
