@@ -14,6 +14,10 @@ the write that caused it included (shared by the subscribers).
   SUBSCRIBERS=200 ENDPOINTS=200 CHANGES=50 python3 bench/callgrind_distribution.py
   MESHLESS=/tmp/meshless-old TOP=25 python3 bench/callgrind_distribution.py
   EXTRA="--subset-size 20" python3 bench/callgrind_distribution.py
+  REPEATS=5 python3 bench/callgrind_distribution.py   # the median of 5 pairs
+
+The count moves by up to ~20% between pairs (how many deltas a write
+joins, heartbeats falling in the run): compare medians of several.
 """
 
 import json
@@ -28,6 +32,7 @@ SUBSCRIBERS = int(os.environ.get("SUBSCRIBERS", "200"))
 ENDPOINTS = int(os.environ.get("ENDPOINTS", "200"))
 CHANGES = int(os.environ.get("CHANGES", "50"))
 TOP = int(os.environ.get("TOP", "0"))
+REPEATS = int(os.environ.get("REPEATS", "1"))
 EXTRA = os.environ.get("EXTRA", "").split()
 
 
@@ -59,8 +64,8 @@ def run(workdir, changes):
     return totals(out)["Ir"], report, out
 
 
-def main():
-    workdir = tempfile.mkdtemp(prefix="meshless-cg-dist-")
+def pair(workdir):
+    """Instructions per subscriber-message of one pair of runs."""
     base_ir, base, _ = run(workdir, 0)
     ir, report, dump = run(workdir, CHANGES)
     messages = report["messages"] - base["messages"]
@@ -70,17 +75,28 @@ def main():
     print(f"subscribers {SUBSCRIBERS}, endpoints {ENDPOINTS}, changes {CHANGES}: "
           f"{ir - base_ir:,} instructions for {messages:,} messages: "
           f"{per:,.0f} per subscriber-message "
-          f"({report['messages_per_write']:.2f} messages per write)")
+          f"({report['messages_per_write']:.2f} messages per write)", flush=True)
+    return per, dump
+
+
+def main():
+    workdir = tempfile.mkdtemp(prefix="meshless-cg-dist-")
+    runs = [pair(workdir) for _ in range(REPEATS)]
+    pers = sorted(per for per, _ in runs)
+    median = pers[len(pers) // 2]
+    if REPEATS > 1:
+        print(f"median of {REPEATS}: {median:,.0f} per subscriber-message "
+              f"(all: {', '.join(f'{p:,.0f}' for p in pers)})")
     if TOP:
-        out = subprocess.run(["callgrind_annotate", "--threshold=100", dump],
+        out = subprocess.run(["callgrind_annotate", "--threshold=100", runs[-1][1]],
                              capture_output=True, text=True).stdout
         rows = [l for l in out.splitlines() if re.match(r"^\s*[\d,]+ \(", l)]
         for l in rows[1:TOP + 1]:
             print("   ", l.strip()[:160])
     print(json.dumps({"subscribers": SUBSCRIBERS, "endpoints": ENDPOINTS,
-                      "changes": CHANGES, "instructions": ir - base_ir,
-                      "messages": messages, "instructions_per_message": per,
-                      "workdir": workdir}))
+                      "changes": CHANGES, "repeats": REPEATS,
+                      "instructions_per_message": median,
+                      "all": pers, "workdir": workdir}))
 
 
 if __name__ == "__main__":
