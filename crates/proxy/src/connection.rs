@@ -25,7 +25,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::h1serve::Http1Server;
 use crate::limits::ListenerSettings;
+use crate::request::downstream::Source;
 use crate::request::{Downstream, Peer};
 use crate::tls::{Handshake, ListenerTls};
 
@@ -166,9 +168,44 @@ async fn serve_http<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let settings = downstream.settings();
-    let io = TokioIo::new(io);
     match protocol {
-        Protocol::Http1 => {
+        Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
+            crate::h1serve::serve(downstream, io, peer, draining).await;
+        }
+        Protocol::Http1 => serve_hyper_http1(downstream, io, peer, draining).await,
+        Protocol::Http2 => {
+            let io = TokioIo::new(io);
+            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                crate::request::handle(
+                    Arc::clone(&downstream),
+                    peer.clone(),
+                    req.map(Source::Hyper),
+                )
+            });
+            // Boxed: the common HTTP/1 connection's task stays small.
+            let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
+            drive(conn, draining, None, |c| {
+                c.get_mut().as_mut().graceful_shutdown()
+            })
+            .await;
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on `io` with hyper's server connection (upgrades
+/// included) until it closes or drains.
+pub(crate) async fn serve_hyper_http1<I>(
+    downstream: Arc<Downstream>,
+    io: I,
+    peer: Peer,
+    draining: watch::Receiver<Drain>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = downstream.settings();
+    let io = TokioIo::new(io);
+    {
+        {
             let closing = Arc::new(AtomicBool::new(false));
             let close = Arc::clone(&closing);
             // Boxed, once per request: hyper keeps the service's future in a
@@ -181,6 +218,7 @@ async fn serve_http<I>(
                 // The request's future is made inside the block: made
                 // outside and moved in, it would take room twice.
                 Box::pin(async move {
+                    let req = req.map(Source::Hyper);
                     let mut resp = crate::request::handle(downstream, peer, req).await?;
                     if close.load(Ordering::Acquire)
                         && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
@@ -197,17 +235,6 @@ async fn serve_http<I>(
                 .serve_connection(io, service)
                 .with_upgrades();
             drive(conn, draining, Some(&closing), |c| c.graceful_shutdown()).await;
-        }
-        Protocol::Http2 => {
-            let service = service_fn(move |req| {
-                crate::request::handle(Arc::clone(&downstream), peer.clone(), req)
-            });
-            // Boxed: the common HTTP/1 connection's task stays small.
-            let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-            drive(conn, draining, None, |c| {
-                c.get_mut().as_mut().graceful_shutdown()
-            })
-            .await;
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod connection;
 pub mod deny;
 pub mod edge_metrics;
+pub mod h1serve;
 pub mod handoff;
 pub mod health;
 pub mod l4;

@@ -27,6 +27,8 @@ pub struct ListenerSettings {
     pub proxy_protocol: Option<crate::proxy_protocol::ProxyProtocolAccept>,
     /// Options of accepted sockets (those of the listening one apply at bind).
     pub socket: crate::sockopt::SocketOptions,
+    /// What serves HTTP/1.1 downstream.
+    pub http1: crate::h1serve::Http1Server,
 }
 
 /// Downstream connections a listener serves at once by default.

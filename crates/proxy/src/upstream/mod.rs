@@ -23,7 +23,7 @@ pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
 pub use tls::{TlsConfigError, TlsFault};
 
 /// Body type sent upstream.
-pub type UpstreamBody = BoxBody<Bytes, hyper::Error>;
+pub type UpstreamBody = BoxBody<Bytes, crate::request::body::BodyError>;
 
 /// Live counters of one cluster, kept across reloads.
 #[derive(Debug, Default)]
