@@ -85,7 +85,9 @@ struct Conn<I> {
     close_after: bool,
 }
 
-/// What waiting for a head gave.
+/// What waiting for a head gave. Not boxed: it is moved once per
+/// request, and a box would be an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     Head(Head),
     /// A refused head, answered with this status and closed.
