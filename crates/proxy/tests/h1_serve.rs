@@ -400,3 +400,65 @@ async fn a_refused_head_is_answered_and_closed() {
     assert_eq!(bs[0].requests(), 0);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_left_unread_is_discarded_up_to_a_bound_then_the_connection_closes() {
+    let bs = backends(1).await;
+    // Only `/api` is routed: anything else is answered 404 by the proxy,
+    // which never reads the request's body.
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    http1: meshless\n    routes:\n      - match: { path_prefix: /api }\n        cluster: c\n",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut r = Reader::new();
+    let body = vec![b'z'; 1000];
+    let mut req = b"POST /other HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n".to_vec();
+    req.extend_from_slice(&body);
+    req.extend_from_slice(b"GET /api HTTP/1.1\r\nHost: t\r\n\r\n");
+    s.write_all(&req).await.unwrap();
+    let first = r.response(&mut s, false).await.unwrap();
+    assert_eq!(first.status, 404);
+    assert_eq!(first.header("connection"), None);
+    // The unread body was skipped, not taken for the next request.
+    let second = r.response(&mut s, false).await.unwrap();
+    assert_eq!((second.status, &second.body[..]), (200, &b"b0\n"[..]));
+    // Chunked too.
+    s.write_all(b"POST /other HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /api HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(r.response(&mut s, false).await.unwrap().status, 404);
+    assert_eq!(r.response(&mut s, false).await.unwrap().status, 200);
+    // Over the bound: the connection closes after the answer.
+    let n = 1 << 20;
+    let mut big =
+        format!("POST /other HTTP/1.1\r\nHost: t\r\nContent-Length: {n}\r\n\r\n").into_bytes();
+    big.extend(std::iter::repeat_n(b'z', n));
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&big).await;
+        wr
+    });
+    let mut all = std::mem::take(&mut r.rest);
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(DEADLINE, rd.read(&mut buf))
+            .await
+            .expect("the proxy closes the connection")
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        all.starts_with(b"HTTP/1.1 404"),
+        "{:?}",
+        String::from_utf8_lossy(&all)
+    );
+    writer.abort();
+    metric_is(&p, BUFFERS, 0.0).await;
+    p.shutdown().await;
+}

@@ -241,6 +241,22 @@ impl Feeder {
         }
     }
 
+    /// The response ended with the body not all read: what is left is
+    /// read and discarded, and an upstream side still reading is told the
+    /// body was cut (never that it ended).
+    pub fn abandon(&mut self) {
+        if self.discarding || self.finished {
+            return;
+        }
+        self.discarding = true;
+        let mut s = lock(&self.shared);
+        if !s.dropped {
+            s.frame = Some(Err(BodyFault::CutShort("the response ended first")));
+        }
+        s.done = true;
+        wake(&mut s.body);
+    }
+
     /// The connection closed (or failed) before the body ended.
     pub fn cut(&mut self, why: &'static str) {
         if !self.finished {

@@ -323,8 +323,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
                 }
             }
             if ex.written {
-                if let Some(done) = self.after_response(ex) {
-                    return Poll::Ready(done);
+                match self.after_response(ex) {
+                    After::Done(keep) => return Poll::Ready(keep),
+                    After::Discard { started } => progress |= started,
                 }
             } else if !ex.read_closed && ex.feeder.as_ref().is_none_or(Feeder::finished) {
                 // Waiting on the upstream: watch for the client leaving.
@@ -341,25 +342,26 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
     }
 
     /// Once the response is written: whether to keep the connection, or
-    /// `None` while a body left unread is still being discarded.
-    fn after_response(&mut self, ex: &mut Exchange) -> Option<bool> {
+    /// to discard the rest of a body left unread first.
+    fn after_response(&mut self, ex: &mut Exchange) -> After {
         let closing = ex.broken || ex.read_closed || ex.writer.as_ref().is_none_or(|w| w.close);
         if closing || self.close_after {
-            return Some(false);
+            return After::Done(false);
         }
         let Some(f) = ex.feeder.as_mut() else {
-            return Some(true);
+            return After::Done(true);
         };
         if f.finished() {
-            return Some(true);
+            return After::Done(true);
         }
         // The client was never told to send it (no `100 Continue`), or
         // too much is left: close rather than read it.
         if f.continue_due || f.discarded > DRAIN_MAX {
-            return Some(false);
+            return After::Done(false);
         }
-        f.discarding = true;
-        None
+        let started = !f.discarding;
+        f.abandon();
+        After::Discard { started }
     }
 
     /// Writes `100 Continue` once the body is first wanted, before any
@@ -456,6 +458,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
         let io = Prefixed::new(prefix, self.io);
         crate::connection::serve_hyper_http1(downstream, io, peer, self.draining).await;
     }
+}
+
+/// What follows a written response.
+enum After {
+    /// The exchange is over: keep the connection or not.
+    Done(bool),
+    /// The rest of the request body is being discarded (`started` now).
+    Discard { started: bool },
 }
 
 /// One request under way on a connection.
