@@ -165,7 +165,7 @@ async fn serve_http<I>(
     protocol: Protocol,
     draining: watch::Receiver<Drain>,
 ) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + crate::h1serve::WaitRead + Unpin + Send + 'static,
 {
     let settings = downstream.settings();
     match protocol {

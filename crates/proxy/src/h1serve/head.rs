@@ -47,7 +47,9 @@ pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> 
         return Ok(None);
     };
     let raw = buf.split_to(f.consumed).freeze();
-    let mut headers = HeaderMap::with_capacity(f.spans.len());
+    // Room for the fields the proxy adds before forwarding it
+    // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
+    let mut headers = HeaderMap::with_capacity(f.spans.len() + 6);
     for (n, nl, v, vl) in f.spans {
         let name =
             HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| Error::Head("header name"))?;

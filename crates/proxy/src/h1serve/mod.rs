@@ -29,7 +29,7 @@ mod write;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
 use prometheus_client::metrics::gauge::Gauge;
@@ -60,6 +60,25 @@ pub enum Http1Server {
     Hyper,
     /// meshless's own connection state machine (this module).
     Meshless,
+}
+
+/// How a connection waits for bytes without holding a buffer: a plain
+/// socket asks for its readiness; a TLS stream (which may already hold
+/// decrypted bytes) is read at once, the buffer given back if it had none.
+pub trait WaitRead {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
+}
+
+impl WaitRead for tokio::net::TcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        tokio::net::TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+impl<I> WaitRead for tokio_rustls::server::TlsStream<I> {
+    fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
 }
 
 /// Most bytes of a request body left unread after its response that are
@@ -104,7 +123,7 @@ pub async fn serve<I>(
     peer: Peer,
     draining: watch::Receiver<Drain>,
 ) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
 {
     let gauge = downstream.state.metrics.http1_buffers(&downstream.name);
     let drain = *draining.borrow();
@@ -150,14 +169,17 @@ fn limits(settings: &ListenerSettings) -> meshless_h1::Limits {
     }
 }
 
-/// Reads into `buf`, borrowing one for the read and giving it back if the
-/// read found nothing: `Ready(Ok(0))` is the end of the stream.
-fn poll_fill<I: AsyncRead + Unpin>(
+/// Reads into `buf`, borrowing one once `io` is ready and giving it back
+/// if the read found nothing: `Ready(Ok(0))` is the end of the stream.
+fn poll_fill<I: AsyncRead + WaitRead + Unpin>(
     io: &mut I,
     buf: &mut Option<Lent>,
     gauge: &Gauge,
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<usize>> {
+    if buf.is_none() {
+        ready!(io.poll_read_ready(cx))?;
+    }
     let b = buf.get_or_insert_with(|| Lent::borrow(gauge));
     if b.capacity() - b.len() < 1024 {
         b.reserve(pool::BUF_SIZE);
@@ -185,7 +207,20 @@ async fn drained(rx: &mut watch::Receiver<Drain>, now: Drain) -> Drain {
     }
 }
 
-impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
+impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
+    /// Whether the listener asks this connection to close after its
+    /// response (a drain of either kind started; the listener gone).
+    fn draining_now(&mut self) -> bool {
+        if !self.close_after && self.draining.has_changed().unwrap_or(true) {
+            let d = *self.draining.borrow_and_update();
+            if d != Drain::Serving || self.draining.has_changed().is_err() {
+                self.drain = if d == Drain::Serving { Drain::Now } else { d };
+                self.close_after = true;
+            }
+        }
+        self.close_after
+    }
+
     fn pending_bytes(&self) -> bool {
         self.buf.as_ref().is_some_and(|b| !b.is_empty())
     }
@@ -262,20 +297,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
             written: false,
             max_buffered: limits(settings).max_head_bytes(),
         };
-        // The listener's drain is watched on a clone of the receiver: the
-        // exchange itself holds the connection.
-        let mut draining = self.draining.clone();
-        let keep = loop {
-            let drain = self.drain;
-            tokio::select! {
-                keep = poll_fn(|cx| self.poll_exchange(&mut ex, cx)) => break keep,
-                d = drained(&mut draining, drain) => {
-                    self.drain = d;
-                    self.close_after = true;
-                }
-            }
-        };
-        self.draining = draining;
+        // A drain that starts meanwhile is seen when the response head is
+        // made and when it ends (`draining_now`): no waiter per request.
+        let keep = poll_fn(|cx| self.poll_exchange(&mut ex, cx)).await;
         if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
             *out = w.into_buffer();
         }
@@ -306,7 +330,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
                     .as_mut()
                     .map(|o| std::mem::take(&mut **o))
                     .unwrap_or_default();
-                match Writer::new(resp, &ex.answering, self.close_after, out) {
+                let close = self.draining_now();
+                match Writer::new(resp, &ex.answering, close, out) {
                     Ok(w) => ex.writer = Some(w),
                     Err(_) => return Poll::Ready(false),
                 }
@@ -345,7 +370,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn<I> {
     /// to discard the rest of a body left unread first.
     fn after_response(&mut self, ex: &mut Exchange) -> After {
         let closing = ex.broken || ex.read_closed || ex.writer.as_ref().is_none_or(|w| w.close);
-        if closing || self.close_after {
+        if closing || self.draining_now() {
             return After::Done(false);
         }
         let Some(f) = ex.feeder.as_mut() else {
