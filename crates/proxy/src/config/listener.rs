@@ -62,7 +62,7 @@ pub struct ListenerConfig {
     /// What serves HTTP/1.1 downstream: `hyper` (default) or `meshless`
     /// (the connection state machine on meshless-h1).
     #[serde(default)]
-    pub http1: crate::h1serve::Http1Server,
+    pub http1: crate::limits::Http1Server,
 }
 
 impl ListenerConfig {

@@ -20,7 +20,6 @@
 //!   hands the connection over to hyper's HTTP/1 server for the rest of
 //!   its life, the bytes already read replayed first ([`Prefixed`]).
 
-mod body;
 mod head;
 pub mod pool;
 mod prefixed;
@@ -33,34 +32,24 @@ use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
 use prometheus_client::metrics::gauge::Gauge;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use body::RequestBody;
+pub use crate::request::h1_body::RequestBody;
 pub use prefixed::Prefixed;
 
-use crate::connection::Drain;
+use crate::drain::Drain;
 use crate::limits::ListenerSettings;
 use crate::request::body::ProxyBody;
 use crate::request::downstream::Source;
+use crate::request::h1_body::{Feeder, Need};
 use crate::request::{Downstream, Peer};
-use body::{Feeder, Need};
 use head::Head;
 use pool::Lent;
 use write::{Answering, Writer};
 
-/// What serves HTTP/1.1 downstream (`listeners[].http1`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Http1Server {
-    /// hyper's HTTP/1 server connection.
-    #[default]
-    Hyper,
-    /// meshless's own connection state machine (this module).
-    Meshless,
-}
+pub use crate::limits::Http1Server;
 
 /// How a connection waits for bytes without holding a buffer: a plain
 /// socket asks for its readiness; a TLS stream (which may already hold
@@ -481,7 +470,7 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             _ => head.raw,
         };
         let io = Prefixed::new(prefix, self.io);
-        crate::connection::serve_hyper_http1(downstream, io, peer, self.draining).await;
+        crate::hyper_h1::serve(downstream, io, peer, self.draining).await;
     }
 }
 

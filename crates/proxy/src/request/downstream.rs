@@ -34,7 +34,7 @@ impl ClientFault {
 #[derive(Debug)]
 pub enum Source {
     Hyper(Incoming),
-    H1(crate::h1serve::RequestBody),
+    H1(crate::request::h1_body::RequestBody),
 }
 
 impl From<Incoming> for Source {

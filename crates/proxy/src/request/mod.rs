@@ -22,6 +22,7 @@ pub mod attempt;
 pub mod body;
 pub mod downstream;
 pub mod grpc;
+pub mod h1_body;
 pub mod headers;
 pub mod path;
 pub mod peer;

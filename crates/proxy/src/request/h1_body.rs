@@ -1,4 +1,5 @@
-//! A request body read by the connection and sent upstream. The body is
+//! A request body read by the meshless HTTP/1 connection (`h1serve`)
+//! and sent upstream. The body is
 //! polled by the upstream connection's task and filled by the downstream
 //! connection's task, one frame at a time through a slot both share: the
 //! connection reads body bytes only once the body has been polled (so
