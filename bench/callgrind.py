@@ -13,6 +13,7 @@ The counts cover every thread of the process (runtime, access log).
   MESHLESS=/tmp/meshless-67d1ef3 OLD=1 python3 bench/callgrind.py  # a binary older
                                    # than `listeners[].max_connections`
   KEEP=/tmp/cg python3 bench/callgrind.py          # keep the dumps there
+  HTTP1=meshless python3 bench/callgrind.py        # listeners[].http1: meshless
   CACHE_SIM=1 SCENARIOS=ka256 python3 bench/callgrind.py  # also L1/LL misses
 
 Scenarios: ka32 and ka256 (HTTP/1.1 keep-alive, 32 or 256 connections,
@@ -43,6 +44,8 @@ TOP = int(os.environ.get("TOP", "0"))
 CACHE_SIM = os.environ.get("CACHE_SIM") == "1"
 SCENARIOS = os.environ.get("SCENARIOS", "ka32,close,h2").split(",")
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
+# `listeners[].http1`: hyper (the default) or meshless.
+HTTP1 = os.environ.get("HTTP1", "hyper")
 BACKEND, PROXY, ADMIN, BACKEND_H2 = 18100, 18103, 18104, 18110
 
 BACKEND_CONF = """
@@ -61,6 +64,7 @@ listeners:
   - name: bench
     address: 127.0.0.1:{proxy}
     max_connections: 20000
+    http1: {http1}
     routes: [{{ cluster: backend }}]
 clusters:
   - name: backend
@@ -155,9 +159,10 @@ def measure(pid, workdir, scenario):
 def main():
     workdir = tempfile.mkdtemp(prefix="meshless-cg-")
     open(f"{workdir}/backend.conf", "w").write(BACKEND_CONF.format(dir=workdir, port=BACKEND))
-    conf = MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND)
+    conf = MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND, http1=HTTP1)
     if os.environ.get("OLD") == "1":
         conf = conf.replace("    max_connections: 20000\n", "")
+        conf = conf.replace("    http1: hyper\n", "")
     open(f"{workdir}/meshless.yaml", "w").write(conf)
     backend = subprocess.Popen(["nginx", "-c", f"{workdir}/backend.conf", "-p", workdir],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

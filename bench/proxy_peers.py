@@ -26,7 +26,7 @@ BASELINE = os.environ.get("BASELINE")
 
 BACKEND = 18000
 PORTS = {"direct": (18000, 18010), "haproxy": (18001, 18011), "nginx": (18002, 18012), "meshless": (18003, 18003),
-         "baseline": (18005, 18005)}
+         "baseline": (18005, 18005), "meshless_h1": (18007, 18007)}
 
 BACKEND_CONF = """
 worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
@@ -103,6 +103,9 @@ def start(name, workdir):
         if BASELINE:
             # Older binaries may not know the field: the same config for both.
             conf = conf.replace("    max_connections: 20000\n", "")
+        if name == "meshless_h1":
+            # The same binary, HTTP/1 served by meshless's own state machine.
+            conf = conf.replace("    routes:", "    http1: meshless\n    routes:")
         open(path, "w").write(conf)
         binary = BASELINE if name == "baseline" else MESHLESS
         cmd = [binary, "proxy", "--threads", "1", "--config", path]
@@ -199,7 +202,8 @@ SCENARIOS = [
     ("h2", "HTTP/2, 4 connections x 32 streams"),
     ("idle", f"{IDLE_CONNECTIONS} idle keep-alive connections"),
 ]
-TARGETS = ["direct", "haproxy", "nginx", "meshless"] + (["baseline"] if BASELINE else [])
+# meshless_h1: the same binary with `listeners[].http1: meshless`.
+TARGETS = ["direct", "haproxy", "nginx", "meshless", "meshless_h1"] + (["baseline"] if BASELINE else [])
 # A subset, for a quick look: ONLY=idle,ka32 PEERS=haproxy,meshless.
 if os.environ.get("ONLY"):
     SCENARIOS = [s for s in SCENARIOS if s[0] in os.environ["ONLY"].split(",")]
@@ -253,7 +257,7 @@ def main():
                 rs = results.get((name, scenario), [])
                 rows[name] = med([r["bytes_per_conn"] for r in rs])
                 print(f"| {name} | {fmt(rows[name], 0)} | {sum(r['failed'] for r in rs)} |")
-            for mine in ("meshless", "baseline"):
+            for mine in ("meshless", "meshless_h1", "baseline"):
                 if mine in rows and rows.get("haproxy"):
                     print(f"| {mine} / haproxy | {fmt(rows[mine] / rows['haproxy'], 2)} | |")
             print()
@@ -269,7 +273,7 @@ def main():
             agg[name] = a
             lat = fmt(a["p50"], 3) if scenario == "h2" else f"{fmt(a['p50'], 3)} / {fmt(a['p99'], 3)}"
             print(f"| {name} | {fmt(a['rps'], 0)} | {lat} | {fmt(a['cpu_us'])} | {fmt(a['rss_mb'])} | {a['failed']} |")
-        for mine in ("meshless", "baseline"):
+        for mine in ("meshless", "meshless_h1", "baseline"):
             if mine not in agg or "haproxy" not in agg:
                 continue
             m, h = agg[mine], agg["haproxy"]

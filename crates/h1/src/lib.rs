@@ -12,7 +12,8 @@
 //! boundaries as hyper plus the proxy's screen stage, except for the few
 //! cases listed there where the codec is stricter on purpose.
 //!
-//! Not yet in the serving path: the proxy still serves HTTP/1 with hyper.
+//! In the serving path on listeners with `http1: meshless`
+//! (`crates/proxy/src/h1serve/`); the upstream side still uses hyper.
 
 pub mod check;
 pub mod chunked;

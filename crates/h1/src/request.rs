@@ -49,7 +49,7 @@ impl Limits {
 
     /// The header slots to give [`parse`]: as many as the proxy's hyper
     /// parses — its default 100 up to `max_headers: 100`, else one more
-    /// than `max_headers` (crates/proxy/src/connection.rs). More raw
+    /// than `max_headers` (crates/proxy/src/hyper_h1.rs). More raw
     /// fields than slots is `431` even when some would be dropped.
     pub fn slots(&self) -> usize {
         if self.max_headers <= HYPER_DEFAULT_HEADERS {

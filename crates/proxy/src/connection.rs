@@ -10,22 +10,21 @@
 //! bytes in the socket; no hyper state (buffers included) exists until the
 //! first bytes arrive.
 
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::limits::ListenerSettings;
+pub use crate::drain::Drain;
+use crate::limits::{Http1Server, ListenerSettings};
+use crate::request::downstream::Source;
 use crate::request::{Downstream, Peer};
 use crate::tls::{Handshake, ListenerTls};
 
@@ -35,25 +34,6 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How long to wait before peeking again at a head that is a part of the
 /// preface (an HTTP/2 client whose preface arrived in pieces).
 const PEEK_AGAIN: Duration = Duration::from_millis(5);
-
-/// What a listener asks of its connections.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Drain {
-    /// Serve on.
-    #[default]
-    Serving,
-    /// Finish what is in flight, then close: an idle HTTP/1 connection
-    /// closes at once, a busy one after its response (`connection:
-    /// close`); HTTP/2 gets a GOAWAY.
-    Now,
-    /// As `Now` for HTTP/2; HTTP/1 keeps its connection and answers its
-    /// next request with `connection: close`, then closes (Envoy's drain,
-    /// HAProxy's `idle-close-on-response`): a keep-alive client never sees
-    /// a close racing the request it is sending. A connection accepted
-    /// but not yet speaking is served the same way. Idle ones close when
-    /// the drain ends.
-    OnNextResponse,
-}
 
 /// The protocol a connection speaks, told from its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,86 +143,31 @@ async fn serve_http<I>(
     protocol: Protocol,
     draining: watch::Receiver<Drain>,
 ) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + crate::h1serve::WaitRead + Unpin + Send + 'static,
 {
     let settings = downstream.settings();
-    let io = TokioIo::new(io);
     match protocol {
-        Protocol::Http1 => {
-            let closing = Arc::new(AtomicBool::new(false));
-            let close = Arc::clone(&closing);
-            // Boxed, once per request: hyper keeps the service's future in a
-            // slot of every connection, which at hundreds of connections is
-            // cold memory on each request, and idle memory between requests;
-            // a fresh allocation is the one the last request just freed.
-            let service = service_fn(move |req| {
-                let (downstream, peer) = (Arc::clone(&downstream), peer.clone());
-                let close = Arc::clone(&close);
-                // The request's future is made inside the block: made
-                // outside and moved in, it would take room twice.
-                Box::pin(async move {
-                    let mut resp = crate::request::handle(downstream, peer, req).await?;
-                    if close.load(Ordering::Acquire)
-                        && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
-                    {
-                        resp.headers_mut().insert(
-                            http::header::CONNECTION,
-                            http::HeaderValue::from_static("close"),
-                        );
-                    }
-                    Ok::<_, std::convert::Infallible>(resp)
-                })
-            });
-            let conn = http1_builder(&settings)
-                .serve_connection(io, service)
-                .with_upgrades();
-            drive(conn, draining, Some(&closing), |c| c.graceful_shutdown()).await;
+        Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
+            crate::h1serve::serve(downstream, io, peer, draining).await;
         }
+        Protocol::Http1 => crate::hyper_h1::serve(downstream, io, peer, draining).await,
         Protocol::Http2 => {
-            let service = service_fn(move |req| {
-                crate::request::handle(Arc::clone(&downstream), peer.clone(), req)
+            let io = TokioIo::new(io);
+            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                crate::request::handle(
+                    Arc::clone(&downstream),
+                    peer.clone(),
+                    req.map(Source::Hyper),
+                )
             });
             // Boxed: the common HTTP/1 connection's task stays small.
             let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-            drive(conn, draining, None, |c| {
+            crate::drain::drive(conn, draining, None, |c| {
                 c.get_mut().as_mut().graceful_shutdown()
             })
             .await;
         }
     }
-}
-
-/// Polls `conn` to its end. Once `draining` asks (or its listener is
-/// gone), asks it to `shutdown` gracefully and polls on; or, for
-/// [`Drain::OnNextResponse`] on HTTP/1 (`closing` given), raises `closing`
-/// so that its next response says `connection: close`, and polls on.
-async fn drive<C: Future>(
-    conn: C,
-    mut draining: watch::Receiver<Drain>,
-    closing: Option<&AtomicBool>,
-    shutdown: impl FnOnce(Pin<&mut C>),
-) {
-    let mut conn = pin!(conn);
-    let mode = tokio::select! {
-        _ = conn.as_mut() => return,
-        d = draining.wait_for(|d| *d != Drain::Serving) => d.map_or(Drain::Now, |d| *d),
-    };
-    match (mode, closing) {
-        (Drain::OnNextResponse, Some(closing)) => closing.store(true, Ordering::Release),
-        _ => shutdown(conn.as_mut()),
-    }
-    conn.await;
-}
-
-fn http1_builder(settings: &ListenerSettings) -> http1::Builder {
-    let mut b = http1::Builder::new();
-    b.timer(TokioTimer::new())
-        .header_read_timeout(settings.timeouts.request_headers)
-        .max_buf_size(head_buffer(settings));
-    if let Some(n) = hyper_max_headers(settings.limits.max_headers) {
-        b.max_headers(n);
-    }
-    b
 }
 
 fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
@@ -256,35 +181,9 @@ fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
     b
 }
 
-/// hyper's own header-count limit, when its default (100, parsed on the
-/// stack) does not do: the screen stage answers `431` with its reason for
-/// more than `max_headers`, so hyper must parse one more. Up to 100, hyper's
-/// default lets the screen see every count it refuses, and more than 100
-/// hyper refuses itself (also `431`). Set, hyper allocates two arrays of
-/// that many entries on the heap for every request head it parses.
-fn hyper_max_headers(max_headers: u32) -> Option<usize> {
-    const HYPER_DEFAULT: usize = 100;
-    let n = max_headers as usize + 1;
-    (n > HYPER_DEFAULT + 1).then_some(n)
-}
-
-/// hyper's read buffer for a request head: the header and target limits
-/// plus room for the request line; hyper answers `431` past it.
-fn head_buffer(s: &ListenerSettings) -> usize {
-    let want = s.limits.max_header_bytes as usize + s.limits.max_uri_bytes as usize + 1024;
-    want.max(8192)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hyper_parses_on_the_stack_up_to_its_default() {
-        assert_eq!(hyper_max_headers(10), None);
-        assert_eq!(hyper_max_headers(100), None);
-        assert_eq!(hyper_max_headers(101), Some(102));
-    }
 
     #[test]
     fn the_preface_is_told_from_http1_by_its_first_bytes() {

@@ -27,6 +27,8 @@ pub struct ListenerSettings {
     pub proxy_protocol: Option<crate::proxy_protocol::ProxyProtocolAccept>,
     /// Options of accepted sockets (those of the listening one apply at bind).
     pub socket: crate::sockopt::SocketOptions,
+    /// What serves HTTP/1.1 downstream.
+    pub http1: Http1Server,
 }
 
 /// Downstream connections a listener serves at once by default.
@@ -216,4 +218,15 @@ pub fn validate_upgrades(upgrades: &[String]) -> Result<(), FieldError> {
         }
     }
     Ok(())
+}
+
+/// What serves HTTP/1.1 downstream (`listeners[].http1`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http1Server {
+    /// hyper's HTTP/1 server connection.
+    #[default]
+    Hyper,
+    /// meshless's own connection state machine (`crate::h1serve`).
+    Meshless,
 }

@@ -125,6 +125,8 @@ pub struct Metrics {
     pub downstream_connections: Family<ListenerLabels, Gauge>,
     pub connections_at_limit: Family<ListenerLabels, Counter>,
     pub upgrades_refused: Family<ListenerLabels, Counter>,
+    /// Read buffers lent to HTTP/1 connections (`http1: meshless`).
+    pub http1_buffers_lent: Family<ListenerLabels, Gauge>,
     pub access_log_dropped: Counter,
     /// Deny rules, PROXY protocol and TCP flows.
     pub edge: crate::edge_metrics::EdgeMetrics,
@@ -243,6 +245,12 @@ impl Metrics {
             "Times a listener reached max_connections and left new connections in the backlog",
             connections_at_limit.clone(),
         );
+        let http1_buffers_lent = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "proxy_http1_buffers_lent",
+            "Read buffers HTTP/1 connections hold now (`http1: meshless`; idle ones hold none)",
+            http1_buffers_lent.clone(),
+        );
         let upgrades_refused = Family::<ListenerLabels, Counter>::default();
         registry.register(
             "proxy_upgrades_refused",
@@ -287,6 +295,7 @@ impl Metrics {
             downstream_connections,
             connections_at_limit,
             upgrades_refused,
+            http1_buffers_lent,
             access_log_dropped,
             requests,
             activation_phase,
@@ -330,6 +339,13 @@ impl Metrics {
             .clone();
         g.inc();
         OpenConnection(g)
+    }
+
+    /// The gauge of read buffers lent to `listener`'s HTTP/1 connections.
+    pub fn http1_buffers(&self, listener: &str) -> Gauge {
+        self.http1_buffers_lent
+            .get_or_create(&Self::listener(listener))
+            .clone()
     }
 
     /// Counts a listener pausing at `max_connections`.

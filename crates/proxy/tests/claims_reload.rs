@@ -175,9 +175,11 @@ async fn removing_a_listener_and_its_cluster_lets_requests_in_flight_finish() {
         "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 20s\nlisteners:\n  - name: web\n    address: \"{web}\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
         bs[0].local_addr()
     );
-    p.reload(ProxyConfig::parse(&yaml, "reload.yaml").expect("valid"))
-        .await
-        .expect("reload");
+    p.reload(common::on_test_http1(
+        ProxyConfig::parse(&yaml, "reload.yaml").expect("valid"),
+    ))
+    .await
+    .expect("reload");
     assert!(p.listener_addr("side").await.is_none());
     eventually("the removed listener stops accepting", || async {
         tokio::net::TcpStream::connect(side_addr).await.is_err()
@@ -249,9 +251,11 @@ async fn a_reload_that_changes_the_watched_services_subscribes_without_reconnect
             &format!("address: \"{web}\"\n    routes"),
             1,
         );
-    p.reload(ProxyConfig::parse(&next, "reload.yaml").expect("valid"))
-        .await
-        .expect("reload");
+    p.reload(common::on_test_http1(
+        ProxyConfig::parse(&next, "reload.yaml").expect("valid"),
+    ))
+    .await
+    .expect("reload");
     eventually("shop/other's endpoints arrive", || async {
         get(&client(), web, "/", &[]).await.1 == "b1"
     })

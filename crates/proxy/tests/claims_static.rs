@@ -269,9 +269,11 @@ async fn a_service_added_while_disconnected_arrives_whole() {
         "{}  - name: pay\n    service: shop/pay\n",
         cart_proxy_yaml(relay_addr, "")
     );
-    p.reload(meshless_proxy::ProxyConfig::parse(&yaml, "reload.yaml").expect("valid"))
-        .await
-        .expect("reload");
+    p.reload(common::on_test_http1(
+        meshless_proxy::ProxyConfig::parse(&yaml, "reload.yaml").expect("valid"),
+    ))
+    .await
+    .expect("reload");
     let relay = Relay::start_on(relay_addr, grpc).await;
     eventually("shop/pay's endpoint after the reconnect", || async {
         cluster_addresses(&p, "pay").await == vec![bs[1].local_addr().to_string()]

@@ -75,9 +75,11 @@ async fn deny_rules_drop_and_reset_and_reload() {
     let bs = backends(1).await;
     let rules = "    deny:\n      - { name: dropped, sources: [127.0.0.2/32, \"::ffff:127.0.0.5/128\"], action: drop }\n      - { name: reset, sources: [127.0.0.3/32] , action: reset }\n";
     let yaml = http_yaml(bs[0].local_addr(), rules);
-    let p = Proxy::start(ProxyConfig::parse(&yaml, "edge.yaml").unwrap())
-        .await
-        .unwrap();
+    let p = Proxy::start(common::on_test_http1(
+        ProxyConfig::parse(&yaml, "edge.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
     assert_eq!(outcome(2, addr).await, Ok(vec![]));
     assert_eq!(outcome(5, addr).await, Ok(vec![]));
@@ -99,9 +101,11 @@ async fn deny_rules_drop_and_reset_and_reload() {
         bs[0].local_addr(),
         "    deny:\n      - { name: four, sources: [127.0.0.4/32], action: reset }\n",
     );
-    p.reload(ProxyConfig::parse(&reloaded, "edge.yaml").unwrap())
-        .await
-        .unwrap();
+    p.reload(common::on_test_http1(
+        ProxyConfig::parse(&reloaded, "edge.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     assert_eq!(
         outcome(4, addr).await,
         Err(std::io::ErrorKind::ConnectionReset)
@@ -138,16 +142,20 @@ async fn proxy_protocol_carries_the_client_through_l4_to_l7() {
             .map(|g| format!("      - {{ address: \"{}\" }}\n", g.local_addr()))
             .collect::<String>()
     );
-    let l7 = Proxy::start(ProxyConfig::parse(&l7_yaml, "l7.yaml").unwrap())
-        .await
-        .unwrap();
+    let l7 = Proxy::start(common::on_test_http1(
+        ProxyConfig::parse(&l7_yaml, "l7.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     let l7_addr = l7.listener_addr("web").await.unwrap();
     let l4_yaml = format!(
         "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: l4\n    address: \"127.0.0.1:0\"\n    protocol: tcp\n    tcp: {{ cluster: l7 }}\nclusters:\n  - name: l7\n    proxy_protocol: v2\n    endpoints: [{{ address: \"{l7_addr}\" }}]\n"
     );
-    let l4 = Proxy::start(ProxyConfig::parse(&l4_yaml, "l4.yaml").unwrap())
-        .await
-        .unwrap();
+    let l4 = Proxy::start(common::on_test_http1(
+        ProxyConfig::parse(&l4_yaml, "l4.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     let l4_addr = l4.listener_addr("l4").await.unwrap();
     let mut reached = std::collections::HashSet::new();
     for from in 2..32u8 {
@@ -199,9 +207,9 @@ async fn proxy_protocol_carries_the_client_through_l4_to_l7() {
 async fn proxy_protocol_is_taken_from_trusted_peers_only() {
     let bs = backends(1).await;
     let extra = "    proxy_protocol: { trusted: [127.0.0.1/32] }\n    deny: [{ name: bad-client, sources: [192.0.2.0/24], action: drop }]\n";
-    let p = Proxy::start(
+    let p = Proxy::start(common::on_test_http1(
         ProxyConfig::parse(&http_yaml(bs[0].local_addr(), extra), "edge.yaml").unwrap(),
-    )
+    ))
     .await
     .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
@@ -263,9 +271,11 @@ async fn unmatched_requests_go_to_the_default_cluster() {
         bs[0].local_addr(),
         bs[1].local_addr()
     );
-    let p = Proxy::start(ProxyConfig::parse(&yaml, "edge.yaml").unwrap())
-        .await
-        .unwrap();
+    let p = Proxy::start(common::on_test_http1(
+        ProxyConfig::parse(&yaml, "edge.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
     let c = client();
     let (s, b, _) = get(&c, addr, "/api/x", &[]).await;
@@ -274,9 +284,11 @@ async fn unmatched_requests_go_to_the_default_cluster() {
     assert_eq!((s, b.as_str()), (StatusCode::OK, "b1"));
     // Without it, no route is a 404.
     let no_default = yaml.replace("    default_cluster: fallback\n", "");
-    p.reload(ProxyConfig::parse(&no_default, "edge.yaml").unwrap())
-        .await
-        .unwrap();
+    p.reload(common::on_test_http1(
+        ProxyConfig::parse(&no_default, "edge.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     let (s, _, _) = get(&c, addr, "/elsewhere", &[]).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     p.shutdown().await;
@@ -355,17 +367,21 @@ fn edge_settings_are_validated() {
 async fn reuse_port_listeners_share_a_port() {
     let bs = backends(1).await;
     let one = http_yaml(bs[0].local_addr(), "    socket: { reuse_port: true }\n");
-    let p = Proxy::start(ProxyConfig::parse(&one, "edge.yaml").unwrap())
-        .await
-        .unwrap();
+    let p = Proxy::start(common::on_test_http1(
+        ProxyConfig::parse(&one, "edge.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
     let second = format!(
         "  - name: twin\n    address: \"{addr}\"\n    socket: {{ reuse_port: true }}\n    routes: [{{ cluster: c }}]\n"
     );
     let two = one.replace("clusters:\n", &format!("{second}clusters:\n"));
-    p.reload(ProxyConfig::parse(&two, "edge.yaml").unwrap())
-        .await
-        .unwrap();
+    p.reload(common::on_test_http1(
+        ProxyConfig::parse(&two, "edge.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
     // 64 open connections from distinct ports: all on one listener has
     // probability 2^-63 under the kernel's hash.
     let mut open = Vec::new();

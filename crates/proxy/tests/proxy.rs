@@ -436,7 +436,7 @@ async fn hundred_reloads_under_load_fail_no_request() {
                 "    endpoints:\n",
                 &format!("    balancer: {{ policy: {policy} }}\n    endpoints:\n"),
             );
-        let cfg = ProxyConfig::parse(&next, "reload.yaml").expect("valid");
+        let cfg = common::on_test_http1(ProxyConfig::parse(&next, "reload.yaml").expect("valid"));
         p.reload(cfg).await.expect("reload");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -461,9 +461,11 @@ async fn hundred_reloads_under_load_fail_no_request() {
         1,
     );
     assert!(
-        p.reload(ProxyConfig::parse(&bad, "bad.yaml").expect("valid"))
-            .await
-            .is_err()
+        p.reload(common::on_test_http1(
+            ProxyConfig::parse(&bad, "bad.yaml").expect("valid")
+        ))
+        .await
+        .is_err()
     );
     assert_eq!(get(&client(), addr, "/", &[]).await.0, StatusCode::OK);
 }
@@ -480,8 +482,9 @@ async fn reload_keeps_endpoint_state_and_moves_listeners() {
         get(&c, addr, "/", &[]).await;
     }
     // A renamed listener: the old one closes, the new one opens; the ejection survives.
-    let cfg =
-        ProxyConfig::parse(&yaml.replace("name: web", "name: web2"), "reload.yaml").expect("valid");
+    let cfg = common::on_test_http1(
+        ProxyConfig::parse(&yaml.replace("name: web", "name: web2"), "reload.yaml").expect("valid"),
+    );
     p.reload(cfg).await.expect("reload");
     assert!(p.listener_addr("web").await.is_none());
     let addr2 = p.listener_addr("web2").await.expect("listener");

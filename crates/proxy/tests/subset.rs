@@ -206,7 +206,9 @@ async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
             format!("    subset: {{ size: {size} }}\n")
         };
         let yaml = cart_proxy_yaml(plane.grpc_addr(), &extra);
-        let cfg = meshless_proxy::ProxyConfig::parse(&yaml, "p.yaml").expect("valid");
+        let cfg = common::on_test_http1(
+            meshless_proxy::ProxyConfig::parse(&yaml, "p.yaml").expect("valid"),
+        );
         p.reload(cfg).await.expect("reload");
         follows_a_subset_of(&p, &live, if size == 0 { N } else { size }).await;
         let held = if size == 0 { 0.0 } else { 1.0 };

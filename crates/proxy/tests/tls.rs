@@ -47,7 +47,7 @@ fn write_all(dir: &Path) -> Certs {
 }
 
 async fn start(yaml: &str) -> (Proxy, std::net::SocketAddr) {
-    let cfg = ProxyConfig::parse(yaml, "tls.yaml").unwrap();
+    let cfg = common::on_test_http1(ProxyConfig::parse(yaml, "tls.yaml").unwrap());
     let p = Proxy::start(cfg).await.unwrap();
     let addr = p.listener_addr("web").await.unwrap();
     (p, addr)
@@ -196,7 +196,7 @@ async fn certificates_reload_under_traffic() {
     let yaml = tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "");
     let file = dir.path("proxy.yaml");
     std::fs::write(&file, &yaml).unwrap();
-    let p = Proxy::start(ProxyConfig::load(&file).unwrap())
+    let p = Proxy::start(common::on_test_http1(ProxyConfig::load(&file).unwrap()))
         .await
         .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
@@ -270,7 +270,7 @@ async fn expired_mismatched_and_unreadable_files_are_refused() {
     let yaml = tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "");
     let file = dir.path("proxy.yaml");
     std::fs::write(&file, &yaml).unwrap();
-    let p = Proxy::start(ProxyConfig::load(&file).unwrap())
+    let p = Proxy::start(common::on_test_http1(ProxyConfig::load(&file).unwrap()))
         .await
         .unwrap();
     let addr = p.listener_addr("web").await.unwrap();
@@ -320,7 +320,7 @@ async fn expired_mismatched_and_unreadable_files_are_refused() {
         spoil();
         let err = p.reload_from(&file).await.unwrap_err().to_string();
         assert!(err.contains(path) && err.contains(reason), "{what}: {err}");
-        let start = Proxy::start(ProxyConfig::load(&file).unwrap()).await;
+        let start = Proxy::start(common::on_test_http1(ProxyConfig::load(&file).unwrap())).await;
         let err = start.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(
             err.contains(path) && err.contains(reason),

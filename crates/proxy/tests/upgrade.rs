@@ -25,7 +25,7 @@ fn config(dir: &Path, endpoints: &str) -> ProxyConfig {
     let yaml = format!(
         "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 30s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n  - name: web-tls\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n    tls:\n      default_certificate: {{ certificate: \"{pem}\", key: \"{key}\" }}\n  - name: l4\n    address: \"127.0.0.1:0\"\n    protocol: tcp\n    tcp: {{ cluster: t, flow_key: source_ip_port }}\nclusters:\n  - name: c\n    endpoints:\n{endpoints}  - name: t\n    balancer: {{ policy: maglev }}\n    endpoints:\n{endpoints}"
     );
-    ProxyConfig::parse(&yaml, "upgrade.yaml").unwrap()
+    common::on_test_http1(ProxyConfig::parse(&yaml, "upgrade.yaml").unwrap())
 }
 
 /// The running side: hands over on the first request, then drains.

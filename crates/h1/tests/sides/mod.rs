@@ -154,7 +154,7 @@ pub async fn hypers(input: Vec<u8>) -> Outcome {
 }
 
 /// As [`hypers`], with hyper built and the screen run for `limits` (as
-/// crates/proxy/src/connection.rs builds it).
+/// crates/proxy/src/hyper_h1.rs builds it).
 pub async fn hypers_with(input: Vec<u8>, limits: Limits) -> Outcome {
     let (client, server) = tokio::io::duplex(1 << 16);
     let log = Arc::new(Mutex::new(Vec::new()));

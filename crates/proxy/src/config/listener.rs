@@ -59,6 +59,10 @@ pub struct ListenerConfig {
     /// TLS termination: certificates by SNI name, ALPN, resumption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<crate::tls::TlsSettings>,
+    /// What serves HTTP/1.1 downstream: `hyper` (default) or `meshless`
+    /// (the connection state machine on meshless-h1).
+    #[serde(default)]
+    pub http1: crate::limits::Http1Server,
 }
 
 impl ListenerConfig {
@@ -76,6 +80,7 @@ impl ListenerConfig {
             deny: self.deny.clone(),
             proxy_protocol: self.proxy_protocol.clone(),
             socket: self.socket.clone(),
+            http1: self.http1,
         }
     }
 }

@@ -28,6 +28,50 @@ impl ClientFault {
     }
 }
 
+/// A downstream request body as it arrives: from hyper (HTTP/2, and
+/// HTTP/1 with `http1: hyper`) or from the meshless HTTP/1 connection.
+/// One type, so the request path is compiled once for both.
+#[derive(Debug)]
+pub enum Source {
+    Hyper(Incoming),
+    H1(crate::request::h1_body::RequestBody),
+}
+
+impl From<Incoming> for Source {
+    fn from(b: Incoming) -> Self {
+        Self::Hyper(b)
+    }
+}
+
+impl Body for Source {
+    type Data = Bytes;
+    type Error = crate::request::body::BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Self::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Self::H1(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Hyper(b) => b.is_end_stream(),
+            Self::H1(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Hyper(b) => b.size_hint(),
+            Self::H1(b) => b.size_hint(),
+        }
+    }
+}
+
 pin_project! {
     /// A downstream body that records its own failure in a [`ClientFault`].
     pub struct DownstreamBody<B = Incoming> {

@@ -22,6 +22,7 @@ pub mod attempt;
 pub mod body;
 pub mod downstream;
 pub mod grpc;
+pub mod h1_body;
 pub mod headers;
 pub mod path;
 pub mod peer;
@@ -49,7 +50,7 @@ use crate::state::ProxyState;
 use crate::upstream::{Lease, UpstreamBody};
 use admit::Slot;
 use attempt::RetryPolicy;
-use downstream::DownstreamBody;
+use downstream::{DownstreamBody, Source};
 use replay::RequestBody;
 use respond::LocalReply;
 use tunnel::Tunnels;
@@ -121,7 +122,7 @@ impl Peer {
 pub async fn handle(
     downstream: Arc<Downstream>,
     peer: Peer,
-    req: Request<Incoming>,
+    req: Request<Source>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let client = peer.addr;
     let state = &downstream.state;
@@ -328,7 +329,7 @@ impl Exchange<'_> {
     async fn forward(
         &self,
         routed: &route::Routed,
-        body: Incoming,
+        body: Source,
         headers: http::HeaderMap,
         record: &mut Completion,
     ) -> Result<(Response<Incoming>, Option<InFlight>, Lease), LocalReply> {
@@ -432,7 +433,7 @@ impl Exchange<'_> {
     fn policy_and_body(
         &self,
         base: &UpstreamCluster,
-        body: Incoming,
+        body: Source,
         record: &Completion,
     ) -> (RetryPolicy, RequestBody) {
         let replayable = !self.upgrading
@@ -600,7 +601,7 @@ mod tests {
     use http_body_util::StreamBody;
 
     fn body() -> RequestBody {
-        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = [&b"ab"[..], b"cd", b"ef"]
+        let frames: Vec<Result<Frame<Bytes>, body::BodyError>> = [&b"ab"[..], b"cd", b"ef"]
             .iter()
             .map(|c| Ok(Frame::data(Bytes::from_static(c))))
             .collect();

@@ -303,12 +303,12 @@ struct AttemptBody {
 
 impl Body for AttemptBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::request::body::BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::request::body::BodyError>>> {
         let shared = Arc::clone(&self.shared);
         let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
         let newest = s.newest.0 == self.generation;
@@ -403,7 +403,7 @@ mod tests {
     use http_body_util::{BodyExt, StreamBody};
 
     fn source(chunks: &[&'static [u8]]) -> UpstreamBody {
-        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = chunks
+        let frames: Vec<Result<Frame<Bytes>, crate::request::body::BodyError>> = chunks
             .iter()
             .map(|c| Ok(Frame::data(Bytes::from_static(c))))
             .collect();
@@ -499,7 +499,8 @@ mod tests {
     /// an attempt waiting for it is woken when another reads the frame.
     #[tokio::test]
     async fn an_attempt_waiting_at_the_front_is_woken_when_another_reads() {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, hyper::Error>>(4);
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<Result<Frame<Bytes>, crate::request::body::BodyError>>(4);
         let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed();
         let mut b = RequestBody::new(body, Keep::Retries);
         let mut old = b.attempt().expect("first");
@@ -578,7 +579,7 @@ mod tests {
     }
 
     fn owned_source(chunks: &[Vec<u8>]) -> UpstreamBody {
-        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = chunks
+        let frames: Vec<Result<Frame<Bytes>, crate::request::body::BodyError>> = chunks
             .iter()
             .map(|c| Ok(Frame::data(Bytes::from(c.clone()))))
             .collect();

@@ -151,10 +151,16 @@ pub fn proxied(
         let idle = downstream.settings().timeouts.stream_idle;
         crate::request::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
         let (parts, body) = resp.into_parts();
-        return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
+        return Response::from_parts(
+            parts,
+            ProxyBody::new(body.map_err(Into::into).boxed(), None),
+        );
     }
     let (parts, body) = resp.into_parts();
-    Response::from_parts(parts, ProxyBody::new(body.boxed(), Some(record)))
+    Response::from_parts(
+        parts,
+        ProxyBody::new(body.map_err(Into::into).boxed(), Some(record)),
+    )
 }
 
 #[cfg(test)]

@@ -22,8 +22,9 @@ pub use connect::ConnectError;
 pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
 pub use tls::{TlsConfigError, TlsFault};
 
-/// Body type sent upstream.
-pub type UpstreamBody = BoxBody<Bytes, hyper::Error>;
+/// Body type sent upstream; its error is any (a downstream body's
+/// failure, whichever server read it).
+pub type UpstreamBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Live counters of one cluster, kept across reloads.
 #[derive(Debug, Default)]

@@ -53,8 +53,29 @@ pub fn config(backends: &[Backend], cluster_extra: &str) -> String {
     )
 }
 
+/// The HTTP/1 server the suites run on: `hyper` unless the environment
+/// says `MESHLESS_TEST_HTTP1=meshless` (how CI runs the fault suites on
+/// meshless's own connection state machine too).
+pub fn test_http1() -> meshless_proxy::h1serve::Http1Server {
+    match std::env::var("MESHLESS_TEST_HTTP1").as_deref() {
+        Ok("meshless") => meshless_proxy::h1serve::Http1Server::Meshless,
+        _ => meshless_proxy::h1serve::Http1Server::Hyper,
+    }
+}
+
+/// `cfg` with every listener on [`test_http1`] (unless its YAML chose).
+pub fn on_test_http1(mut cfg: ProxyConfig) -> ProxyConfig {
+    let engine = test_http1();
+    for l in &mut cfg.listeners {
+        if l.http1 == meshless_proxy::h1serve::Http1Server::Hyper {
+            l.http1 = engine;
+        }
+    }
+    cfg
+}
+
 pub async fn proxy(yaml: &str) -> (Proxy, SocketAddr) {
-    let cfg = ProxyConfig::parse(yaml, "test.yaml").expect("valid config");
+    let cfg = on_test_http1(ProxyConfig::parse(yaml, "test.yaml").expect("valid config"));
     let p = Proxy::start(cfg).await.expect("proxy starts");
     let addr = p.listener_addr("web").await.expect("listener");
     (p, addr)

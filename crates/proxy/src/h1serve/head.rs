@@ -1,0 +1,131 @@
+//! A request head taken from the read buffer: parsed by meshless-h1 (the
+//! grammar httparse's, the framing decided as hyper decides it), then
+//! turned into `http::request::Parts` whose header values are slices of
+//! the head's bytes (no copy per field, as hyper does).
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use meshless_h1::{Error, Framing, Limits, Parsed};
+
+/// Header slots parsed on the stack (hyper's default); more use the heap.
+const STACK_SLOTS: usize = 100;
+
+/// A request head, owned.
+#[derive(Debug)]
+pub struct Head {
+    pub parts: http::request::Parts,
+    pub framing: Framing,
+    /// The head's bytes as received (replayed to hyper on a hand-over).
+    pub raw: Bytes,
+}
+
+/// Where the name and value of one forwarded field lie in the buffer.
+type Span = (usize, usize, usize, usize);
+
+/// What is kept of a parsed head before its bytes are taken out.
+struct Found {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    framing: Framing,
+    spans: Vec<Span>,
+    consumed: usize,
+}
+
+/// Takes the request head at the start of `buf` (leading empty lines
+/// included) out of it; `Ok(None)` when it is not whole yet.
+pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> {
+    let slots = limits.slots();
+    let found = if slots <= STACK_SLOTS {
+        let mut stack = [httparse::EMPTY_HEADER; STACK_SLOTS];
+        find(buf, limits, &mut stack)?
+    } else {
+        let mut heap = vec![httparse::EMPTY_HEADER; slots];
+        find(buf, limits, &mut heap)?
+    };
+    let Some(f) = found else {
+        return Ok(None);
+    };
+    let raw = buf.split_to(f.consumed).freeze();
+    // Room for the fields the proxy adds before forwarding it
+    // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
+    let mut headers = HeaderMap::with_capacity(f.spans.len() + 6);
+    for (n, nl, v, vl) in f.spans {
+        let name =
+            HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| Error::Head("header name"))?;
+        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
+            .map_err(|_| Error::Head("header value"))?;
+        headers.append(name, value);
+    }
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = f.method;
+    parts.uri = f.uri;
+    parts.version = f.version;
+    parts.headers = headers;
+    Ok(Some(Head {
+        parts,
+        framing: f.framing,
+        raw,
+    }))
+}
+
+/// Parses the head at the start of `buf` into `slots`, keeping where its
+/// forwarded fields lie.
+fn find<'b>(
+    buf: &'b [u8],
+    limits: &Limits,
+    slots: &mut [httparse::Header<'b>],
+) -> Result<Option<Found>, Error> {
+    let base = buf.as_ptr() as usize;
+    let Parsed::Complete { head, consumed } = meshless_h1::request::parse(buf, slots, limits)?
+    else {
+        return Ok(None);
+    };
+    let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
+    for h in head.framing.forwarded(head.headers) {
+        let name = h.name.as_ptr() as usize - base;
+        let value = h.value.as_ptr() as usize - base;
+        spans.push((name, h.name.len(), value, h.value.len()));
+    }
+    Ok(Some(Found {
+        method: head.method,
+        uri: head.uri,
+        version: head.version,
+        framing: head.framing,
+        spans,
+        consumed,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_leaves_its_body_and_the_next_request_in_the_buffer() {
+        let mut buf = BytesMut::from(
+            &b"POST /a?b HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nContent-Length: 2\r\nX-A: v\r\n\r\nhiGET / HTTP/1.1\r\n"[..],
+        );
+        let head = take(&mut buf, &Limits::default())
+            .expect("valid")
+            .expect("whole");
+        assert_eq!(&buf[..], b"hiGET / HTTP/1.1\r\n");
+        assert_eq!(head.parts.uri, "/a?b");
+        assert_eq!(
+            head.parts.headers.get_all("content-length").iter().count(),
+            1
+        );
+        assert_eq!(head.parts.headers["x-a"], "v");
+        assert_eq!(head.framing.body, meshless_h1::Body::Length(2));
+        assert!(head.raw.ends_with(b"\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_partial_head_is_left_alone_and_a_bad_one_refused() {
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nHost:"[..]);
+        assert!(matches!(take(&mut buf, &Limits::default()), Ok(None)));
+        assert_eq!(buf.len(), 21);
+        let mut bad = BytesMut::from(&b"GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n"[..]);
+        assert!(take(&mut bad, &Limits::default()).is_err());
+    }
+}

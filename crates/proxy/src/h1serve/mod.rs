@@ -1,0 +1,502 @@
+//! Downstream HTTP/1.1 served by a connection state machine of our own on
+//! meshless-h1 (`listeners[].http1: meshless`), instead of hyper's:
+//!
+//! ```text
+//! wait for a head -> parse (buffer borrowed) -> request::handle polled
+//!   here, body fed on demand -> response written -> next head or close
+//! ```
+//!
+//! Invariants:
+//! - An idle keep-alive connection holds no buffer: a read buffer is
+//!   borrowed from the worker's pool ([`pool`]) only for a read that
+//!   returns bytes, and given back whenever none are pending.
+//! - The request's future is polled by this task; a client that closes
+//!   (mid-head, mid-body, while the upstream answers, mid-response) ends
+//!   the exchange and drops the future, so every guard in it runs.
+//! - Framing is meshless-h1's (hyper's decisions, proven by its
+//!   differential test); a refused head is answered as hyper answers it
+//!   (its status, `connection: close`) and the connection closed.
+//! - Anything rare stays on hyper: a request with `Upgrade` or `CONNECT`
+//!   hands the connection over to hyper's HTTP/1 server for the rest of
+//!   its life, the bytes already read replayed first ([`Prefixed`]).
+
+mod head;
+pub mod pool;
+mod prefixed;
+mod write;
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::BytesMut;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use crate::request::h1_body::RequestBody;
+pub use prefixed::Prefixed;
+
+use crate::drain::Drain;
+use crate::limits::ListenerSettings;
+use crate::request::body::ProxyBody;
+use crate::request::downstream::Source;
+use crate::request::h1_body::{Feeder, Need};
+use crate::request::{Downstream, Peer};
+use head::Head;
+use pool::Lent;
+use write::{Answering, Writer};
+
+pub use crate::limits::Http1Server;
+
+/// How a connection waits for bytes without holding a buffer: a plain
+/// socket asks for its readiness; a TLS stream (which may already hold
+/// decrypted bytes) is read at once, the buffer given back if it had none.
+pub trait WaitRead {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
+}
+
+impl WaitRead for tokio::net::TcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        tokio::net::TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+impl<I> WaitRead for tokio_rustls::server::TlsStream<I> {
+    fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Most bytes of a request body left unread after its response that are
+/// read and discarded to keep the connection; a longer rest closes it.
+const DRAIN_MAX: u64 = 64 * 1024;
+
+/// A request handler's future, boxed once per request (as hyper's path
+/// does: at hundreds of connections, a slot in every connection would be
+/// cold memory).
+type Handling = Pin<
+    Box<dyn Future<Output = Result<http::Response<ProxyBody>, std::convert::Infallible>> + Send>,
+>;
+
+/// One downstream HTTP/1 connection.
+struct Conn<I> {
+    io: I,
+    /// Bytes read and not yet used; `None` whenever there are none.
+    buf: Option<Lent>,
+    gauge: Gauge,
+    draining: watch::Receiver<Drain>,
+    drain: Drain,
+    /// The listener drains: the next response closes the connection.
+    close_after: bool,
+}
+
+/// What waiting for a head gave. Not boxed: it is moved once per
+/// request, and a box would be an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(Head),
+    /// A refused head, answered with this status and closed.
+    Refused(http::StatusCode),
+    /// The client closed, the head timed out, or the listener drained.
+    Closed,
+}
+
+/// Serves HTTP/1.1 on `io` until the connection closes or its listener
+/// drains.
+pub async fn serve<I>(
+    downstream: Arc<Downstream>,
+    io: I,
+    peer: Peer,
+    draining: watch::Receiver<Drain>,
+) where
+    I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
+{
+    let gauge = downstream.state.metrics.http1_buffers(&downstream.name);
+    let drain = *draining.borrow();
+    let mut conn = Conn {
+        io,
+        buf: None,
+        gauge,
+        draining,
+        drain,
+        close_after: drain != Drain::Serving,
+    };
+    loop {
+        let settings = downstream.settings();
+        match conn.next_head(&settings).await {
+            Next::Head(head) if head.framing.upgrade => {
+                Box::pin(conn.hand_over(downstream, peer, head)).await;
+                return;
+            }
+            Next::Head(head) => {
+                if !conn.exchange(&downstream, &peer, head, &settings).await {
+                    break;
+                }
+            }
+            Next::Refused(status) => {
+                let _ = conn.io.write_all(&write::refusal(status)).await;
+                break;
+            }
+            Next::Closed => break,
+        }
+    }
+    drop(conn.buf.take());
+    let bound = downstream.settings().timeouts.request_headers;
+    let _ = tokio::time::timeout(bound, conn.io.shutdown()).await;
+}
+
+/// The codec's limits from the listener's.
+fn limits(settings: &ListenerSettings) -> meshless_h1::Limits {
+    let l = &settings.limits;
+    meshless_h1::Limits {
+        max_header_bytes: l.max_header_bytes as usize,
+        max_headers: l.max_headers as usize,
+        max_uri_bytes: l.max_uri_bytes as usize,
+    }
+}
+
+/// Reads into `buf`, borrowing one once `io` is ready and giving it back
+/// if the read found nothing: `Ready(Ok(0))` is the end of the stream.
+fn poll_fill<I: AsyncRead + WaitRead + Unpin>(
+    io: &mut I,
+    buf: &mut Option<Lent>,
+    gauge: &Gauge,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    if buf.is_none() {
+        ready!(io.poll_read_ready(cx))?;
+    }
+    let b = buf.get_or_insert_with(|| Lent::borrow(gauge));
+    if b.capacity() - b.len() < 1024 {
+        b.reserve(pool::BUF_SIZE);
+    }
+    let polled = tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut **b);
+    if b.is_empty() && !matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+        *buf = None;
+    }
+    polled
+}
+
+/// Waits for the listener to ask more of its connections than `now`:
+/// `Now` once the drain ends (or the listener is gone).
+async fn drained(rx: &mut watch::Receiver<Drain>, now: Drain) -> Drain {
+    match now {
+        Drain::Serving => rx
+            .wait_for(|d| *d != Drain::Serving)
+            .await
+            .map_or(Drain::Now, |d| *d),
+        Drain::OnNextResponse => {
+            let _ = rx.wait_for(|d| *d == Drain::Now).await;
+            Drain::Now
+        }
+        Drain::Now => std::future::pending().await,
+    }
+}
+
+impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
+    /// Whether the listener asks this connection to close after its
+    /// response (a drain of either kind started; the listener gone).
+    fn draining_now(&mut self) -> bool {
+        if !self.close_after && self.draining.has_changed().unwrap_or(true) {
+            let d = *self.draining.borrow_and_update();
+            if d != Drain::Serving || self.draining.has_changed().is_err() {
+                self.drain = if d == Drain::Serving { Drain::Now } else { d };
+                self.close_after = true;
+            }
+        }
+        self.close_after
+    }
+
+    fn pending_bytes(&self) -> bool {
+        self.buf.as_ref().is_some_and(|b| !b.is_empty())
+    }
+
+    /// Reads until a whole head is buffered, within
+    /// `timeouts.request_headers` of starting to wait (so an idle
+    /// keep-alive connection closes after it too, as with hyper).
+    async fn next_head(&mut self, settings: &ListenerSettings) -> Next {
+        let deadline = Instant::now() + settings.timeouts.request_headers;
+        let limits = limits(settings);
+        loop {
+            if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {
+                match head::take(buf, &limits) {
+                    Ok(Some(h)) => return Next::Head(h),
+                    Ok(None) => {}
+                    Err(e) => return Next::Refused(e.status()),
+                }
+            }
+            let read = poll_fn(|cx| poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx));
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, read) => match r {
+                    Ok(Ok(n)) if n > 0 => {}
+                    // Timed out, failed, or closed (mid-head or not).
+                    _ => return Next::Closed,
+                },
+                d = drained(&mut self.draining, self.drain) => {
+                    self.drain = d;
+                    self.close_after = true;
+                    if d == Drain::Now && !self.pending_bytes() {
+                        return Next::Closed;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves one request: its future polled here, its body fed as it is
+    /// wanted, its response written. Returns whether the connection can
+    /// carry another request.
+    async fn exchange(
+        &mut self,
+        downstream: &Arc<Downstream>,
+        peer: &Peer,
+        head: Head,
+        settings: &ListenerSettings,
+    ) -> bool {
+        let Head { parts, framing, .. } = head;
+        let (feeder, body) = if framing.body == meshless_h1::Body::Empty {
+            (None, RequestBody::empty())
+        } else {
+            let (f, b) = Feeder::new(&framing, limits(settings).slots());
+            (Some(f), b)
+        };
+        let answering = Answering {
+            method: parts.method.clone(),
+            version: parts.version,
+            keep_alive: framing.keep_alive,
+        };
+        let req = http::Request::from_parts(parts, Source::H1(body));
+        let fut: Handling = Box::pin(crate::request::handle(
+            Arc::clone(downstream),
+            peer.clone(),
+            req,
+        ));
+        let mut ex = Exchange {
+            fut: Some(fut),
+            writer: None,
+            feeder,
+            answering,
+            out: Some(Lent::borrow(&self.gauge)),
+            continue_out: &[],
+            read_closed: false,
+            broken: false,
+            written: false,
+            max_buffered: limits(settings).max_head_bytes(),
+        };
+        // A drain that starts meanwhile is seen when the response head is
+        // made and when it ends (`draining_now`): no waiter per request.
+        let keep = poll_fn(|cx| self.poll_exchange(&mut ex, cx)).await;
+        if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
+            *out = w.into_buffer();
+        }
+        if !self.pending_bytes() {
+            drop(self.buf.take());
+        }
+        keep
+    }
+
+    /// Drives one exchange; `Ready(keep_alive)` when it is over.
+    fn poll_exchange(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<bool> {
+        loop {
+            let mut progress = false;
+            match self.poll_continue(ex, cx) {
+                Poll::Ready(Err(())) => return Poll::Ready(false),
+                Poll::Ready(Ok(())) | Poll::Pending => {}
+            }
+            match self.poll_feed(ex, cx) {
+                Poll::Ready(()) => progress = true,
+                Poll::Pending => {}
+            }
+            if let Some(fut) = ex.fut.as_mut()
+                && let Poll::Ready(Ok(resp)) = fut.as_mut().poll(cx)
+            {
+                ex.fut = None;
+                let out = ex
+                    .out
+                    .as_mut()
+                    .map(|o| std::mem::take(&mut **o))
+                    .unwrap_or_default();
+                let close = self.draining_now();
+                match Writer::new(resp, &ex.answering, close, out) {
+                    Ok(w) => ex.writer = Some(w),
+                    Err(_) => return Poll::Ready(false),
+                }
+                progress = true;
+            }
+            if let Some(w) = ex.writer.as_mut().filter(|_| !ex.written) {
+                match w.poll_write(&mut self.io, cx) {
+                    Poll::Ready(Ok(())) => {
+                        ex.written = true;
+                        progress = true;
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(false),
+                    Poll::Pending => {}
+                }
+            }
+            if ex.written {
+                match self.after_response(ex) {
+                    After::Done(keep) => return Poll::Ready(keep),
+                    After::Discard { started } => progress |= started,
+                }
+            } else if !ex.read_closed && ex.feeder.as_ref().is_none_or(Feeder::finished) {
+                // Waiting on the upstream: watch for the client leaving.
+                match self.poll_watch(ex, cx) {
+                    Poll::Ready(Ok(())) => progress = true,
+                    Poll::Ready(Err(())) => return Poll::Ready(false),
+                    Poll::Pending => {}
+                }
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Once the response is written: whether to keep the connection, or
+    /// to discard the rest of a body left unread first.
+    fn after_response(&mut self, ex: &mut Exchange) -> After {
+        let closing = ex.broken || ex.read_closed || ex.writer.as_ref().is_none_or(|w| w.close);
+        if closing || self.draining_now() {
+            return After::Done(false);
+        }
+        let Some(f) = ex.feeder.as_mut() else {
+            return After::Done(true);
+        };
+        if f.finished() {
+            return After::Done(true);
+        }
+        // The client was never told to send it (no `100 Continue`), or
+        // too much is left: close rather than read it.
+        if f.continue_due || f.discarded > DRAIN_MAX {
+            return After::Done(false);
+        }
+        let started = !f.discarding;
+        f.abandon();
+        After::Discard { started }
+    }
+
+    /// Writes `100 Continue` once the body is first wanted, before any
+    /// response. `Err` when the client is gone.
+    fn poll_continue(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        if let Some(f) = ex.feeder.as_mut()
+            && f.continue_due
+            && ex.writer.is_none()
+            && f.wanted()
+        {
+            f.continue_due = false;
+            ex.continue_out = b"HTTP/1.1 100 Continue\r\n\r\n";
+        }
+        while !ex.continue_out.is_empty() {
+            match Pin::new(&mut self.io).poll_write(cx, ex.continue_out) {
+                Poll::Ready(Ok(n)) if n > 0 => ex.continue_out = &ex.continue_out[n..],
+                Poll::Ready(_) => return Poll::Ready(Err(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if ex.writer.is_none() {
+            // Flushed before the body is read (TLS buffers writes).
+            let _ = Pin::new(&mut self.io).poll_flush(cx);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Feeds the request body from the buffer and the connection;
+    /// `Ready` when something was read or handed over.
+    fn poll_feed(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(f) = ex.feeder.as_mut() else {
+            return Poll::Pending;
+        };
+        if f.finished() || ex.read_closed {
+            return Poll::Pending;
+        }
+        let mut none = BytesMut::new();
+        let buf = self.buf.as_deref_mut().unwrap_or(&mut none);
+        match f.feed(buf, cx) {
+            Ok(Need::Nothing) | Ok(Need::Done) => Poll::Pending,
+            Err(_) => {
+                // Framing is lost: nothing more can be read.
+                ex.broken = true;
+                ex.read_closed = true;
+                Poll::Ready(())
+            }
+            Ok(Need::Bytes) => match poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx) {
+                Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(()),
+                Poll::Ready(Ok(_)) => {
+                    f.cut("the client closed the connection");
+                    ex.read_closed = true;
+                    Poll::Ready(())
+                }
+                Poll::Ready(Err(_)) => {
+                    f.cut("the connection failed");
+                    ex.read_closed = true;
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    /// While the response is awaited with the whole body read: reads what
+    /// comes next (a pipelined request, up to a head's worth) so that a
+    /// client that closes is seen. `Err` when it closed.
+    fn poll_watch(&mut self, ex: &Exchange, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        if self
+            .buf
+            .as_ref()
+            .is_some_and(|b| b.len() >= ex.max_buffered)
+        {
+            return Poll::Pending;
+        }
+        match poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx) {
+            Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(Ok(())),
+            Poll::Ready(_) => Poll::Ready(Err(())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Hands the connection to hyper's HTTP/1 server, `head` and what
+    /// follows it in the buffer replayed first.
+    async fn hand_over(mut self, downstream: Arc<Downstream>, peer: Peer, head: Head) {
+        let prefix = match self.buf.take() {
+            Some(rest) if !rest.is_empty() => {
+                let mut all = BytesMut::with_capacity(head.raw.len() + rest.len());
+                all.extend_from_slice(&head.raw);
+                all.extend_from_slice(&rest);
+                all.freeze()
+            }
+            _ => head.raw,
+        };
+        let io = Prefixed::new(prefix, self.io);
+        crate::hyper_h1::serve(downstream, io, peer, self.draining).await;
+    }
+}
+
+/// What follows a written response.
+enum After {
+    /// The exchange is over: keep the connection or not.
+    Done(bool),
+    /// The rest of the request body is being discarded (`started` now).
+    Discard { started: bool },
+}
+
+/// One request under way on a connection.
+struct Exchange {
+    fut: Option<Handling>,
+    writer: Option<Writer>,
+    feeder: Option<Feeder>,
+    answering: Answering,
+    /// The write buffer, lent until the exchange ends.
+    out: Option<Lent>,
+    continue_out: &'static [u8],
+    /// The client's side ended (closed, failed, or its framing broke).
+    read_closed: bool,
+    /// The request body's framing broke: the connection closes.
+    broken: bool,
+    /// The whole response has been written.
+    written: bool,
+    /// Most bytes buffered ahead while waiting on the upstream.
+    max_buffered: usize,
+}

@@ -1,0 +1,412 @@
+//! The response writer: the head by `meshless_h1::response::
+//! write_response_head`, the body by `Content-Length` when known,
+//! chunked when not (close-delimited to an HTTP/1.0 client), none to
+//! `HEAD` and for `1xx`/`204`/`304` — hyper's server rules. Small data
+//! frames are copied behind the head into one buffer; a large one is
+//! written from its own bytes (vectored) so it is not copied.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Method, StatusCode, Version};
+use http_body::Body;
+use tokio::io::AsyncWrite;
+
+use crate::request::body::ProxyBody;
+
+/// Data frames up to this size are copied into the write buffer.
+const COPY_MAX: usize = 16 * 1024;
+
+/// The write buffer is written out once it holds this much.
+const FLUSH_AT: usize = 64 * 1024;
+
+/// How the response body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    None,
+    Length(u64),
+    Chunked,
+    /// To the close (an HTTP/1.0 client, length unknown).
+    Close,
+}
+
+/// What the writer knows of the request it answers.
+#[derive(Debug, Clone)]
+pub struct Answering {
+    pub method: Method,
+    pub version: Version,
+    /// The connection may carry another request after this one.
+    pub keep_alive: bool,
+}
+
+/// A response being written.
+pub struct Writer {
+    out: BytesMut,
+    big: Option<Bytes>,
+    body: Option<ProxyBody>,
+    encoding: Encoding,
+    /// Body bytes still allowed by `Content-Length`.
+    left: u64,
+    /// Whether the connection closes after this response.
+    pub close: bool,
+    done: bool,
+}
+
+/// Why a response could not be written whole.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("writing the response: {0}")]
+    Io(#[from] io::Error),
+    #[error("response body: {0}")]
+    Body(crate::request::body::BodyError),
+    #[error("response body longer or shorter than its content-length")]
+    Length,
+    #[error(transparent)]
+    Head(#[from] meshless_h1::response::Unwritable),
+}
+
+impl Writer {
+    /// Encodes the head of `resp` into `out` (empty); the connection closes
+    /// after it when `close` (or when the request or response says so).
+    pub fn new(
+        resp: http::Response<ProxyBody>,
+        req: &Answering,
+        close: bool,
+        mut out: BytesMut,
+    ) -> Result<Self, WriteError> {
+        let (mut parts, body) = resp.into_parts();
+        let status = parts.status;
+        let h = &mut parts.headers;
+        let bodiless = req.method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let said_close = h
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_token(v, "close"));
+        let mut close = close || said_close || !req.keep_alive;
+        let length = h
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        let chunked_header = h.contains_key(header::TRANSFER_ENCODING);
+        let encoding = if bodiless {
+            Encoding::None
+        } else if chunked_header && req.version == Version::HTTP_11 {
+            h.remove(header::CONTENT_LENGTH);
+            Encoding::Chunked
+        } else if let Some(n) = length {
+            Encoding::Length(n)
+        } else if let Some(n) = body.size_hint().exact() {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            Encoding::Length(n)
+        } else if req.version == Version::HTTP_11 {
+            h.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+            Encoding::Chunked
+        } else {
+            close = true;
+            Encoding::Close
+        };
+        if encoding == Encoding::Close {
+            h.remove(header::TRANSFER_ENCODING);
+        }
+        if close {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        } else if req.version == Version::HTTP_10 {
+            h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        }
+        if !h.contains_key(header::DATE) {
+            h.insert(header::DATE, date());
+        }
+        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        meshless_h1::response::write_response_head(&mut out, Version::HTTP_11, status, "", fields)?;
+        let left = match encoding {
+            Encoding::Length(n) => n,
+            _ => 0,
+        };
+        Ok(Self {
+            out,
+            big: None,
+            body: (encoding != Encoding::None).then_some(body),
+            encoding,
+            left,
+            close,
+            done: encoding == Encoding::None,
+        })
+    }
+
+    /// Writes the response on: `Ready(Ok)` once all of it is written and
+    /// flushed. The body's record completes when its last frame is read.
+    pub fn poll_write<I: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut I,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), WriteError>> {
+        loop {
+            ready!(self.poll_drain(io, cx, false))?;
+            if self.done {
+                ready!(Pin::new(&mut *io).poll_flush(cx))?;
+                return Poll::Ready(Ok(()));
+            }
+            let Some(body) = self.body.as_mut() else {
+                self.done = true;
+                continue;
+            };
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Pending => {
+                    ready!(self.poll_drain(io, cx, true))?;
+                    ready!(Pin::new(&mut *io).poll_flush(cx))?;
+                    return Poll::Pending;
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.data(data)?;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.close = true;
+                    return Poll::Ready(Err(WriteError::Body(e)));
+                }
+                Poll::Ready(None) => {
+                    self.body = None;
+                    self.end()?;
+                }
+            }
+        }
+    }
+
+    /// Whether nothing is left to write but the body's frames.
+    fn idle_output(&self) -> bool {
+        self.out.is_empty() && self.big.is_none()
+    }
+
+    fn data(&mut self, data: Bytes) -> Result<(), WriteError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match self.encoding {
+            Encoding::None => return Ok(()),
+            Encoding::Length(_) => {
+                let n = data.len() as u64;
+                if n > self.left {
+                    self.close = true;
+                    return Err(WriteError::Length);
+                }
+                self.left -= n;
+            }
+            Encoding::Chunked => {
+                let _ = std::fmt::Write::write_fmt(
+                    &mut HexOut(&mut self.out),
+                    format_args!("{:X}\r\n", data.len()),
+                );
+            }
+            Encoding::Close => {}
+        }
+        if data.len() <= COPY_MAX {
+            self.out.put_slice(&data);
+        } else {
+            self.big = Some(data);
+        }
+        if self.encoding == Encoding::Chunked {
+            if self.big.is_some() {
+                // The chunk's CRLF goes after the big frame: see poll_drain.
+            } else {
+                self.out.put_slice(b"\r\n");
+            }
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> Result<(), WriteError> {
+        self.done = true;
+        match self.encoding {
+            Encoding::Chunked => self.out.put_slice(b"0\r\n\r\n"),
+            Encoding::Length(_) if self.left > 0 => {
+                self.close = true;
+                return Err(WriteError::Length);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Writes out what is buffered (and the big frame after it): when
+    /// `force`d, or a big frame waits, or the buffer is full, or the body
+    /// has ended.
+    fn poll_drain<I: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut I,
+        cx: &mut Context<'_>,
+        force: bool,
+    ) -> Poll<io::Result<()>> {
+        let must = force || self.big.is_some() || self.out.len() >= FLUSH_AT || self.done;
+        if !must && self.body.is_some() {
+            return Poll::Ready(Ok(()));
+        }
+        while !self.idle_output() {
+            let n = {
+                let big = self.big.as_deref().unwrap_or_default();
+                let slices = [io::IoSlice::new(&self.out), io::IoSlice::new(big)];
+                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            let from_out = n.min(self.out.len());
+            self.out.advance(from_out);
+            if let Some(big) = self.big.as_mut() {
+                big.advance(n - from_out);
+                if big.is_empty() {
+                    self.big = None;
+                    if self.encoding == Encoding::Chunked {
+                        self.out.put_slice(b"\r\n");
+                    }
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// The write buffer, for the next response (empty).
+    pub fn into_buffer(mut self) -> BytesMut {
+        self.out.clear();
+        std::mem::take(&mut self.out)
+    }
+}
+
+/// Writes formatted text into a `BytesMut`.
+struct HexOut<'a>(&'a mut BytesMut);
+
+impl std::fmt::Write for HexOut<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.put_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Whether a comma list holds `token` (case-insensitive).
+pub fn has_token(v: &HeaderValue, token: &str) -> bool {
+    v.to_str()
+        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+/// The `Date` header value now, formatted once per second per thread.
+fn date() -> HeaderValue {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((0, None)) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        match &c.1 {
+            Some(v) if c.0 == secs => v.clone(),
+            _ => {
+                let v = HeaderValue::from_str(&httpdate::fmt_http_date(now))
+                    .unwrap_or_else(|_| HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"));
+                *c = (secs, Some(v.clone()));
+                v
+            }
+        }
+    })
+}
+
+/// A complete response the connection makes itself: `status`, no body,
+/// `connection: close` (a refused head).
+pub fn refusal(status: StatusCode) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    let date = date();
+    let fields: [(&[u8], &[u8]); 3] = [
+        (b"content-length", b"0"),
+        (b"connection", b"close"),
+        (b"date", date.as_bytes()),
+    ];
+    // Fixed fields and a canonical reason: never unwritable.
+    let _ =
+        meshless_h1::response::write_response_head(&mut out, Version::HTTP_11, status, "", fields);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answering(method: Method, version: Version) -> Answering {
+        Answering {
+            method,
+            version,
+            keep_alive: version == Version::HTTP_11,
+        }
+    }
+
+    async fn written(resp: http::Response<ProxyBody>, req: &Answering) -> (String, bool) {
+        let mut w = Writer::new(resp, req, false, BytesMut::new()).expect("head");
+        let mut sink = Vec::new();
+        std::future::poll_fn(|cx| w.poll_write(&mut sink, cx))
+            .await
+            .expect("written");
+        (String::from_utf8_lossy(&sink).into_owned(), w.close)
+    }
+
+    #[tokio::test]
+    async fn a_known_length_is_sent_as_content_length() {
+        let resp = http::Response::new(ProxyBody::full("hello", None));
+        let (out, close) = written(resp, &answering(Method::GET, Version::HTTP_11)).await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(out.contains("content-length: 5\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\nhello"), "{out}");
+        assert!(!close);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_length_is_chunked_or_closes_for_http10() {
+        let stream = |chunks: Vec<&'static [u8]>| {
+            use http_body_util::BodyExt;
+            let frames = chunks.into_iter().map(|c| {
+                Ok::<_, crate::request::body::BodyError>(http_body::Frame::data(
+                    Bytes::from_static(c),
+                ))
+            });
+            ProxyBody::new(
+                http_body_util::StreamBody::new(tokio_stream::iter(frames)).boxed(),
+                None,
+            )
+        };
+        let resp = http::Response::new(stream(vec![b"ab", b"cde"]));
+        let (out, _) = written(resp, &answering(Method::GET, Version::HTTP_11)).await;
+        assert!(out.contains("transfer-encoding: chunked\r\n"), "{out}");
+        assert!(
+            out.ends_with("\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"),
+            "{out}"
+        );
+        let resp = http::Response::new(stream(vec![b"ab"]));
+        let (out, close) = written(resp, &answering(Method::GET, Version::HTTP_10)).await;
+        assert!(
+            out.contains("connection: close\r\n") && out.ends_with("\r\n\r\nab"),
+            "{out}"
+        );
+        assert!(close);
+    }
+
+    #[tokio::test]
+    async fn head_and_204_have_no_body() {
+        let resp = http::Response::new(ProxyBody::full("hello", None));
+        let (out, _) = written(resp, &answering(Method::HEAD, Version::HTTP_11)).await;
+        assert!(out.ends_with("\r\n\r\n"), "{out}");
+        let mut resp = http::Response::new(ProxyBody::full("", None));
+        *resp.status_mut() = StatusCode::NO_CONTENT;
+        let (out, _) = written(resp, &answering(Method::GET, Version::HTTP_11)).await;
+        assert!(
+            out.starts_with("HTTP/1.1 204") && out.ends_with("\r\n\r\n"),
+            "{out}"
+        );
+    }
+}

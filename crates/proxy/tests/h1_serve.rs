@@ -1,0 +1,464 @@
+//! The meshless HTTP/1 server (`listeners[].http1: meshless`) through
+//! real sockets: keep-alive, pipelining, `Connection: close`, HTTP/1.0,
+//! request bodies by length, chunked and after `100 Continue`, clients
+//! that vanish at each step (every gauge back to 0, the request counted as
+//! `client_abort`), and idle connections that hold no buffer.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BUFFERS: &str = "meshless_proxy_http1_buffers_lent{listener=\"web\"}";
+const CONNECTIONS: &str = "meshless_proxy_downstream_connections{listener=\"web\"}";
+
+/// A proxy whose listener `web` is served by meshless's HTTP/1 server.
+async fn h1_proxy(bs: &[meshless_backend::Backend]) -> (meshless_proxy::Proxy, SocketAddr) {
+    let yaml = config(bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    proxy(&yaml).await
+}
+
+/// One response read off `s`: status, headers (lower-case names), body.
+/// `rest` carries bytes read past it to the next call.
+struct Reader {
+    rest: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Reader {
+    fn new() -> Self {
+        Self { rest: Vec::new() }
+    }
+
+    /// Reads until `done` says how many bytes of `rest` it needs; `None`
+    /// when the connection closed first.
+    async fn fill(&mut self, s: &mut TcpStream) -> Option<()> {
+        let mut buf = [0u8; 8192];
+        let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .expect("no answer within the deadline")
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        self.rest.extend_from_slice(&buf[..n]);
+        Some(())
+    }
+
+    async fn response(&mut self, s: &mut TcpStream, head_request: bool) -> Option<Resp> {
+        let (status, headers, used) = loop {
+            let mut fields = [httparse::EMPTY_HEADER; 64];
+            let mut r = httparse::Response::new(&mut fields);
+            if let httparse::Status::Complete(n) = r.parse(&self.rest).unwrap() {
+                let headers = r
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(h.value).into_owned(),
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                break (r.code.unwrap(), headers, n);
+            }
+            self.fill(s).await?;
+        };
+        self.rest.drain(..used);
+        let mut resp = Resp {
+            status,
+            headers,
+            body: Vec::new(),
+        };
+        if status == 100 || head_request || status == 204 || status == 304 {
+            return Some(resp);
+        }
+        if let Some(n) = resp.header("content-length") {
+            let n: usize = n.parse().unwrap();
+            while self.rest.len() < n {
+                self.fill(s).await?;
+            }
+            resp.body = self.rest.drain(..n).collect();
+        } else if resp.header("transfer-encoding") == Some("chunked") {
+            loop {
+                let line_end = loop {
+                    if let Some(i) = self.rest.windows(2).position(|w| w == b"\r\n") {
+                        break i;
+                    }
+                    self.fill(s).await?;
+                };
+                let size =
+                    usize::from_str_radix(std::str::from_utf8(&self.rest[..line_end]).unwrap(), 16)
+                        .unwrap();
+                while self.rest.len() < line_end + 2 + size + 2 {
+                    self.fill(s).await?;
+                }
+                resp.body
+                    .extend_from_slice(&self.rest[line_end + 2..line_end + 2 + size]);
+                self.rest.drain(..line_end + 2 + size + 2);
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            while self.fill(s).await.is_some() {}
+            resp.body = std::mem::take(&mut self.rest);
+        }
+        Some(resp)
+    }
+}
+
+/// Whether the server closes `s` (reads until EOF; bytes are ignored).
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(DEADLINE, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Polls until `series` reads `want` on the proxy's `/metrics`.
+async fn metric_is(p: &meshless_proxy::Proxy, series: &str, want: f64) {
+    eventually(&format!("{series} == {want}"), || async {
+        proxy_metric(p, series).await == want
+    })
+    .await;
+}
+
+/// Polls until no endpoint counts a request in flight.
+async fn nothing_in_flight(p: &meshless_proxy::Proxy) {
+    eventually("no request in flight", || async {
+        metric_sum(
+            &admin(p, "/metrics").await.1,
+            "meshless_proxy_endpoint_in_flight{",
+        ) == 0.0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_requests_share_a_connection_that_idles_with_no_buffer() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut r = Reader::new();
+    for i in 0..3 {
+        s.write_all(format!("GET /{i} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let resp = r.response(&mut s, false).await.expect("a response");
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.header("x-backend"), Some("b0"));
+        assert_eq!(resp.body, b"b0\n");
+        assert!(resp.header("date").is_some());
+    }
+    assert_eq!(bs[0].requests(), 3);
+    // Open and idle: no buffer lent (the gauge falls as the connection
+    // gives its buffers back, which it does before waiting again).
+    metric_is(&p, CONNECTIONS, 1.0).await;
+    metric_is(&p, BUFFERS, 0.0).await;
+    // Many idle connections, each after one request: still none.
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            Reader::new().response(&mut c, false).await.unwrap().status,
+            200
+        );
+        idle.push(c);
+    }
+    metric_is(&p, CONNECTIONS, 21.0).await;
+    metric_is(&p, BUFFERS, 0.0).await;
+    // A request under way holds its buffer (the series is real): one
+    // for the response it awaits, given back when it ends.
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    busy.write_all(b"GET /?delay_ms=60000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    metric_is(&p, BUFFERS, 1.0).await;
+    drop(busy);
+    metric_is(&p, BUFFERS, 0.0).await;
+    drop(idle);
+    drop(s);
+    metric_is(&p, CONNECTIONS, 0.0).await;
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    // The first is slow: the second and third wait in the buffer.
+    s.write_all(
+        b"GET /status/201?delay_ms=50 HTTP/1.1\r\nHost: t\r\n\r\nPOST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhelloHEAD /status/202 HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut r = Reader::new();
+    assert_eq!(r.response(&mut s, false).await.unwrap().status, 201);
+    let echo = r.response(&mut s, false).await.unwrap();
+    assert_eq!((echo.status, &echo.body[..]), (200, &b"hello"[..]));
+    assert_eq!(r.response(&mut s, true).await.unwrap().status, 202);
+    // Still open for more.
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(r.response(&mut s, false).await.unwrap().status, 200);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_close_and_http10_close_after_the_response() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    for req in [
+        &b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"[..],
+        b"GET / HTTP/1.0\r\n\r\n",
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.body, b"b0\n");
+        assert_eq!(resp.header("connection"), Some("close"));
+        assert!(closed(&mut s).await, "closed after {req:?}");
+    }
+    // HTTP/1.0 asking for keep-alive keeps its connection.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut r = Reader::new();
+    for _ in 0..2 {
+        s.write_all(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .await
+            .unwrap();
+        let resp = r.response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.header("connection"), Some("keep-alive"));
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_by_length_chunked_and_after_100_continue() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut r = Reader::new();
+    // Content-Length, in two writes.
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\nhello")
+        .await
+        .unwrap();
+    s.write_all(b" world").await.unwrap();
+    let resp = r.response(&mut s, false).await.unwrap();
+    assert_eq!(resp.body, b"hello world");
+    // Chunked, with an extension and a trailer.
+    s.write_all(
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nx-t: 1\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let resp = r.response(&mut s, false).await.unwrap();
+    assert_eq!(resp.body, b"hello world");
+    // 100-continue: the interim answer comes before the body is sent.
+    s.write_all(
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let interim = r.response(&mut s, false).await.unwrap();
+    assert_eq!(interim.status, 100);
+    s.write_all(b"ping").await.unwrap();
+    let resp = r.response(&mut s, false).await.unwrap();
+    assert_eq!((resp.status, &resp.body[..]), (200, &b"ping"[..]));
+    // A large body, streamed both ways.
+    let big = vec![b'x'; 1 << 20];
+    let mut head = format!(
+        "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+        big.len()
+    )
+    .into_bytes();
+    head.extend_from_slice(&big);
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&head).await.unwrap();
+        wr
+    });
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let mut all = std::mem::take(&mut r.rest);
+    while !all.windows(4).any(|w| w == b"\r\n\r\n") || got.len() < big.len() {
+        let n = tokio::time::timeout(DEADLINE, rd.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed mid-response");
+        all.extend_from_slice(&buf[..n]);
+        if let Some(i) = all.windows(4).position(|w| w == b"\r\n\r\n") {
+            got = all[i + 4..].to_vec();
+        }
+    }
+    writer.await.unwrap();
+    assert!(got.len() >= big.len());
+    p.shutdown().await;
+}
+
+/// Writes `raw` on a new connection, then closes it at once.
+async fn vanish_after(addr: SocketAddr, raw: &[u8]) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_vanishes_at_any_step_leaves_every_gauge_at_zero() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    // Mid-head.
+    vanish_after(addr, b"GET / HTTP/1.1\r\nHost:").await;
+    // Mid-body.
+    vanish_after(
+        addr,
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nonly ten..",
+    )
+    .await;
+    // Mid-chunked-body.
+    vanish_after(
+        addr,
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+    )
+    .await;
+    // While the upstream answers: the request is dropped, not finished.
+    vanish_after(addr, b"GET /?delay_ms=60000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    // Mid-response: a 4 MiB answer never read.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let n = 4 << 20;
+    let mut req =
+        format!("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {n}\r\n\r\n").into_bytes();
+    req.extend(std::iter::repeat_n(b'y', n));
+    let _ = tokio::time::timeout(Duration::from_millis(500), s.write_all(&req)).await;
+    drop(s);
+    metric_is(&p, CONNECTIONS, 0.0).await;
+    metric_is(&p, BUFFERS, 0.0).await;
+    nothing_in_flight(&p).await;
+    let page = admin(&p, "/metrics").await.1;
+    assert!(page.contains("class=\"client_abort\""), "{page}");
+    // The endpoint is not blamed and serves on.
+    assert_eq!(get(&client(), addr, "/", &[]).await.0, http::StatusCode::OK);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_head_is_answered_and_closed() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    for (raw, status) in [
+        (&b"GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n"[..], 400),
+        (
+            b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            400,
+        ),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(raw).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, status, "{raw:?}");
+        assert_eq!(resp.header("connection"), Some("close"));
+        assert!(closed(&mut s).await);
+    }
+    assert_eq!(bs[0].requests(), 0);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_left_unread_is_discarded_up_to_a_bound_then_the_connection_closes() {
+    let bs = backends(1).await;
+    // Only `/api` is routed: anything else is answered 404 by the proxy,
+    // which never reads the request's body.
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    http1: meshless\n    routes:\n      - match: { path_prefix: /api }\n        cluster: c\n",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut r = Reader::new();
+    let body = vec![b'z'; 1000];
+    let mut req = b"POST /other HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n".to_vec();
+    req.extend_from_slice(&body);
+    req.extend_from_slice(b"GET /api HTTP/1.1\r\nHost: t\r\n\r\n");
+    s.write_all(&req).await.unwrap();
+    let first = r.response(&mut s, false).await.unwrap();
+    assert_eq!(first.status, 404);
+    assert_eq!(first.header("connection"), None);
+    // The unread body was skipped, not taken for the next request.
+    let second = r.response(&mut s, false).await.unwrap();
+    assert_eq!((second.status, &second.body[..]), (200, &b"b0\n"[..]));
+    // Chunked too.
+    s.write_all(b"POST /other HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /api HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(r.response(&mut s, false).await.unwrap().status, 404);
+    assert_eq!(r.response(&mut s, false).await.unwrap().status, 200);
+    // Over the bound: the connection closes after the answer.
+    let n = 1 << 20;
+    let mut big =
+        format!("POST /other HTTP/1.1\r\nHost: t\r\nContent-Length: {n}\r\n\r\n").into_bytes();
+    big.extend(std::iter::repeat_n(b'z', n));
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&big).await;
+        wr
+    });
+    let mut all = std::mem::take(&mut r.rest);
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(DEADLINE, rd.read(&mut buf))
+            .await
+            .expect("the proxy closes the connection")
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        all.starts_with(b"HTTP/1.1 404"),
+        "{:?}",
+        String::from_utf8_lossy(&all)
+    );
+    writer.abort();
+    metric_is(&p, BUFFERS, 0.0).await;
+    p.shutdown().await;
+}
