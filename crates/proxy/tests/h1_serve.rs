@@ -462,3 +462,28 @@ async fn a_body_left_unread_is_discarded_up_to_a_bound_then_the_connection_close
     metric_is(&p, BUFFERS, 0.0).await;
     p.shutdown().await;
 }
+
+/// A request answered without reading its body, whose client then sends
+/// nothing more: the proxy waits for the rest only up to
+/// `timeouts.request_headers`, then closes (a silent client cannot hold
+/// the connection, its buffer and a connection slot forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_with_an_unread_body_is_closed() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    http1: meshless\n    timeouts: { request_headers: 1s }\n    routes:\n      - match: { path_prefix: /api }\n        cluster: c\n",
+    );
+    assert!(yaml.contains("request_headers: 1s"));
+    let (p, addr) = proxy(&yaml).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /other HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\nonly this")
+        .await
+        .unwrap();
+    let resp = Reader::new().response(&mut s, false).await.unwrap();
+    assert_eq!(resp.status, 404);
+    assert!(closed(&mut s).await, "the silent client was not closed");
+    metric_is(&p, BUFFERS, 0.0).await;
+    metric_is(&p, CONNECTIONS, 0.0).await;
+    p.shutdown().await;
+}

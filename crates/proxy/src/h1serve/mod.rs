@@ -285,6 +285,8 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             broken: false,
             written: false,
             max_buffered: limits(settings).max_head_bytes(),
+            discard_for: settings.timeouts.request_headers,
+            discard_until: None,
         };
         // A drain that starts meanwhile is seen when the response head is
         // made and when it ends (`draining_now`): no waiter per request.
@@ -339,7 +341,18 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             if ex.written {
                 match self.after_response(ex) {
                     After::Done(keep) => return Poll::Ready(keep),
-                    After::Discard { started } => progress |= started,
+                    After::Discard { started } => {
+                        if started {
+                            let until = tokio::time::sleep(ex.discard_for);
+                            ex.discard_until = Some(Box::pin(until));
+                        }
+                        progress |= started;
+                    }
+                }
+                if let Some(until) = ex.discard_until.as_mut()
+                    && until.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(false);
                 }
             } else if !ex.read_closed && ex.feeder.as_ref().is_none_or(Feeder::finished) {
                 // Waiting on the upstream: watch for the client leaving.
@@ -359,7 +372,12 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
     /// to discard the rest of a body left unread first.
     fn after_response(&mut self, ex: &mut Exchange) -> After {
         let closing = ex.broken || ex.read_closed || ex.writer.as_ref().is_none_or(|w| w.close);
-        if closing || self.draining_now() {
+        // A drain that began after this response's head was made: `Now`
+        // closes at once (as hyper's graceful shutdown does); on
+        // `OnNextResponse` the connection stays, as the head promised, and
+        // the next response says `connection: close`.
+        self.draining_now();
+        if closing || self.drain == Drain::Now {
             return After::Done(false);
         }
         let Some(f) = ex.feeder.as_mut() else {
@@ -499,4 +517,10 @@ struct Exchange {
     written: bool,
     /// Most bytes buffered ahead while waiting on the upstream.
     max_buffered: usize,
+    /// How long the rest of an unread body may take to arrive once the
+    /// response is out (`timeouts.request_headers`): a client that stops
+    /// sending is closed, not waited for.
+    discard_for: std::time::Duration,
+    /// Armed when discarding starts.
+    discard_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }

@@ -133,6 +133,26 @@ impl Drop for RequestBody {
     }
 }
 
+impl Drop for Feeder {
+    /// The exchange ended (the client left, a write failed, the connection
+    /// closes) with the body not all read: an upstream side still reading
+    /// it is told the body was cut, never left waiting.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut s = lock(&self.shared);
+        if s.done && s.frame.is_none() {
+            return;
+        }
+        if !s.dropped {
+            s.frame = Some(Err(BodyFault::CutShort("the connection ended first")));
+        }
+        s.done = true;
+        wake(&mut s.body);
+    }
+}
+
 /// How the rest of the body is delimited.
 #[derive(Debug)]
 enum Framing {
@@ -394,6 +414,42 @@ mod tests {
         }
         let bad = round_trip(meshless_h1::Body::Chunked, b"5\r\nhello\r\nZZ\r\n", 3);
         assert!(bad.is_err());
+    }
+
+    /// The connection side dropped with the body half read (the client
+    /// left, a write failed): the upstream side gets an error at once,
+    /// never a clean end and never `Pending` forever; a pending data
+    /// frame does not pass for the whole body.
+    #[test]
+    fn a_feeder_dropped_mid_body_cuts_it() {
+        let mut cx = Context::from_waker(Waker::noop());
+        let (mut feeder, mut body) = Feeder::new(&framing(meshless_h1::Body::Length(10)), 100);
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        let mut buf = BytesMut::from(&b"hel"[..]);
+        let _ = feeder.feed(&mut buf, &cx);
+        drop(feeder);
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Err(_))) => {}
+            other => panic!("expected the body to fail, got {other:?}"),
+        }
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+        // A body whose every byte was read ends cleanly however the
+        // feeder goes.
+        let (mut feeder, mut body) = Feeder::new(&framing(meshless_h1::Body::Length(3)), 100);
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        let mut buf = BytesMut::from(&b"abc"[..]);
+        let _ = feeder.feed(&mut buf, &cx);
+        assert!(feeder.finished());
+        drop(feeder);
+        let frame = Pin::new(&mut body).poll_frame(&mut cx);
+        assert!(matches!(frame, Poll::Ready(Some(Ok(_)))), "{frame:?}");
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
     }
 
     #[test]
