@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+from callgrind import totals
+
 MESHLESS = os.environ.get("MESHLESS", "target/release/meshless")
 SUBSCRIBERS = int(os.environ.get("SUBSCRIBERS", "200"))
 ENDPOINTS = int(os.environ.get("ENDPOINTS", "200"))
@@ -34,17 +36,6 @@ CHANGES = int(os.environ.get("CHANGES", "50"))
 TOP = int(os.environ.get("TOP", "0"))
 REPEATS = int(os.environ.get("REPEATS", "1"))
 EXTRA = os.environ.get("EXTRA", "").split()
-
-
-def totals(path):
-    """Every event's total in a callgrind dump, by event name (Ir first)."""
-    events = []
-    for line in open(path):
-        if line.startswith("events:"):
-            events = line.split()[1:]
-        if line.startswith(("summary:", "totals:")):
-            return dict(zip(events, (int(v) for v in line.split()[1:])))
-    raise RuntimeError(f"no totals in {path}")
 
 
 def run(workdir, changes):

@@ -283,14 +283,7 @@ async fn a_zone_aware_subset_takes_its_own_zone_first() {
             e
         })
         .collect();
-    let (s, body) = api_call(
-        api,
-        Method::POST,
-        "/v1/services/shop/cart/endpoints",
-        serde_json::json!({ "put": put }),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    put_cart_endpoints(api, put).await;
 
     let extra = "    subset: { size: 2, zone_aware: true }\n";
     let in_zone = |zone: &str| {

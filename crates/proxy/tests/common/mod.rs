@@ -508,6 +508,12 @@ pub async fn register_cart(api: SocketAddr, endpoints: &[(&str, SocketAddr)]) ->
         .iter()
         .map(|(id, a)| endpoint_json(id, *a))
         .collect();
+    put_cart_endpoints(api, put).await
+}
+
+/// Puts the endpoints `put` (registration API JSON) into `shop/cart` in
+/// one write; returns the registry version after it.
+pub async fn put_cart_endpoints(api: SocketAddr, put: Vec<serde_json::Value>) -> u64 {
     let (s, body) = api_call(
         api,
         http::Method::POST,
