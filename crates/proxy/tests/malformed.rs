@@ -131,24 +131,38 @@ fn cases() -> Vec<(&'static str, Vec<u8>, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_rejected_with_a_4xx() {
-    let bs = backends(1).await;
-    let (p, addr) = proxy(&config(&bs, "")).await;
     let mut rejected = 0;
     let mut report = Vec::new();
+    // One endpoint per case, counted once every case is done: a head that
+    // may pass reaches its endpoint a little after the client has its
+    // answer (the body breaks while the upstream exchange winds down), and
+    // counted at once it would be charged to the next case.
+    let mut reached_by = Vec::new();
     for (name, raw, head_may_pass) in cases() {
-        let before = bs[0].requests();
+        let bs = backends(1).await;
+        let (p, addr) = proxy(&config(&bs, "")).await;
         let status = status_of(addr, &raw).await;
-        let reached = bs[0].requests() - before;
-        report.push(format!("{name}: {status}, reached endpoint {reached}"));
+        report.push(format!("{name}: {status}"));
         assert!(!(500..600).contains(&status), "{name}: {status}");
-        // At most the one request its head framed; never a smuggled second.
-        assert!(
-            reached <= u64::from(head_may_pass),
-            "{name} reached the endpoint"
-        );
         if (400..500).contains(&status) {
             rejected += 1;
         }
+        if !head_may_pass {
+            // The endpoint is healthy and serving afterwards.
+            assert_eq!(get(&client(), addr, "/", &[]).await.0, http::StatusCode::OK);
+        }
+        p.shutdown().await;
+        reached_by.push((name, head_may_pass, bs));
+    }
+    for (name, head_may_pass, bs) in &reached_by {
+        // At most the one request its head framed; never a smuggled
+        // second (the health check above is the one more allowed).
+        let reached = bs[0].requests() - u64::from(!head_may_pass);
+        assert!(reached <= 1, "{name} reached the endpoint {reached} times");
+        assert!(
+            *head_may_pass || reached == 0,
+            "{name} reached the endpoint"
+        );
     }
     assert_eq!(report.len(), 16);
     assert!(
@@ -157,7 +171,4 @@ async fn malformed_requests_are_rejected_with_a_4xx() {
         report.join("\n")
     );
     eprintln!("{}", report.join("\n"));
-    // The endpoint is healthy and serving afterwards.
-    assert_eq!(get(&client(), addr, "/", &[]).await.0, http::StatusCode::OK);
-    p.shutdown().await;
 }
