@@ -138,18 +138,10 @@ impl Drop for Feeder {
     /// closes) with the body not all read: an upstream side still reading
     /// it is told the body was cut, never left waiting.
     fn drop(&mut self) {
-        if self.finished {
-            return;
+        // Abandoned (or dropped upstream) bodies were told already.
+        if !self.finished && !self.discarding {
+            self.tell_cut("the connection ended first");
         }
-        let mut s = lock(&self.shared);
-        if s.done && s.frame.is_none() {
-            return;
-        }
-        if !s.dropped {
-            s.frame = Some(Err(BodyFault::CutShort("the connection ended first")));
-        }
-        s.done = true;
-        wake(&mut s.body);
     }
 }
 
@@ -270,9 +262,15 @@ impl Feeder {
             return;
         }
         self.discarding = true;
+        self.tell_cut("the response ended first");
+    }
+
+    /// Tells an upstream side still reading that the body was cut
+    /// (`why`), never that it ended.
+    fn tell_cut(&self, why: &'static str) {
         let mut s = lock(&self.shared);
         if !s.dropped {
-            s.frame = Some(Err(BodyFault::CutShort("the response ended first")));
+            s.frame = Some(Err(BodyFault::CutShort(why)));
         }
         s.done = true;
         wake(&mut s.body);
