@@ -65,6 +65,9 @@ pub struct DistributionBenchSettings {
     /// Each subscriber asks for a deterministic subset of this many
     /// endpoints (identity `bench-INDEX`); None: every endpoint.
     pub subset_size: Option<u32>,
+    /// The subsets are zone-aware (`subset: { zone_aware: true }`): each
+    /// subscriber sits in one of the endpoints' three zones, in turn.
+    pub zone_aware: bool,
     /// Subscribers acknowledge every delta; otherwise once per heartbeat,
     /// as a meshless proxy does.
     pub ack_every_delta: bool,
@@ -77,6 +80,9 @@ pub struct DistributionBenchReport {
     /// Subset size each subscriber asked for (None: every endpoint).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subset_size: Option<u32>,
+    /// The subsets were zone-aware (subscribers spread over the zones).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub zone_aware: bool,
     pub endpoints: usize,
     pub slice_size: usize,
     pub changes: usize,
@@ -95,6 +101,14 @@ pub struct DistributionBenchReport {
     /// From a tracked replacement's write (every 100th of the rolling
     /// update) to its receipt at each subscriber.
     pub rolling_update: Latency,
+    /// Endpoints upserted to the subscribers, all of them together
+    /// (snapshots included).
+    pub upserts_received: u64,
+    /// With zone-aware subsets: the share of those upserts that came from
+    /// outside the receiving subscriber's zone (0 while each zone holds at
+    /// least the subset size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_zone_share: Option<f64>,
     pub control_cpu_seconds: f64,
     /// Messages written to subscribers (deltas and heartbeats).
     pub messages: u64,
@@ -112,8 +126,18 @@ pub struct DistributionBenchReport {
     pub writes: Option<WriteBenchReport>,
 }
 
+/// The zones the bench's endpoints (and zone-aware subscribers) sit in.
+const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+/// What a subscriber asks for: every endpoint, or a subset.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    subset: Option<u32>,
+    zone_aware: bool,
+}
+
 fn endpoint(id: &str, i: usize) -> EndpointInput {
-    let zone = ["us-east-1a", "us-east-1b", "us-east-1c"][i % 3];
+    let zone = ZONES[i % 3];
     let ip = Ipv4Addr::new(10, 244 + ((i >> 16) % 8) as u8, (i >> 8) as u8, i as u8);
     EndpointInput {
         zone: Some(zone.into()),
@@ -140,7 +164,7 @@ async fn subscriber(
     grpc: SocketAddr,
     ready: Arc<AtomicU64>,
     index: usize,
-    subset: Option<u32>,
+    ask: Ask,
     acks: Acks,
 ) -> Result<Receipts> {
     let failed = |e: &dyn fmt::Display| BenchError::Failed(format!("subscriber: {e}"));
@@ -151,16 +175,21 @@ async fn subscriber(
     tx.send(ClientMessage {
         msg: Some(client_message::Msg::Hello(v1::Hello {
             node: "bench".into(),
-            zone: "bench".into(),
+            zone: if ask.zone_aware {
+                ZONES[index % 3].into()
+            } else {
+                "bench".into()
+            },
             services: vec![SERVICE.into()],
             resume_version: 0,
             resume_incarnation: 0,
             peer_address: String::new(),
-            subsets: subset
+            subsets: ask
+                .subset
                 .map(|size| v1::SubsetRequest {
                     service: SERVICE.into(),
                     size,
-                    zone_aware: false,
+                    zone_aware: ask.zone_aware,
                 })
                 .into_iter()
                 .collect(),
@@ -175,7 +204,8 @@ async fn subscriber(
         .await
         .map_err(|e| failed(&e))?
         .into_inner();
-    let mut seen = Vec::new();
+    let mut got = Receipts::default();
+    let own_zone = ask.zone_aware.then(|| ZONES[index % 3]);
     let mut applied = 0;
     let ack = |version| ClientMessage {
         msg: Some(client_message::Msg::Ack(v1::Ack { version })),
@@ -194,8 +224,12 @@ async fn subscriber(
                 let d = decode_delta(&b).map_err(|e| failed(&e))?;
                 applied = d.version.max(applied);
                 for e in d.upserted {
+                    got.upserts += 1;
+                    if own_zone.is_some_and(|z| e.zone != z) {
+                        got.out_of_zone += 1;
+                    }
                     if e.id.starts_with("t-") {
-                        seen.push((e.id, now, d.version));
+                        got.seen.push((e.id, now, d.version));
                     }
                 }
                 if acks == Acks::EveryDelta {
@@ -209,7 +243,7 @@ async fn subscriber(
         }
     }
     drop(tx);
-    Ok(seen)
+    Ok(got)
 }
 
 /// Latency percentiles, in milliseconds.
@@ -249,8 +283,9 @@ impl fmt::Display for DistributionBenchReport {
         match self.subset_size {
             Some(k) => writeln!(
                 f,
-                "subscribers               {} (subsets of {k})",
-                self.subscribers
+                "subscribers               {} ({}subsets of {k})",
+                self.subscribers,
+                if self.zone_aware { "zone-aware " } else { "" }
             )?,
             None => writeln!(f, "subscribers               {}", self.subscribers)?,
         }
@@ -280,6 +315,14 @@ impl fmt::Display for DistributionBenchReport {
         writeln!(f, "  one change              {}", self.single_change)?;
         writeln!(f, "    of which the write    {}", self.single_change_write)?;
         writeln!(f, "  rolling update          {}", self.rolling_update)?;
+        if let Some(share) = self.out_of_zone_share {
+            writeln!(
+                f,
+                "upserts from other zones  {:.2}% of {}",
+                share * 100.0,
+                self.upserts_received
+            )?;
+        }
         writeln!(
             f,
             "control plane CPU         {:.2} s",
@@ -332,6 +375,9 @@ fn check(args: &DistributionBenchSettings) -> Result<()> {
     }
     if args.subset_size == Some(0) {
         return setting("subset-size", "must be at least 1");
+    }
+    if args.zone_aware && args.subset_size.is_none() {
+        return setting("zone-aware", "needs --subset-size");
     }
     Ok(())
 }
@@ -456,12 +502,7 @@ async fn start_plane(args: &DistributionBenchSettings) -> Result<Plane> {
 }
 
 /// Connects every subscriber and waits until each has its snapshot.
-async fn connect(
-    grpc: SocketAddr,
-    n: usize,
-    subset: Option<u32>,
-    acks: Acks,
-) -> Result<Subscribers> {
+async fn connect(grpc: SocketAddr, n: usize, ask: Ask, acks: Acks) -> Result<Subscribers> {
     let ready = Arc::new(AtomicU64::new(0));
     let mut subs = Vec::new();
     let mut progress = Progress::new("connecting subscribers", n as u64);
@@ -470,7 +511,7 @@ async fn connect(
             grpc,
             Arc::clone(&ready),
             i,
-            subset,
+            ask,
             acks,
         )));
         if i % 50 == 49 {
@@ -493,7 +534,16 @@ async fn connect(
 
 /// What a subscriber saw: each tracked endpoint's id, when it arrived and
 /// the version of its delta.
-type Receipts = Vec<(String, Instant, u64)>;
+/// What one subscriber received.
+#[derive(Debug, Default)]
+struct Receipts {
+    /// Receipt times of tracked endpoints (id, instant, delta version).
+    seen: Vec<(String, Instant, u64)>,
+    /// Endpoints upserted to it (snapshot included).
+    upserts: u64,
+    /// Of those, endpoints outside its zone (zone-aware subscribers only).
+    out_of_zone: u64,
+}
 /// The subscriber tasks.
 type Subscribers = Vec<tokio::task::JoinHandle<Result<Receipts>>>;
 
@@ -590,15 +640,27 @@ fn ms_between(from: Instant, to: Instant) -> f64 {
 
 /// Propagation latencies in milliseconds, of the single changes and of the
 /// tracked rolling-update replacements, from each subscriber's receipts.
-async fn propagation(subs: Subscribers, sent_at: Sent) -> Result<(Vec<f64>, Vec<f64>)> {
+/// Propagation samples of the single changes and of the rolling update,
+/// and the subscribers' receipts summed up.
+struct Propagation {
+    single: Vec<f64>,
+    rolling: Vec<f64>,
+    upserts: u64,
+    out_of_zone: u64,
+}
+
+async fn propagation(subs: Subscribers, sent_at: Sent) -> Result<Propagation> {
     let sent: std::collections::HashMap<String, Write> =
         sent_at.into_iter().map(|w| (w.id.clone(), w)).collect();
     let (mut single, mut rolling) = (Vec::new(), Vec::new());
+    let (mut upserts, mut out_of_zone) = (0, 0);
     for s in subs {
-        let seen = s
+        let got = s
             .await
             .map_err(|e| BenchError::Failed(format!("subscriber task: {e}")))??;
-        for (id, at, version) in seen {
+        upserts += got.upserts;
+        out_of_zone += got.out_of_zone;
+        for (id, at, version) in got.seen {
             // Only the write's own delta: with subsets an endpoint may
             // also enter a subset later, when the membership moves.
             let Some(w) = sent.get(&id).filter(|w| version <= w.version) else {
@@ -612,7 +674,12 @@ async fn propagation(subs: Subscribers, sent_at: Sent) -> Result<(Vec<f64>, Vec<
             }
         }
     }
-    Ok((single, rolling))
+    Ok(Propagation {
+        single,
+        rolling,
+        upserts,
+        out_of_zone,
+    })
 }
 
 /// Runs the benchmark.
@@ -637,7 +704,11 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
     } else {
         Acks::PerHeartbeat
     };
-    let subs = connect(plane.grpc, args.subscribers, args.subset_size, acks).await?;
+    let ask = Ask {
+        subset: args.subset_size,
+        zone_aware: args.zone_aware,
+    };
+    let subs = connect(plane.grpc, args.subscribers, ask, acks).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_connected = proc_kb(pid, "VmRSS:");
     proxies.iter_mut().for_each(Follower::mark);
@@ -679,12 +750,13 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         .filter(|w| w.id.starts_with(SINGLE))
         .map(|w| ms_between(w.sent, w.acked))
         .collect();
-    let (single, rolling) = propagation(subs, sent_at).await?;
+    let got = propagation(subs, sent_at).await?;
     let _ = std::fs::remove_dir_all(&plane.dir);
     let total_changes = (args.changes + args.endpoints) as f64;
     Ok(DistributionBenchReport {
         subscribers: args.subscribers,
         subset_size: args.subset_size,
+        zone_aware: args.zone_aware,
         endpoints: args.endpoints,
         slice_size: args.slice_size,
         changes: args.changes,
@@ -694,8 +766,12 @@ pub async fn run(args: &DistributionBenchSettings) -> Result<DistributionBenchRe
         bytes_per_change_per_subscriber: (bytes2 - bytes0) as f64
             / total_changes
             / args.subscribers as f64,
-        single_change: Latency::of(single),
-        rolling_update: Latency::of(rolling),
+        single_change: Latency::of(got.single),
+        rolling_update: Latency::of(got.rolling),
+        upserts_received: got.upserts,
+        out_of_zone_share: args
+            .zone_aware
+            .then(|| got.out_of_zone as f64 / got.upserts.max(1) as f64),
         single_change_write: Latency::of(writes_ms),
         control_cpu_seconds: cpu,
         messages,

@@ -57,6 +57,11 @@ pub struct DistributionBenchArgs {
     /// endpoints (as a proxy's `subset: { size }`); default: every endpoint.
     #[arg(long)]
     pub subset_size: Option<u32>,
+    /// The subsets are zone-aware (as `subset: { zone_aware: true }`):
+    /// subscribers are spread over the endpoints' three zones. Needs
+    /// `--subset-size`.
+    #[arg(long)]
+    pub zone_aware: bool,
     /// Subscribers acknowledge every delta (as proxies did before they
     /// acknowledged once per heartbeat), to measure what that costs.
     #[arg(long)]
@@ -105,6 +110,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 stream_batch: a.stream_batch,
                 stream_interval_ms: a.stream_interval_ms,
                 subset_size: a.subset_size,
+                zone_aware: a.zone_aware,
                 ack_every_delta: a.ack_every_delta,
             };
             let report = rt.block_on(meshless_bench::distribution::run(&settings))?;

@@ -160,6 +160,44 @@ fn bench_distribution_runs_against_a_real_control_plane() {
 }
 
 #[test]
+fn bench_distribution_with_zone_aware_subsets_keeps_each_subscriber_in_its_zone() {
+    // 300 endpoints in three zones (100 each) and subsets of 20: every
+    // zone holds a whole subset, so no subscriber hears of another zone.
+    let v = meshless_json(&[
+        "bench",
+        "distribution",
+        "--subscribers",
+        "6",
+        "--endpoints",
+        "300",
+        "--changes",
+        "3",
+        "--subset-size",
+        "20",
+        "--zone-aware",
+        "--json",
+    ]);
+    assert_eq!(v["zone_aware"], true, "{v}");
+    // Each subscriber's snapshot alone holds its 20 endpoints.
+    assert!(v["upserts_received"].as_u64().unwrap_or(0) >= 6 * 20, "{v}");
+    assert_eq!(v["out_of_zone_share"].as_f64(), Some(0.0), "{v}");
+}
+
+#[test]
+fn bench_distribution_refuses_zone_aware_without_a_subset() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshless"))
+        .args(["bench", "distribution", "--zone-aware"])
+        .output()
+        .expect("run meshless");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("zone-aware") && err.contains("subset-size"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bench_coldstart_measures_a_real_cold_start() {
     let v = meshless_json(&[
         "bench",
