@@ -328,6 +328,48 @@ mod tests {
         let _ = std::fs::remove_dir_all(&f.dir);
     }
 
+    /// A full disk fails every group; only the services a failed group
+    /// wrote get a reset, not every service of the registry.
+    #[tokio::test]
+    async fn a_failed_group_resets_only_the_services_it_wrote() {
+        let f = fixture("fail-scope");
+        let (big, big_answer) = job(
+            |r: &mut Registry| {
+                r.put_service(ServiceSpec {
+                    namespace: "shop".into(),
+                    name: "big".into(),
+                    ports: Vec::new(),
+                    settings: Default::default(),
+                })?;
+                let eps = (0..20)
+                    .map(|i| EndpointInput::new(format!("big-{i}"), [10, 1, 0, i].into(), 80))
+                    .collect();
+                r.put_endpoints("shop/big", eps)
+            },
+            Arc::clone(&f.shared.metrics),
+        );
+        f.shared.run(vec![big]);
+        big_answer.await.expect("answered").expect("written");
+        let mut deltas = f.shared.distributor.tx.subscribe();
+        f.fail.store(true, Ordering::SeqCst);
+        for i in 0..5 {
+            let (failing, answer) = job(put(i), Arc::clone(&f.shared.metrics));
+            f.shared.run(vec![failing]);
+            assert!(answer.await.expect("answered").is_err());
+        }
+        let mut reset = Vec::new();
+        while let Ok(d) = deltas.try_recv() {
+            reset.push(d.service.clone());
+        }
+        assert_eq!(
+            reset,
+            vec!["shop/cart"; 5],
+            "one reset per failed group, of cart only"
+        );
+        drop(f.shared);
+        let _ = std::fs::remove_dir_all(&f.dir);
+    }
+
     #[tokio::test]
     async fn a_failed_group_answers_every_writer_with_the_error_and_memory_matches_the_store() {
         let f = fixture("fail");

@@ -42,6 +42,44 @@ pub type SubsetSlot = Arc<Mutex<Option<SubsetDeltas>>>;
 /// bounded by this many deltas' payloads, not by the ring (`history`).
 pub const SUBSET_WINDOW: usize = 1024;
 
+/// Bytes of subset payloads kept (both encodings), whatever the number of
+/// deltas: a delta that regroups every subscriber (or a reset) carries a
+/// whole subset per index, so 1,024 of them could hold gigabytes. The
+/// newest delta's payloads are always kept (its subscribers are reading
+/// it); older ones go first.
+pub const SUBSET_WINDOW_BYTES: usize = 64 << 20;
+
+/// Bytes of one delta's subset payloads.
+fn subset_bytes(per_key: &SubsetDeltas) -> usize {
+    per_key
+        .values()
+        .map(|p| p.full.len() + p.compact.len())
+        .sum()
+}
+
+/// The kept subset payloads, oldest first, and their bytes.
+#[derive(Debug, Default)]
+struct RecentSubsets {
+    slots: VecDeque<(SubsetSlot, usize)>,
+    bytes: usize,
+}
+
+impl RecentSubsets {
+    /// Keeps `slot` (of `bytes`), emptying the oldest ones past
+    /// [`SUBSET_WINDOW`] deltas or [`SUBSET_WINDOW_BYTES`].
+    fn push(&mut self, slot: SubsetSlot, bytes: usize) {
+        self.slots.push_back((slot, bytes));
+        self.bytes += bytes;
+        while self.slots.len() > 1
+            && (self.slots.len() > SUBSET_WINDOW || self.bytes > SUBSET_WINDOW_BYTES)
+            && let Some((old, old_bytes)) = self.slots.pop_front()
+        {
+            self.bytes -= old_bytes;
+            *old.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
+}
+
 /// Per service, per subscriber: (requests in flight, requests queued).
 type LoadTable = std::collections::HashMap<String, std::collections::HashMap<u64, (u32, u32)>>;
 
@@ -78,7 +116,7 @@ pub struct Distributor {
     /// The published view of every service and its subset groups.
     subsets: Mutex<Subsets>,
     /// The last [`SUBSET_WINDOW`] deltas' subset payloads, oldest first.
-    recent_subsets: Mutex<VecDeque<SubsetSlot>>,
+    recent_subsets: Mutex<RecentSubsets>,
     /// Random and non-zero, new on every start: versions are comparable
     /// only within one incarnation (a restarted plane may reuse them).
     pub(crate) incarnation: u64,
@@ -120,7 +158,7 @@ impl Distributor {
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
             placements: crate::placement::Placements::default(),
             subsets: Mutex::new(subsets),
-            recent_subsets: Mutex::new(VecDeque::new()),
+            recent_subsets: Mutex::new(RecentSubsets::default()),
             incarnation: new_incarnation(),
         }
     }
@@ -235,17 +273,12 @@ impl Distributor {
             settings: delta.settings.as_ref().map(settings_to_wire),
         };
         let subsets = self.lock_subsets().apply(&wire).map(|per_key| {
+            let bytes = subset_bytes(&per_key);
             let slot: SubsetSlot = Arc::new(Mutex::new(Some(per_key)));
-            let mut recent = self
-                .recent_subsets
+            self.recent_subsets
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            recent.push_back(Arc::clone(&slot));
-            if recent.len() > SUBSET_WINDOW
-                && let Some(old) = recent.pop_front()
-            {
-                *old.lock().unwrap_or_else(PoisonError::into_inner) = None;
-            }
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Arc::clone(&slot), bytes);
             slot
         });
         let encoded = Arc::new(EncodedDelta {
@@ -452,6 +485,32 @@ fn new_incarnation() -> u64 {
 pub(crate) mod tests {
     use super::*;
     use meshless_model::{Endpoint, EndpointId};
+
+    #[test]
+    fn kept_subset_payloads_are_bounded_by_bytes_and_keep_the_newest() {
+        let slot = || -> SubsetSlot { Arc::new(Mutex::new(Some(SubsetDeltas::new()))) };
+        let held = |s: &SubsetSlot| s.lock().expect("lock").is_some();
+        let mut recent = RecentSubsets::default();
+        let quarter = SUBSET_WINDOW_BYTES / 4;
+        let slots: Vec<SubsetSlot> = (0..6).map(|_| slot()).collect();
+        for s in &slots {
+            recent.push(Arc::clone(s), quarter);
+        }
+        // Four quarters fit; the two oldest were emptied for the last two.
+        let kept: Vec<bool> = slots.iter().map(held).collect();
+        assert_eq!(kept, [false, false, true, true, true, true]);
+        assert_eq!(recent.bytes, SUBSET_WINDOW_BYTES);
+        // One payload over the whole budget empties the rest but stays.
+        let huge = slot();
+        recent.push(Arc::clone(&huge), 2 * SUBSET_WINDOW_BYTES);
+        assert!(held(&huge) && slots.iter().all(|s| !held(s)));
+        assert_eq!(recent.slots.len(), 1);
+        // The count bound still holds for small payloads.
+        for _ in 0..SUBSET_WINDOW + 10 {
+            recent.push(slot(), 1);
+        }
+        assert_eq!(recent.slots.len(), SUBSET_WINDOW);
+    }
 
     /// A delta of `service` at `version`: one endpoint put, one removed.
     pub(crate) fn delta(service: &str, version: u64) -> ServiceDelta {

@@ -29,7 +29,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use meshless_api::{EncodedPair, v1};
-use meshless_model::subset::{order_key, round_and_slot, slot_ranks, slots_per_round};
+use meshless_model::subset::{
+    next_slots, order_key, ranked, round_and_slot, slot_ranks, slots_per_round,
+};
 
 /// What one subsetted subscriber of a service follows: `size` endpoints,
 /// at `index` in the service's group for that size (and zone, for a
@@ -176,6 +178,13 @@ struct Group {
     holders: HashMap<String, (u64, usize)>,
     /// Index -> its current members, sorted by id.
     members: BTreeMap<u64, Vec<Arc<str>>>,
+    /// Subsets per round of the group's own scope (every endpoint, or the
+    /// zone's for a zone-aware group), kept by
+    /// [`meshless_model::subset::next_slots`] so that `N` going back and
+    /// forth across a multiple of the size does not regroup subscribers.
+    slots: u64,
+    /// Whether the last delta changed `slots`.
+    slots_moved: bool,
 }
 
 impl Group {
@@ -196,12 +205,41 @@ impl View {
         self.zones.get(zone).map_or(0, BTreeSet::len)
     }
 
-    /// `size` of the `n` endpoints of `scope` for subscriber `index`.
-    fn part(scope: Scope, n: usize, size: usize, index: u64) -> Part {
+    /// Endpoints in the scope a group ranks: the zone's for a zone-aware
+    /// group, else every one.
+    fn n_of_group(&self, zone: Option<&Arc<str>>) -> usize {
+        zone.map_or(self.n(), |z| self.n_in(z))
+    }
+
+    /// The kept subsets per round of `key`'s group (none for an unknown
+    /// group: then `⌊n/size⌋`).
+    fn slots_of(&self, key: &SubsetKey) -> Option<u64> {
+        self.groups.get(&key.group()).map(|g| g.slots)
+    }
+
+    /// Moves every group's kept `m` after a delta (see
+    /// [`meshless_model::subset::next_slots`]).
+    fn update_slots(&mut self) {
+        let counts: Vec<usize> = self
+            .groups
+            .keys()
+            .map(|(_, zone)| self.n_of_group(zone.as_ref()))
+            .collect();
+        for (((size, _), g), n) in self.groups.iter_mut().zip(counts) {
+            let slots = next_slots(Some(g.slots), n, *size as usize);
+            g.slots_moved = slots != g.slots;
+            g.slots = slots;
+        }
+    }
+
+    /// `size` of the `n` endpoints of `scope` for subscriber `index`, with
+    /// `slots` subsets per round (`None`: `⌊n/size⌋`).
+    fn part(scope: Scope, n: usize, size: usize, index: u64, slots: Option<u64>) -> Part {
         if size >= n {
             return Part::Every(scope);
         }
-        let (round, slot) = round_and_slot(index, slots_per_round(n, size));
+        let slots = slots.unwrap_or_else(|| slots_per_round(n, size));
+        let (round, slot) = round_and_slot(index, slots);
         Part::Ranks {
             scope,
             round,
@@ -221,15 +259,32 @@ impl View {
         }
         let zone = match &key.zone {
             Some(z) if size < n && self.n_in(z) > 0 => z,
-            _ => return vec![Self::part(Scope::All, n, size, key.index)],
+            Some(_) => return vec![Self::part(Scope::All, n, size, key.index, None)],
+            None => {
+                let slots = self.slots_of(key);
+                return vec![Self::part(Scope::All, n, size, key.index, slots)];
+            }
         };
         let local = self.n_in(zone);
         if local >= size {
-            return vec![Self::part(Scope::In(zone.clone()), local, size, key.index)];
+            let slots = self.slots_of(key);
+            return vec![Self::part(
+                Scope::In(zone.clone()),
+                local,
+                size,
+                key.index,
+                slots,
+            )];
         }
         vec![
             Part::Every(Scope::In(zone.clone())),
-            Self::part(Scope::Out(zone.clone()), n - local, size - local, key.index),
+            Self::part(
+                Scope::Out(zone.clone()),
+                n - local,
+                size - local,
+                key.index,
+                None,
+            ),
         ]
     }
 
@@ -294,14 +349,11 @@ impl View {
                     scope,
                     round,
                     ranks,
-                } => out.extend(
-                    self.orders
-                        .get(&(round, scope))
-                        .and_then(|o| o.get(ranks))
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|(_, id)| Arc::clone(id)),
-                ),
+                } => {
+                    if let Some(order) = self.orders.get(&(round, scope)) {
+                        out.extend(ranked(order, ranks).map(|(_, id)| Arc::clone(id)));
+                    }
+                }
             }
         }
         out.sort_unstable();
@@ -319,8 +371,9 @@ impl View {
     }
 
     /// Whether the last delta may have changed the members of `key` (else
-    /// they are the same): a reset, a change of `m` or of the "size >= N"
-    /// case, or an insertion or removal at a rank before the slot's end.
+    /// they are the same): a reset, a change of the group's kept `m` or of
+    /// the "size >= N" case, an insertion or removal at a rank before the
+    /// slot's end, or any change to a slot that wraps around its round.
     /// A zone-aware key whose zone holds at least `size` endpoints moves
     /// only when that zone's set changed; one whose zone holds fewer, when
     /// any set changed.
@@ -333,14 +386,21 @@ impl View {
             let local_kept = !self.zones_changed.contains(zone) && self.n_in(zone) >= size;
             return self.ids_changed && !local_kept;
         }
-        if slots_per_round(n_before, size) != slots_per_round(n, size) {
+        let Some(group) = self.groups.get(&key.group()) else {
+            return true;
+        };
+        if group.slots_moved {
             return true;
         }
         if size >= n || size >= n_before {
             return self.ids_changed;
         }
-        let (round, slot) = round_and_slot(key.index, slots_per_round(n, size));
+        let (round, slot) = round_and_slot(key.index, group.slots);
         let ranks = slot_ranks(slot, n, size);
+        if ranks.end > n.min(n_before) {
+            // Wraps (now or before): its first ranks move with any change.
+            return self.ids_changed;
+        }
         self.touched
             .get(&(round, Scope::All))
             .is_some_and(|t| t.moves(ranks.start, ranks.end))
@@ -491,6 +551,7 @@ impl Subsets {
             // later starts from a reset above this version).
             return None;
         }
+        view.update_slots();
         view.ensure_rounds();
         let mut out = SubsetDeltas::new();
         for key in view.keys() {
@@ -527,7 +588,14 @@ impl Subsets {
     ) -> (SubsetKey, u64, EncodedPair) {
         let view = self.services.entry(service.to_owned()).or_default();
         let zone: Option<Arc<str>> = zone.filter(|z| !z.is_empty()).map(Arc::from);
-        let group = view.groups.entry((size, zone.clone())).or_default();
+        let n = view.n_of_group(zone.as_ref());
+        let group = view
+            .groups
+            .entry((size, zone.clone()))
+            .or_insert_with(|| Group {
+                slots: next_slots(None, n, size as usize),
+                ..Group::default()
+            });
         let index = match group.holders.get_mut(identity) {
             Some((index, streams)) => {
                 *streams += 1;

@@ -1,13 +1,15 @@
 //! Deterministic subsetting in the stream (`meshless_control::subsets`):
 //! what every subsetted subscriber holds equals `meshless_model::subset`
 //! (or `zone_subset`, for a zone-aware one) of the published endpoints
-//! after any sequence of changes.
+//! after any sequence of changes, with each group's `m` kept by
+//! `next_slots` from the group's first subscriber on.
 
 #![allow(clippy::unwrap_used)]
 use std::collections::BTreeMap;
 
 use meshless_api::v1;
 use meshless_control::subsets::{SubsetKey, Subsets};
+use meshless_model::subset::{next_slots, subset_in_slots, zone_subset_in_slots};
 use proptest::prelude::*;
 
 /// Endpoint `id` on `port`, in one of three zones by both (so a new port
@@ -120,9 +122,18 @@ proptest! {
             truth.insert(e.id.clone(), e);
         }
         let mut subs: Vec<(SubsetKey, BTreeMap<String, v1::Endpoint>)> = Vec::new();
-        let join = |s: &mut Subsets, subs: &mut Vec<_>, n: usize| {
+        // Per group (size, zone): its kept m, set at its first join and
+        // moved by next_slots after every delta.
+        let mut slots: BTreeMap<(u32, Option<String>), u64> = BTreeMap::new();
+        let scope_n = |truth: &BTreeMap<String, v1::Endpoint>, zone: &Option<String>| {
+            truth.values().filter(|e| zone.as_ref().is_none_or(|z| e.zone == *z)).count()
+        };
+        let join = |s: &mut Subsets, subs: &mut Vec<_>, slots: &mut BTreeMap<_, u64>, truth: &BTreeMap<_, _>, n: usize| {
             for (k, size) in sizes.iter().enumerate() {
                 for zone in ZONES {
+                    let group = (*size, zone.map(str::to_owned));
+                    let count = scope_n(truth, &group.1);
+                    slots.entry(group).or_insert_with(|| next_slots(None, count, *size as usize));
                     let (key, _, bytes) = s.register("ns/a", *size, zone, &format!("node-{n}-{k}"));
                     let mut view = BTreeMap::new();
                     follow(&mut view, &bytes.compact);
@@ -130,10 +141,10 @@ proptest! {
                 }
             }
         };
-        join(&mut s, &mut subs, 0);
+        join(&mut s, &mut subs, &mut slots, &truth, 0);
         for (step, op) in ops.iter().enumerate() {
             if step == join_at {
-                join(&mut s, &mut subs, 1);
+                join(&mut s, &mut subs, &mut slots, &truth, 1);
             }
             let delta = delta_of(op, step as u64 + 2);
             if delta.reset {
@@ -146,6 +157,9 @@ proptest! {
                 truth.remove(id);
             }
             let out = s.apply(&delta).unwrap();
+            for ((size, zone), m) in slots.iter_mut() {
+                *m = next_slots(Some(*m), scope_n(&truth, zone), *size as usize);
+            }
             for (key, view) in &mut subs {
                 if let Some(bytes) = out.get(key) {
                     follow(view, &bytes.compact);
@@ -155,9 +169,10 @@ proptest! {
             let zoned: Vec<(&str, &str)> = truth.values().map(|e| (e.id.as_str(), e.zone.as_str())).collect();
             for (key, view) in &subs {
                 let size = key.size as usize;
+                let m = slots[&(key.size, key.zone.as_deref().map(str::to_owned))];
                 let want = match &key.zone {
-                    None => meshless_model::subset::subset(&ids, key.index, size),
-                    Some(z) => meshless_model::subset::zone_subset(&zoned, z, key.index, size),
+                    None => subset_in_slots(&ids, key.index, size, Some(m)),
+                    Some(z) => zone_subset_in_slots(&zoned, z, key.index, size, Some(m)),
                 };
                 let got: Vec<&str> = view.keys().map(String::as_str).collect();
                 prop_assert_eq!(&got, &want, "key {:?} after {:?}", key, op);
@@ -165,6 +180,48 @@ proptest! {
                 for (id, e) in view {
                     prop_assert_eq!(Some(e), truth.get(id), "stale fields of {}", id);
                 }
+            }
+        }
+    }
+}
+
+/// A rolling update that removes before it adds, on a service whose size
+/// is a multiple of the subset size (`N` going 200 -> 199 -> 200): every
+/// subscriber's subset loses at most one member and gains at most one per
+/// step (a recomputed `m` would regroup them all twice per step).
+#[test]
+fn a_rolling_update_across_a_multiple_of_the_size_moves_one_member_per_step() {
+    let mut s = Subsets::default();
+    let eps: Vec<v1::Endpoint> = (0..200).map(|i| ep(&format!("pod-{i}"), 1)).collect();
+    s.seed("ns/a", 1, eps, None);
+    let keys: Vec<SubsetKey> = (0..8)
+        .map(|i| s.register("ns/a", 100, None, &format!("node-{i}")).0)
+        .collect();
+    let mut version = 1;
+    for step in 0..20 {
+        let steps = [
+            (Vec::new(), vec![format!("pod-{step}")]),
+            (vec![ep(&format!("new-{step}"), 1)], Vec::new()),
+        ];
+        for (upserted, removed) in steps {
+            version += 1;
+            let before: Vec<Vec<String>> = keys.iter().map(|k| s.members("ns/a", k)).collect();
+            s.apply(&v1::Delta {
+                version,
+                service: "ns/a".into(),
+                upserted,
+                removed,
+                ..v1::Delta::default()
+            });
+            for (key, old) in keys.iter().zip(before) {
+                let new = s.members("ns/a", key);
+                let out = old.iter().filter(|id| !new.contains(id)).count();
+                let inn = new.iter().filter(|id| !old.contains(id)).count();
+                assert!(
+                    out <= 1 && inn <= 1,
+                    "{key:?} at step {step}: {out} out, {inn} in"
+                );
+                assert_eq!(new.len(), 100);
             }
         }
     }

@@ -30,13 +30,29 @@
 //!   subsets, but one may be in fewer than `⌊S/m⌋ - 1`.
 //! - **(b) Churn**: adding one endpoint, removing one, or replacing one by
 //!   another (a rolling-update step) changes every subscriber's subset by at
-//!   most one member out and one member in — provided `m = ⌊N/size⌋` is the
-//!   same before and after. When `m` changes (`N` crosses a multiple of
-//!   `size`), subscribers regroup into rounds and a subset may change
-//!   entirely; that happens once per `size` endpoints added or removed.
-//!   A replacement changes the subsets of the slots between the old
-//!   endpoint's rank and the new one's (about a third of the subscribers on
-//!   average), each by one out and one in.
+//!   most one member out and one member in — provided `m` is the same
+//!   before and after. When `m` changes, subscribers regroup into rounds and
+//!   a subset may change entirely. A replacement changes the subsets of the
+//!   slots between the old endpoint's rank and the new one's (about a third
+//!   of the subscribers on average), each by one out and one in.
+//!
+//! # Sticky `m` (hysteresis, [`next_slots`])
+//!
+//! With `m = ⌊N/size⌋` recomputed on every change, a service whose `N`
+//! sits on a multiple of `size` (20,000 endpoints in subsets of 100) would
+//! regroup every subscriber twice per step of a rolling update that
+//! removes an old endpoint before adding its replacement (`N` going
+//! 20,000 -> 19,999 -> 20,000). The control plane therefore keeps `m` per
+//! subset group and changes it only when `N` moves more than `size / 2`
+//! past what `m` covers ([`next_slots`]): a regroup needs more than
+//! `size / 2` endpoints added or removed since the last one, so a rolling
+//! update, in either order, regroups at most once. While the kept `m`
+//! exceeds `⌊N/size⌋`, a round's last slot wraps around to the round's
+//! first ranks (at most `size / 2` endpoints are then held twice in that
+//! round); while it is below, up to `1.5 size` endpoints rank past the
+//! round's last slot. Subsets keep exactly `min(size, N)` members.
+//! [`subset`] is the same function with `m = ⌊N/size⌋` (a group just
+//! formed, or `N` unchanged since).
 //!
 //! # Locality ([`zone_subset`])
 //!
@@ -59,6 +75,22 @@ use std::collections::BTreeSet;
 /// `size` 0 is treated as 1 (an empty subset has no rounds to speak of).
 pub fn slots_per_round(n: usize, size: usize) -> u64 {
     (n / size.max(1)).max(1) as u64
+}
+
+/// The `m` a subset group keeps after its scope changed to `n` endpoints:
+/// `prev` while it still fits (`prev·size ≤ n + size/2`, so a wrapping
+/// last slot reuses at most half a subset, and `n < (prev+1)·size +
+/// size/2`, so fewer than one and a half subsets' worth of endpoints rank
+/// past the last slot), else [`slots_per_round`]`(n, size)`. Idempotent:
+/// applying it twice for the same `n` gives the same `m`.
+pub fn next_slots(prev: Option<u64>, n: usize, size: usize) -> u64 {
+    let fresh = slots_per_round(n, size);
+    let Some(m) = prev else {
+        return fresh;
+    };
+    let (m_, size, n) = (m as u128, size.max(1) as u128, n as u128);
+    let fits = m_ * size <= n + size / 2 && n < (m_ + 1) * size + size / 2;
+    if m >= 1 && fits { m } else { fresh }
 }
 
 /// `(round, slot)` of subscriber `index` when rounds have `slots` slots.
@@ -88,6 +120,9 @@ fn splitmix64(x: u64) -> u64 {
 
 /// The ranks slot `slot` takes when `n` endpoints are split into subsets of
 /// `size`: `slot·size .. slot·size + size`, or `0 .. n` when `size ≥ n`.
+/// The range may end past `n` (a kept `m` above `⌊n/size⌋`): ranks from
+/// `n` on stand for `rank - n` (the slot wraps to the round's first
+/// ranks); see [`ranked`].
 pub fn slot_ranks(slot: u64, n: usize, size: usize) -> std::ops::Range<usize> {
     if size >= n {
         return 0..n;
@@ -96,22 +131,42 @@ pub fn slot_ranks(slot: u64, n: usize, size: usize) -> std::ops::Range<usize> {
     start..start + size
 }
 
+/// The items of `order` at `ranks` (from [`slot_ranks`]), wrapping past
+/// the end to the start. Ranks past `2·len` are not taken.
+pub fn ranked<T>(order: &[T], ranks: std::ops::Range<usize>) -> impl Iterator<Item = &T> {
+    let len = order.len();
+    let head = ranks.start.min(len)..ranks.end.min(len);
+    let wrapped = 0..ranks.end.saturating_sub(len).min(len);
+    order[head].iter().chain(order[wrapped].iter())
+}
+
 /// The subset of subscriber `index` among endpoints `ids`, sorted by id.
 /// Duplicate ids count once; `size` 0 gives an empty subset.
 pub fn subset<S: AsRef<str>>(ids: &[S], index: u64, size: usize) -> Vec<&str> {
+    subset_in_slots(ids, index, size, None)
+}
+
+/// [`subset`] with `slots` subsets per round (a group's kept `m`, see
+/// [`next_slots`]); `None`: [`slots_per_round`].
+pub fn subset_in_slots<S: AsRef<str>>(
+    ids: &[S],
+    index: u64,
+    size: usize,
+    slots: Option<u64>,
+) -> Vec<&str> {
     let distinct: BTreeSet<&str> = ids.iter().map(AsRef::as_ref).collect();
     if size == 0 || distinct.is_empty() {
         return Vec::new();
     }
     let n = distinct.len();
-    let (round, slot) = round_and_slot(index, slots_per_round(n, size));
+    let slots = slots.unwrap_or_else(|| slots_per_round(n, size));
+    let (round, slot) = round_and_slot(index, slots);
     let mut order: Vec<(u64, &str)> = distinct
         .into_iter()
         .map(|id| (order_key(round, id), id))
         .collect();
     order.sort_unstable();
-    let mut out: Vec<&str> = order[slot_ranks(slot, n, size)]
-        .iter()
+    let mut out: Vec<&str> = ranked(&order, slot_ranks(slot, n, size))
         .map(|&(_, id)| id)
         .collect();
     out.sort_unstable();
@@ -128,13 +183,26 @@ pub fn zone_subset<'a>(
     zone_index: u64,
     size: usize,
 ) -> Vec<&'a str> {
+    zone_subset_in_slots(endpoints, zone, zone_index, size, None)
+}
+
+/// [`zone_subset`] with `slots` subsets per round for the zone's own
+/// endpoints when they are at least `size` (the group's kept `m`, see
+/// [`next_slots`]); the other cases take [`slots_per_round`].
+pub fn zone_subset_in_slots<'a>(
+    endpoints: &'a [(&'a str, &'a str)],
+    zone: &str,
+    zone_index: u64,
+    size: usize,
+    slots: Option<u64>,
+) -> Vec<&'a str> {
     let mut by_id: Vec<(&str, &str)> = endpoints.to_vec();
     by_id.sort_unstable();
     by_id.dedup_by(|a, b| a.0 == b.0);
     let (local, other): (Vec<_>, Vec<_>) = by_id.iter().partition(|(_, z)| *z == zone);
     let local: Vec<&'a str> = local.into_iter().map(|&(id, _)| id).collect();
     if local.len() >= size {
-        return borrowed(&local, subset(&local, zone_index, size));
+        return borrowed(&local, subset_in_slots(&local, zone_index, size, slots));
     }
     let other: Vec<&'a str> = other.into_iter().map(|&(id, _)| id).collect();
     let rest = borrowed(&other, subset(&other, zone_index, size - local.len()));
@@ -252,6 +320,116 @@ mod tests {
                 prop_assert!(out <= 1 && inn <= 1, "subscriber {i}: {out} out, {inn} in");
             }
         }
+    }
+
+    proptest! {
+        /// Hysteresis: along any walk of N by single steps, `m` changes only
+        /// after N moved more than `size / 2` from where `m` was last set,
+        /// and then to `⌊N/size⌋`; it is idempotent.
+        #[test]
+        fn kept_m_changes_only_after_half_a_subset(
+            n0 in 0usize..400, size in 1usize..40, steps in proptest::collection::vec(any::<bool>(), 0..300),
+        ) {
+            let (mut n, mut set_at) = (n0, n0);
+            let mut m = next_slots(None, n, size);
+            prop_assert_eq!(m, slots_per_round(n, size));
+            for up in steps {
+                n = if up { n + 1 } else { n.saturating_sub(1) };
+                let next = next_slots(Some(m), n, size);
+                prop_assert_eq!(next_slots(Some(next), n, size), next);
+                if next != m {
+                    prop_assert!(n.abs_diff(set_at) > size / 2, "m {m} -> {next} at N {n}, set at {set_at}");
+                    prop_assert_eq!(next, slots_per_round(n, size));
+                    set_at = n;
+                }
+                m = next;
+            }
+        }
+
+        /// (b) with the kept `m`: a rolling update in either order (remove
+        /// then add, or add then remove), from any N (multiples of `size`
+        /// included), moves every subset by at most one member per step.
+        #[test]
+        fn a_rolling_update_moves_at_most_one_member_per_step(
+            m0 in 1usize..8, size in 2usize..10, extra in 0usize..10, steps in 1usize..6,
+            remove_first in any::<bool>(), pick in any::<usize>(), s in 1u64..40,
+        ) {
+            let n0 = m0 * size + extra % size;
+            let mut current = ids(n0);
+            let mut slots = next_slots(None, n0, size);
+            for step in 0..steps {
+                let fresh = format!("new-{step}");
+                let old = current[(pick + step) % current.len()].clone();
+                for remove in [remove_first, !remove_first] {
+                    let before = current.clone();
+                    let slots_before = slots;
+                    if remove {
+                        current.retain(|id| *id != old);
+                    } else {
+                        current.push(fresh.clone());
+                    }
+                    slots = next_slots(Some(slots), current.len(), size);
+                    prop_assert_eq!(slots, slots_before, "a single step changed m");
+                    for i in 0..s {
+                        let (out, inn) = diff(
+                            &subset_in_slots(&before, i, size, Some(slots_before)),
+                            &subset_in_slots(&current, i, size, Some(slots)),
+                        );
+                        prop_assert!(out <= 1 && inn <= 1, "subscriber {i}: {out} out, {inn} in");
+                    }
+                }
+            }
+        }
+
+        /// (a), (c) with a kept `m` that still fits: every subset holds
+        /// exactly min(size, N) distinct endpoints, and every endpoint is in
+        /// at most twice ⌈S/m⌉ of them (once per round, twice in a round
+        /// whose last slot wraps).
+        #[test]
+        fn a_kept_m_keeps_sizes_exact_and_loads_bounded(
+            n0 in 1usize..80, size in 1usize..20, drift in -20i64..20, s in 0u64..120,
+        ) {
+            let m = next_slots(None, n0, size);
+            let n = (n0 as i64 + drift).max(1) as usize;
+            prop_assume!(next_slots(Some(m), n, size) == m);
+            let ids = ids(n);
+            let mut c: BTreeMap<&str, u64> = BTreeMap::new();
+            for i in 0..s {
+                let sub = subset_in_slots(&ids, i, size, Some(m));
+                prop_assert_eq!(sub.len(), size.min(n));
+                prop_assert_eq!(sub.iter().collect::<BTreeSet<_>>().len(), sub.len());
+                for id in sub {
+                    *c.entry(id).or_default() += 1;
+                }
+            }
+            let bound = 2 * s.div_ceil(m);
+            prop_assert!(c.values().all(|&k| k <= bound), "{c:?} over {bound}");
+        }
+    }
+
+    #[test]
+    fn a_boundary_rolling_update_keeps_every_subset_but_one_member() {
+        // The reviewer's case: N = 200 = 2 x 100 and delete-before-add.
+        // With m recomputed (⌊199/100⌋ = 1), subscriber 1 would move from
+        // round 0 slot 1 to round 1 slot 0: a different subset.
+        let mut current = ids(200);
+        let mut slots = next_slots(None, 200, 100);
+        let before: Vec<String> = subset_in_slots(&current, 1, 100, Some(slots))
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        current.retain(|id| id != "pod-7");
+        slots = next_slots(Some(slots), current.len(), 100);
+        assert_eq!(slots, 2, "one removal keeps m");
+        current.push("pod-new".into());
+        slots = next_slots(Some(slots), current.len(), 100);
+        let after = subset_in_slots(&current, 1, 100, Some(slots));
+        let before: Vec<&str> = before.iter().map(String::as_str).collect();
+        let (out, inn) = diff(&before, &after);
+        assert!(out <= 1 && inn <= 1, "{out} out, {inn} in");
+        // Recomputed from scratch at 199 endpoints it would have moved.
+        let scratch = subset(&current[..199], 1, 100);
+        assert!(diff(&before, &scratch).0 > 1);
     }
 
     fn zoned(n: usize, zones: usize) -> Vec<(String, String)> {

@@ -15,9 +15,12 @@ use crate::store::StoreError;
 #[derive(Debug)]
 pub struct GroupFailed {
     pub error: StoreError,
-    /// Every service known before or after the reload: each needs a reset
-    /// delta, since subscribers may hold none of the group's changes but
-    /// memory lost the dirty marks of earlier unreconciled writes.
+    /// The services that need a reset delta: those the group wrote (memory
+    /// went back to the store, and subscribers must hold what it holds)
+    /// and those with writes committed earlier but not yet published (a
+    /// batch period), whose dirty marks the reload lost. Services the
+    /// failure did not touch get nothing: a full disk must not turn every
+    /// failed write into a reset of every service for every proxy.
     pub services: Vec<String>,
 }
 
@@ -45,7 +48,22 @@ impl Registry {
         let Err(error) = store.apply_group(&staged) else {
             return Ok(());
         };
-        let mut services = self.service_keys();
+        let mut services: Vec<String> = staged
+            .iter()
+            .flat_map(|b| {
+                let services = b.services.iter().map(|(k, _)| k);
+                let endpoints = b.endpoints.iter().map(|(k, _, _)| k);
+                let slices = b.slices.iter().map(|(k, _, _)| k);
+                services.chain(endpoints).chain(slices).chain(&b.purge)
+            })
+            .cloned()
+            .collect();
+        services.extend(
+            self.services
+                .iter()
+                .filter(|(_, s)| !s.dirty.is_empty() || s.settings_dirty)
+                .map(|(k, _)| k.clone()),
+        );
         match store.load() {
             Ok(loaded) => {
                 // Versions handed out since the last commit without a
@@ -64,7 +82,6 @@ impl Registry {
                 self.broken = Some(e);
             }
         }
-        services.extend(self.service_keys());
         services.sort();
         services.dedup();
         Err(GroupFailed { error, services })
