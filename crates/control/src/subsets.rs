@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use meshless_api::{EncodedPair, v1};
 use meshless_model::subset::{
-    next_slots, order_key, ranked, round_and_slot, slot_ranks, slots_per_round,
+    fallback_index, next_slots, order_key, ranked, round_and_slot, slot_ranks, slots_per_round,
 };
 
 /// What one subsetted subscriber of a service follows: `size` endpoints,
@@ -259,7 +259,10 @@ impl View {
         }
         let zone = match &key.zone {
             Some(z) if size < n && self.n_in(z) > 0 => z,
-            Some(_) => return vec![Self::part(Scope::All, n, size, key.index, None)],
+            Some(z) => {
+                let index = fallback_index(z, key.index);
+                return vec![Self::part(Scope::All, n, size, index, None)];
+            }
             None => {
                 let slots = self.slots_of(key);
                 return vec![Self::part(Scope::All, n, size, key.index, slots)];
@@ -282,7 +285,7 @@ impl View {
                 Scope::Out(zone.clone()),
                 n - local,
                 size - local,
-                key.index,
+                fallback_index(zone, key.index),
                 None,
             ),
         ]

@@ -61,7 +61,9 @@
 //! among its zone's subscribers: so (a)-(d) hold per zone, for subscribers
 //! numbered `0 .. S_z` within each zone. When the zone holds fewer, the
 //! subset is all of the zone's endpoints plus [`subset`] of
-//! `size - N_z` among the other zones' endpoints: still exactly
+//! `size - N_z` among the other zones' endpoints, at the index
+//! [`fallback_index`] (the zone index moved by a hash of the zone, so that
+//! such zones do not all load the same endpoints): still exactly
 //! `min(size, N)` distinct endpoints, zone first. Churn (b) holds for a
 //! subscriber while its zone keeps `⌊N_z/size⌋ ≥ 1` unchanged (a change in
 //! another zone then does not touch it at all). Locality does not balance
@@ -205,11 +207,25 @@ pub fn zone_subset_in_slots<'a>(
         return borrowed(&local, subset_in_slots(&local, zone_index, size, slots));
     }
     let other: Vec<&'a str> = other.into_iter().map(|&(id, _)| id).collect();
-    let rest = borrowed(&other, subset(&other, zone_index, size - local.len()));
+    let index = fallback_index(zone, zone_index);
+    let rest = borrowed(&other, subset(&other, index, size - local.len()));
     let mut out = local;
     out.extend(rest);
     out.sort_unstable();
     out
+}
+
+/// The index a zone-aware subscriber takes among the endpoints outside its
+/// zone (its zone holds fewer than `size`): its index within its zone,
+/// moved by a hash of the zone (below 2^32), so that the first subscribers
+/// of every such zone do not all take the same slots of the same round
+/// (with every endpoint in one zone and proxies in three others, they
+/// would load half the endpoints three times and leave the other half
+/// idle). Within a zone, indices stay consecutive (balance holds per
+/// zone); across zones, rounds differ, so the load spreads as independent
+/// subsets do.
+pub fn fallback_index(zone: &str, zone_index: u64) -> u64 {
+    zone_index.wrapping_add(order_key(u64::MAX, zone) >> 32)
 }
 
 /// `picked` (ids of `sorted`) as `sorted`'s own `&'a str`s.
@@ -481,6 +497,29 @@ mod tests {
             }
             prop_assert!(c.keys().all(|id| eps.iter().any(|e| e.0 == *id && e.1 == "zone-1")));
         }
+    }
+
+    #[test]
+    fn subscribers_of_zones_without_endpoints_spread_over_the_others() {
+        // Every endpoint in zone a; one zone-aware subscriber in each of 30
+        // other zones. With the index within the zone alone, all 30 would
+        // take the same 10 endpoints (30 holders each, 90 idle).
+        let owned: Vec<(String, String)> = (0..100)
+            .map(|i| (format!("pod-{i}"), "a".to_owned()))
+            .collect();
+        let eps: Vec<(&str, &str)> = owned
+            .iter()
+            .map(|(i, z)| (i.as_str(), z.as_str()))
+            .collect();
+        let mut c: BTreeMap<&str, u64> = BTreeMap::new();
+        for z in 0..30 {
+            for id in zone_subset(&eps, &format!("zone-{z}"), 0, 10) {
+                *c.entry(id).or_default() += 1;
+            }
+        }
+        let max = c.values().copied().max().unwrap_or(0);
+        assert!(max <= 10, "an endpoint is in {max} of 30 subsets");
+        assert!(c.len() >= 50, "only {} endpoints in use", c.len());
     }
 
     #[test]
