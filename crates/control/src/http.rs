@@ -151,7 +151,15 @@ const ROUTES: &str = "routes: GET /v1/services, GET|PUT|DELETE /v1/services/NS/N
      PUT|DELETE /v1/services/NS/NAME/endpoints/ID, POST /v1/services/NS/NAME/endpoints (bulk), \
      POST /v1/services/NS/NAME/endpoints/ID/renew, GET /metrics, GET /ready";
 
-async fn route(state: &PlaneState, req: Request<Incoming>) -> Result<Reply, Reply> {
+/// A reply for a call the runtime's shutdown cut.
+fn shutting_down() -> Reply {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "control plane shutting down",
+    )
+}
+
+async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply, Reply> {
     let path = req.uri().path().trim_matches('/').to_owned();
     let parts: Vec<&str> = path.split('/').collect();
     let method = req.method().clone();
@@ -170,8 +178,8 @@ async fn route(state: &PlaneState, req: Request<Incoming>) -> Result<Reply, Repl
         return Err(error(StatusCode::UNAUTHORIZED, UNAUTHENTICATED));
     }
     match (&method, parts.as_slice()) {
-        (&Method::GET, ["v1", "services"]) => Ok(list(state)),
-        (&Method::GET, ["v1", "services", ns, name]) => Ok(view(state, &format!("{ns}/{name}"))),
+        (&Method::GET, ["v1", "services"]) => list(state).await,
+        (&Method::GET, ["v1", "services", ns, name]) => view(state, format!("{ns}/{name}")).await,
         (_, ["v1", "services", ns, name, rest @ ..]) => {
             let (ns, name) = ((*ns).to_owned(), (*name).to_owned());
             let rest: Vec<String> = rest.iter().map(|s| (*s).to_owned()).collect();
@@ -192,39 +200,52 @@ fn metrics(state: &PlaneState) -> Reply {
     r
 }
 
-fn list(state: &PlaneState) -> Reply {
-    let reg = state.lock();
-    let services = reg
-        .service_keys()
+async fn list(state: &Arc<PlaneState>) -> Result<Reply, Reply> {
+    let (version, keys) = state
+        .with_registry(|_, reg| (reg.version(), reg.service_keys()))
+        .await
+        .ok_or_else(shutting_down)?;
+    let services = keys
         .into_iter()
         .map(|service| ServiceListItem { service })
         .collect();
-    json(
-        StatusCode::OK,
-        &ServiceList {
-            version: reg.version(),
-            services,
-        },
-    )
+    Ok(json(StatusCode::OK, &ServiceList { version, services }))
 }
 
-fn view(state: &PlaneState, key: &str) -> Reply {
-    match state.lock().view(key) {
-        Some(v) => json(StatusCode::OK, &v),
-        None => error(StatusCode::NOT_FOUND, format!("unknown service {key:?}")),
+async fn view(state: &Arc<PlaneState>, key: String) -> Result<Reply, Reply> {
+    let view = state
+        .with_registry({
+            let key = key.clone();
+            move |_, reg| reg.view(&key)
+        })
+        .await
+        .ok_or_else(shutting_down)?;
+    match view {
+        Some(v) => Ok(json(StatusCode::OK, &v)),
+        None => Err(error(
+            StatusCode::NOT_FOUND,
+            format!("unknown service {key:?}"),
+        )),
     }
 }
 
 /// Every route that changes a service: `rest` is the path after `NS/NAME`.
 async fn write(
-    state: &PlaneState,
+    state: &Arc<PlaneState>,
     req: Request<Incoming>,
     ns: &str,
     name: &str,
     rest: &[String],
 ) -> Result<Reply, Reply> {
     let key = format!("{ns}/{name}");
-    if let Some(origin) = state.lock().owner(&key) {
+    let owner = state
+        .with_registry({
+            let key = key.clone();
+            move |_, reg| reg.owner(&key).map(str::to_owned)
+        })
+        .await
+        .ok_or_else(shutting_down)?;
+    if let Some(origin) = owner {
         return Err(error(
             StatusCode::CONFLICT,
             format!("service {key} comes from {origin} and is read-only here: change it there"),
@@ -249,10 +270,16 @@ async fn write(
         }
         (Method::DELETE, []) => {
             let committed = Instant::now();
-            let mut reg = state.lock();
-            let delta = reg.delete_service(&key).map_err(registry_error)?;
-            state.distributor.publish(&delta, committed);
-            Ok(version(delta.version))
+            // Its own store transaction (and fsync): off the executor.
+            let deleted = state
+                .with_registry_offloaded(move |state, reg| {
+                    let delta = reg.delete_service(&key)?;
+                    state.distributor.publish(&delta, committed);
+                    Ok(delta.version)
+                })
+                .await
+                .ok_or_else(shutting_down)?;
+            Ok(version(deleted.map_err(registry_error)?))
         }
         (Method::PUT, ["endpoints", id]) => {
             let body: EndpointInput = read_json(req.into_body(), max).await?;
@@ -278,7 +305,14 @@ async fn write(
         }
         (Method::POST, ["endpoints", id, "renew"]) => {
             let id = EndpointId::new(*id);
-            state.lock().renew(&key, &id).map_err(registry_error)?;
+            state
+                .with_registry({
+                    let id = id.clone();
+                    move |_, reg| reg.renew(&key, &id)
+                })
+                .await
+                .ok_or_else(shutting_down)?
+                .map_err(registry_error)?;
             state.metrics.renewals.inc();
             let renewed = id.to_string();
             Ok(json(StatusCode::OK, &RenewReply { renewed }))
@@ -291,7 +325,7 @@ async fn write(
     }
 }
 
-async fn bulk(state: &PlaneState, key: String, body: BulkInput) -> Reply {
+async fn bulk(state: &Arc<PlaneState>, key: String, body: BulkInput) -> Reply {
     let ids: Vec<EndpointId> = body.delete.into_iter().map(EndpointId::new).collect();
     let written = state
         .write_grouped(move |r| {

@@ -37,6 +37,9 @@ pub struct ControlMetrics {
     pub slice_writes: Counter,
     pub commit_groups: Counter,
     pub renewals: Counter,
+    /// API calls that found the registry locked (a commit in progress)
+    /// and waited for it on the blocking pool, not on an executor thread.
+    pub registry_waits_offloaded: Counter,
     pub expired: Counter,
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
@@ -140,6 +143,12 @@ impl ControlMetrics {
             "TTL renewals (in-memory lease extensions, never a store write)",
             renewals.clone(),
         );
+        let registry_waits_offloaded = Counter::default();
+        registry.register(
+            "registry_waits_offloaded",
+            "API calls that found the registry locked by a commit and waited on the blocking pool",
+            registry_waits_offloaded.clone(),
+        );
         let expired = Counter::default();
         registry.register(
             "expired_endpoints",
@@ -212,6 +221,7 @@ impl ControlMetrics {
             slice_writes,
             commit_groups,
             renewals,
+            registry_waits_offloaded,
             expired,
         }
     }

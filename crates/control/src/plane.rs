@@ -17,7 +17,7 @@ use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, RegistryError};
 use crate::state::Auth;
 pub use crate::state::PlaneState;
-use crate::store::Store;
+use crate::store::{Storage, Store};
 
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,23 @@ impl ControlPlane {
     /// Opens the store, registers the file's services, binds both addresses
     /// and starts serving.
     pub async fn start(config: ControlConfig) -> Result<Self, PlaneError> {
+        let store = config
+            .data_dir
+            .as_deref()
+            .map(Store::open)
+            .transpose()
+            .map_err(RegistryError::from)?
+            .map(|s| Box::new(s) as Box<dyn Storage>);
+        Self::start_with_storage(config, store).await
+    }
+
+    /// [`ControlPlane::start`] on `store` instead of the one `data_dir`
+    /// names (`None`: memory only): for embedding, and for tests that
+    /// inject a store that fails or stalls.
+    pub async fn start_with_storage(
+        config: ControlConfig,
+        store: Option<Box<dyn Storage>>,
+    ) -> Result<Self, PlaneError> {
         let token = match &config.token_file {
             Some(p) => Some(
                 std::fs::read_to_string(p)
@@ -65,13 +82,7 @@ impl ControlPlane {
             ),
             None => None,
         };
-        let store = config
-            .data_dir
-            .as_deref()
-            .map(Store::open)
-            .transpose()
-            .map_err(RegistryError::from)?;
-        let registry = Arc::new(Mutex::new(Registry::open(
+        let registry = Arc::new(Mutex::new(Registry::open_with(
             store,
             config.max_endpoints_per_slice,
         )?));

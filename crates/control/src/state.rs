@@ -106,6 +106,43 @@ impl PlaneState {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Runs `f` with the registry locked, without blocking an executor
+    /// thread: at once when the lock is free, else on tokio's blocking
+    /// pool. The commit thread holds the lock through a group's fsync, so a
+    /// task that waited for it on a worker would stall every other task of
+    /// that worker (streams, heartbeats, `/metrics`) for as long. For reads
+    /// and in-memory changes only; `f` must not write the store (see
+    /// [`PlaneState::with_registry_offloaded`]). `None` only when the
+    /// runtime is shutting down.
+    pub async fn with_registry<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&PlaneState, &mut Registry) -> T + Send + 'static,
+    ) -> Option<T> {
+        match self.registry.try_lock() {
+            Ok(mut reg) => return Some(f(self, &mut reg)),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(f(self, &mut p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        self.metrics.registry_waits_offloaded.inc();
+        self.with_registry_offloaded(f).await
+    }
+
+    /// Runs `f` with the registry locked on tokio's blocking pool: for work
+    /// that writes the store (a transaction and an fsync), which must never
+    /// run on an executor thread. `None` only when the runtime is shutting
+    /// down.
+    pub async fn with_registry_offloaded<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&PlaneState, &mut Registry) -> T + Send + 'static,
+    ) -> Option<T> {
+        let state = Arc::clone(self);
+        match tokio::task::spawn_blocking(move || f(&state, &mut state.lock())).await {
+            Ok(out) => Some(out),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        }
+    }
+
     /// Runs one write at once under the registry lock (its own store
     /// transaction); without a batch period, reconciles and publishes at
     /// once. For rare writes (startup, scaling, compaction); the API's

@@ -15,7 +15,7 @@ pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
 /// One housekeeping round at `now`: removes endpoints whose TTL ran out
 /// (a grouped write, published as any write is) and compacts services
 /// quiet for `compact_after`.
-pub async fn housekeep(state: &PlaneState, now: Instant) {
+pub async fn housekeep(state: &Arc<PlaneState>, now: Instant) {
     match state.write_grouped(move |r| r.expire(now)).await {
         Ok((0, _)) => {}
         Ok((n, _)) => {
@@ -24,15 +24,20 @@ pub async fn housekeep(state: &PlaneState, now: Instant) {
         }
         Err(e) => tracing::error!(error = %e, "TTL expiry failed"),
     }
-    let mut reg = state.lock();
-    match reg.compact_quiet(state.config.compact_after) {
-        Ok(deltas) => {
-            for d in deltas {
-                state.distributor.publish(&d, now);
+    // Compaction writes the store (an fsync) under the registry lock: off
+    // the executor's threads.
+    state
+        .with_registry_offloaded(move |state, reg| {
+            match reg.compact_quiet(state.config.compact_after) {
+                Ok(deltas) => {
+                    for d in deltas {
+                        state.distributor.publish(&d, now);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "compaction failed"),
             }
-        }
-        Err(e) => tracing::error!(error = %e, "compaction failed"),
-    }
+        })
+        .await;
 }
 
 /// [`housekeep`] every [`HOUSEKEEPING_PERIOD`] until `stop` changes.
@@ -55,9 +60,13 @@ pub async fn batches(state: Arc<PlaneState>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let mut reg = state.lock();
-        if let Err(e) = state.flush(&mut reg, Instant::now()) {
-            tracing::error!(error = %e, "reconcile failed");
-        }
+        // A reconcile writes slices to the store: off the executor.
+        state
+            .with_registry_offloaded(|state, reg| {
+                if let Err(e) = state.flush(reg, Instant::now()) {
+                    tracing::error!(error = %e, "reconcile failed");
+                }
+            })
+            .await;
     }
 }
