@@ -127,23 +127,39 @@ fn job<T: Send + 'static>(
 }
 
 impl Shared {
-    /// One group: run, reconcile, commit once, publish, answer.
+    /// One group: run, reconcile, commit once, publish, answer. A job
+    /// that panics fails its whole group (rolled back as a refused commit:
+    /// nothing of it stored, memory reloaded, every writer answered with
+    /// the error) and the thread goes on with the next group.
     fn run(&self, jobs: Vec<Job>) {
         let committed = Instant::now();
         let mut reg = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         reg.begin_group();
-        let completions: Vec<Completion> = jobs.into_iter().map(|job| job(&mut reg)).collect();
-        let deltas = if self.batch_period.is_zero() {
-            reconcile_dirty(&mut reg, &self.metrics).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "reconcile failed");
+        let mut completions: Vec<Completion> = Vec::with_capacity(jobs.len());
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for job in jobs {
+                completions.push(job(&mut reg));
+            }
+            if self.batch_period.is_zero() {
+                reconcile_dirty(&mut reg, &self.metrics).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "reconcile failed");
+                    Vec::new()
+                })
+            } else {
                 Vec::new()
-            })
-        } else {
-            Vec::new()
-        };
+            }
+        }));
         self.metrics.commit_groups.inc();
-        let outcome = match reg.end_group() {
-            Ok(()) => {
+        let ended = match ran {
+            Ok(deltas) => reg.end_group().map(|()| deltas),
+            Err(_) => {
+                tracing::error!("a write panicked: its group is rolled back");
+                let error = StoreError::Io("a write in this group failed; rolled back".into());
+                Err(reg.abort_group(error))
+            }
+        };
+        let outcome = match ended {
+            Ok(deltas) => {
                 for d in &deltas {
                     self.distributor.publish(d, committed);
                 }
@@ -325,6 +341,49 @@ mod tests {
         assert_eq!(wire.upserted.len(), 50);
         drop(f.shared);
         assert_eq!(stored_ids(&f.dir).len(), 50, "durable");
+        let _ = std::fs::remove_dir_all(&f.dir);
+    }
+
+    /// A write that panics fails its group, which is rolled back; the
+    /// commit thread's next group is stored as any other (a group left
+    /// half-open would acknowledge later writes without storing them).
+    #[tokio::test]
+    async fn a_panicking_write_rolls_its_group_back_and_the_next_is_durable() {
+        let f = fixture("panic");
+        let (before, before_answer) = job(put(1), Arc::clone(&f.shared.metrics));
+        let (panics, panic_answer) = job(
+            |r: &mut Registry| -> Result<u64, RegistryError> {
+                let _ = r.put_endpoints(
+                    "shop/cart",
+                    vec![EndpointInput::new("half", [10, 0, 0, 9].into(), 80)],
+                );
+                panic!("a bug in a write")
+            },
+            Arc::clone(&f.shared.metrics),
+        );
+        f.shared.run(vec![before, panics]);
+        assert!(
+            before_answer.await.expect("answered").is_err(),
+            "its group failed"
+        );
+        assert!(
+            panic_answer.await.is_err(),
+            "no answer from the panicked write"
+        );
+        {
+            let reg = f
+                .shared
+                .registry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (_, eps) = reg.snapshot("shop/cart").expect("service");
+            assert!(eps.is_empty(), "memory rolled back to the store");
+        }
+        let (next, next_answer) = job(put(7), Arc::clone(&f.shared.metrics));
+        f.shared.run(vec![next]);
+        next_answer.await.expect("answered").expect("written");
+        drop(f.shared);
+        assert_eq!(stored_ids(&f.dir), vec!["cart-7"], "durable");
         let _ = std::fs::remove_dir_all(&f.dir);
     }
 

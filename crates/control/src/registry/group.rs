@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use super::{Registry, restore};
-use crate::store::StoreError;
+use crate::store::{StoreError, WriteBatch};
 
 /// A group commit that failed: the store refused it and memory was
 /// reloaded from the store.
@@ -48,6 +48,34 @@ impl Registry {
         let Err(error) = store.apply_group(&staged) else {
             return Ok(());
         };
+        Err(self.roll_back(&staged, error))
+    }
+
+    /// Gives up the group in progress (a write panicked in it): nothing of
+    /// it is stored, and memory is reloaded from the store as after a
+    /// failed commit. Without a store, memory keeps what the group did.
+    pub fn abort_group(&mut self, error: StoreError) -> GroupFailed {
+        let staged = self.staged.take().unwrap_or_default();
+        if self.store.is_none() {
+            let services = self
+                .services
+                .iter()
+                .filter(|(_, s)| !s.dirty.is_empty() || s.settings_dirty)
+                .map(|(k, _)| k.clone())
+                .collect();
+            return GroupFailed { error, services };
+        }
+        self.roll_back(&staged, error)
+    }
+
+    /// Memory back to the store after `staged` was not stored.
+    fn roll_back(&mut self, staged: &[WriteBatch], error: StoreError) -> GroupFailed {
+        let Some(store) = &self.store else {
+            return GroupFailed {
+                error,
+                services: Vec::new(),
+            };
+        };
         let mut services: Vec<String> = staged
             .iter()
             .flat_map(|b| {
@@ -84,6 +112,6 @@ impl Registry {
         }
         services.sort();
         services.dedup();
-        Err(GroupFailed { error, services })
+        GroupFailed { error, services }
     }
 }
