@@ -323,6 +323,10 @@ impl Distributor {
     ) -> (u64, Vec<EncodedPair>) {
         let reg = self.registry();
         let mut cache = self.resets.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() > reg.service_count() {
+            // Services deleted since their last snapshot: their encodings go.
+            cache.retain(|service, _| reg.service_version(service).is_some());
+        }
         let out = services
             .into_iter()
             .map(|service| {
@@ -650,6 +654,40 @@ pub(crate) mod tests {
         d.request_activation("ns/a", "n1".into());
         assert_eq!(d.take_activation_node("ns/a").as_deref(), Some("n1"));
         assert_eq!(d.metrics.activation_requests.get(), 1);
+    }
+
+    #[test]
+    fn snapshot_encodings_of_deleted_services_are_dropped() {
+        let (registry, d) = distributor(16);
+        let names: Vec<String> = (0..20).map(|i| format!("svc-{i}")).collect();
+        for name in &names {
+            registry
+                .lock()
+                .expect("lock")
+                .put_service(crate::registry::ServiceSpec {
+                    namespace: "ns".into(),
+                    name: name.clone(),
+                    ports: vec![crate::registry::ServicePort::tcp(80)],
+                    settings: Default::default(),
+                })
+                .expect("service");
+        }
+        let keys: Vec<String> = names.iter().map(|n| format!("ns/{n}")).collect();
+        d.resets(&keys);
+        assert_eq!(d.resets.lock().expect("lock").len(), 20);
+        for key in &keys[1..] {
+            registry
+                .lock()
+                .expect("lock")
+                .delete_service(key)
+                .expect("deleted");
+        }
+        d.resets(&keys[..1]);
+        assert_eq!(
+            d.resets.lock().expect("lock").len(),
+            1,
+            "only the live one kept"
+        );
     }
 
     /// An activation error is an event of the moment: a subscriber that

@@ -28,13 +28,12 @@ pub async fn housekeep(state: &Arc<PlaneState>, now: Instant) {
     // the executor's threads.
     state
         .with_registry_offloaded(move |state, reg| {
-            match reg.compact_quiet(state.config.compact_after) {
-                Ok(deltas) => {
-                    for d in deltas {
-                        state.distributor.publish(&d, now);
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "compaction failed"),
+            let (deltas, stored) = reg.compact_quiet(state.config.compact_after);
+            for d in deltas {
+                state.distributor.publish(&d, now);
+            }
+            if let Err(e) = stored {
+                tracing::error!(error = %e, "compaction failed");
             }
         })
         .await;

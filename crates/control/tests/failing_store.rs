@@ -130,19 +130,21 @@ fn a_failed_compaction_keeps_memory_and_is_retried() {
     assert_eq!(slices(&r), 3);
     fail.store(true, Ordering::SeqCst);
     let (version, before) = (r.version(), view(&r));
-    assert!(r.compact_quiet(Duration::ZERO).is_err());
+    let (deltas, stored) = r.compact_quiet(Duration::ZERO);
+    assert!(stored.is_err() && deltas.is_empty());
     assert_eq!(
         (r.version(), view(&r)),
         (version, before),
         "memory unchanged"
     );
     fail.store(false, Ordering::SeqCst);
-    let deltas = r.compact_quiet(Duration::ZERO).expect("compacts");
+    let (deltas, stored) = r.compact_quiet(Duration::ZERO);
+    stored.expect("compacts");
     assert_eq!(deltas.len(), 1);
     assert_eq!(slices(&r), 1, "three endpoints fit one slice");
     assert_eq!(deltas[0].upserted.len(), 2, "two endpoints moved");
     assert!(
-        r.compact_quiet(Duration::ZERO).expect("again").is_empty(),
+        r.compact_quiet(Duration::ZERO).0.is_empty(),
         "once per change"
     );
     let live = view(&r);
@@ -228,4 +230,68 @@ fn a_write_after_the_store_closed_is_refused() {
     };
     assert!(err.to_string().contains("shutting down"), "{err}");
     assert!(r.view("shop/cart").expect("view").endpoints.is_empty());
+}
+
+/// A real store that refuses every write once `left` reaches 0.
+#[derive(Debug)]
+struct Countdown {
+    inner: Store,
+    left: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Storage for Countdown {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError> {
+        if self.left.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            return Err(StoreError::Io("injected: no space left on device".into()));
+        }
+        self.inner.apply_group(batches)
+    }
+}
+
+/// Two services due for compaction and a store that takes only the first:
+/// the first one's delta (stored) is still returned, to be published.
+#[test]
+fn a_compaction_cut_by_the_store_still_returns_what_it_stored() {
+    let tmp = temp_dir("compact-partial");
+    let left = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+    let store = Countdown {
+        inner: Store::open(tmp.path()).expect("store"),
+        left: Arc::clone(&left),
+    };
+    let mut r = Registry::open_with(Some(Box::new(store)), 10).expect("registry");
+    for name in ["a", "b"] {
+        let key = format!("shop/{name}");
+        r.put_service(ServiceSpec {
+            name: name.into(),
+            ..spec()
+        })
+        .expect("service");
+        r.put_endpoints(&key, (0..30).map(input).collect())
+            .expect("endpoints");
+        r.reconcile(&key).expect("reconcile");
+        let gone: Vec<EndpointId> = r
+            .view(&key)
+            .expect("view")
+            .slices
+            .iter()
+            .flat_map(|s| s.endpoints[1..].to_vec())
+            .map(EndpointId::new)
+            .collect();
+        r.delete_endpoints(&key, &gone, true).expect("delete");
+        r.reconcile(&key).expect("reconcile");
+    }
+    left.store(1, Ordering::SeqCst);
+    let (deltas, stored) = r.compact_quiet(Duration::ZERO);
+    assert!(stored.is_err(), "the second service's compaction failed");
+    assert_eq!(deltas.len(), 1, "the first one's delta is kept");
+    assert_eq!(deltas[0].service, "shop/a");
+    left.store(i64::MAX, Ordering::SeqCst);
+    let (deltas, stored) = r.compact_quiet(Duration::ZERO);
+    stored.expect("compacts");
+    assert_eq!(deltas.len(), 1);
+    assert_eq!(deltas[0].service, "shop/b", "tried again next time");
 }

@@ -197,7 +197,12 @@ impl Registry {
         self.owners.get(key).map(String::as_str)
     }
 
-    /// Service keys.
+    /// How many services the registry holds.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Every service key, sorted.
     pub fn service_keys(&self) -> Vec<String> {
         self.services.keys().cloned().collect()
     }

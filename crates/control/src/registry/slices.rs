@@ -144,11 +144,16 @@ impl Registry {
     }
 
     /// Merges sparse slices of services quiet for `quiet`; returns the
-    /// deltas (moved endpoints with their new slice). Each service's
-    /// compaction is written to the store before memory changes; on a
-    /// store error the deltas so far are lost to the caller but memory and
-    /// store agree, and the failed service is tried again next time.
-    pub fn compact_quiet(&mut self, quiet: Duration) -> Result<Vec<ServiceDelta>, RegistryError> {
+    /// deltas (moved endpoints with their new slice) and the first store
+    /// error. Each service's compaction is written to the store before
+    /// memory changes; on a store error it stops there, the deltas of the
+    /// services compacted before it are still returned (stored, so they
+    /// must be published), memory and store agree, and the failed service
+    /// is tried again next time.
+    pub fn compact_quiet(
+        &mut self,
+        quiet: Duration,
+    ) -> (Vec<ServiceDelta>, Result<(), RegistryError>) {
         let now = Instant::now();
         let due: Vec<String> = self
             .services
@@ -162,11 +167,13 @@ impl Registry {
             .collect();
         let mut out = Vec::new();
         for key in due {
-            if let Some(delta) = self.compact_one(&key)? {
-                out.push(delta);
+            match self.compact_one(&key) {
+                Ok(Some(delta)) => out.push(delta),
+                Ok(None) => {}
+                Err(e) => return (out, Err(e)),
             }
         }
-        Ok(out)
+        (out, Ok(()))
     }
 
     /// Compacts one service's slices: store first, then memory.
