@@ -437,6 +437,9 @@ pub struct InFlight {
     index: usize,
     started_nanos: u64,
     outcome: Outcome,
+    /// The outcome was recorded already ([`InFlight::report_now`]): the
+    /// drop only ends the request.
+    reported: bool,
 }
 
 impl InFlight {
@@ -462,6 +465,7 @@ impl InFlight {
             index,
             started_nanos: shared.clock.now_nanos(),
             outcome: Outcome::Cancelled,
+            reported: false,
         }
     }
 
@@ -484,11 +488,33 @@ impl InFlight {
     pub fn finish(mut self, outcome: Outcome) {
         self.outcome = outcome;
     }
+
+    /// Records `outcome` (and the latency so far) for outlier detection
+    /// now, while the request goes on holding its load until the guard
+    /// drops; the drop then records nothing more. For a TCP flow, whose
+    /// success is its connection (Envoy's `LocalOriginConnectSuccess`):
+    /// recorded at the end, a long flow's success would land after
+    /// failures that happened meanwhile and let them eject the endpoint.
+    pub fn report_now(&mut self, outcome: Outcome) {
+        if self.reported {
+            return;
+        }
+        self.reported = true;
+        let latency = self
+            .shared
+            .clock
+            .now_nanos()
+            .saturating_sub(self.started_nanos);
+        self.shared.record(&self.state, outcome, latency);
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.end(&self.shared);
+        if self.reported {
+            return;
+        }
         let latency = self
             .shared
             .clock

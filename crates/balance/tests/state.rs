@@ -92,6 +92,36 @@ fn gateway_errors_eject_on_their_own_threshold() {
     assert!(c.stats(2).expect("stats").ejected);
 }
 
+/// A long TCP flow's success is its connection: reported at once, it
+/// breaks a run of gateway errors that happen while it is open.
+#[test]
+fn a_success_reported_now_breaks_the_run_of_failures_around_it() {
+    let mut cfg = with_outlier(PolicyKind::RoundRobin);
+    cfg.outlier.consecutive_gateway_errors = 2;
+    let (c, _) = manual(&endpoints(4), cfg);
+    let mut first = c.start(1).expect("in range");
+    first.report_now(Outcome::Status(200));
+    fail(&c, 1, 1, Outcome::ConnectFailed);
+    let mut second = c.start(1).expect("in range");
+    second.report_now(Outcome::Status(200));
+    fail(&c, 1, 1, Outcome::ConnectFailed);
+    assert!(
+        !c.stats(1).expect("stats").ejected,
+        "no two failures in a row"
+    );
+    assert_eq!(
+        c.stats(1).expect("stats").in_flight,
+        2,
+        "the flows still count"
+    );
+    drop((first, second));
+    assert_eq!(c.stats(1).expect("stats").in_flight, 0);
+    assert!(
+        !c.stats(1).expect("stats").ejected,
+        "the drops record nothing more"
+    );
+}
+
 #[test]
 fn a_single_endpoint_cluster_is_never_ejected() {
     // envoyproxy/envoy #17504

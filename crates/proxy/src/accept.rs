@@ -62,6 +62,15 @@ pub async fn client_address(
     let Some(accept) = &settings.proxy_protocol else {
         return Some((stream, peer));
     };
+    if settings.tcp.is_some() && !accept.trusts(peer.ip()) {
+        // A `tcp` listener may carry a protocol whose server speaks first
+        // (SMTP, MySQL, IMAP): its clients send nothing until greeted, so
+        // waiting for their first bytes would hold them until the timeout.
+        // An untrusted peer is served as itself at once, as HAProxy's
+        // `expect-proxy layer4 if <trusted>` does; what it sends, a header
+        // included, reaches the endpoint as data.
+        return Some((stream, peer));
+    }
     let read = proxy_protocol::accept(&mut stream, peer, accept);
     let reason = match tokio::time::timeout(settings.timeouts.request_headers, read).await {
         Ok(Ok(client)) => {

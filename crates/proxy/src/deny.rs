@@ -60,7 +60,9 @@ pub fn matching(rules: &[DenyRule], ip: IpAddr) -> Option<&DenyRule> {
         .find(|r| r.sources.iter().any(|c| c.contains(ip)))
 }
 
-/// Closes a denied connection as `action` says.
+/// Closes a denied connection as `action` says. A `drop` is a plain close:
+/// FIN, or RST when the peer's bytes are still unread (the kernel's rule;
+/// nothing is read from a denied peer to avoid it).
 pub fn refuse(stream: TcpStream, action: DenyAction) {
     if action == DenyAction::Reset {
         // Best effort: if the option cannot be set, a plain close remains.

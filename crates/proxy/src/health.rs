@@ -10,8 +10,10 @@ use http::uri::Authority;
 use http::{Request, Uri};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prost::Message as _;
+use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
 
 use crate::metrics::EndpointLabels;
@@ -22,15 +24,7 @@ use crate::state::ProxyState;
 /// each cluster every `outlier_detection.interval`. Follows the current
 /// snapshot, so reloads take effect at the next round.
 pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_max_idle_per_host(1)
-        .build_http();
-    let grpc_client: GrpcClient = Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_max_idle_per_host(1)
-        .http2_only(true)
-        .build_http();
+    let clients = Clients::new();
     let mut last_check: HashMap<String, Instant> = HashMap::new();
     let mut last_tick: HashMap<String, Instant> = HashMap::new();
     let mut round = tokio::time::interval(Duration::from_millis(100));
@@ -61,9 +55,12 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                 continue;
             }
             last_check.insert(name.clone(), now);
+            // A cluster that sends a PROXY header on its flows sends one on
+            // its checks too (`LOCAL`: the check is the proxy's own
+            // connection), or an endpoint that requires it refuses them.
+            let local = cluster.config.proxy_protocol.is_some();
             for (i, authority) in cluster.authorities.iter().enumerate() {
-                let client = client.clone();
-                let grpc_client = grpc_client.clone();
+                let clients = clients.clone();
                 let cluster = Arc::clone(cluster);
                 let state = Arc::clone(&state);
                 let hc = hc.clone();
@@ -71,9 +68,12 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                 tokio::spawn(async move {
                     let check = async {
                         match &hc.grpc {
-                            _ if hc.tcp => tcp_check(&authority).await,
-                            Some(g) => grpc_check(&grpc_client, &authority, &g.service).await,
-                            None => http_check(&client, &authority, &hc.path).await,
+                            _ if hc.tcp => tcp_check(&authority, local).await,
+                            Some(g) => {
+                                let client = clients.grpc(local);
+                                grpc_check(client, &authority, &g.service).await
+                            }
+                            None => http_check(clients.http(local), &authority, &hc.path).await,
                         }
                     };
                     let passed = tokio::time::timeout(hc.timeout, check)
@@ -98,21 +98,108 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-type GrpcClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+type GrpcClient = Client<Connector, Full<Bytes>>;
+type HttpClient = Client<Connector, Empty<Bytes>>;
 
-/// Passes when a TCP connection opens (then closed at once).
-async fn tcp_check(authority: &Authority) -> bool {
-    tokio::net::TcpStream::connect(authority.as_str())
-        .await
-        .is_ok()
+/// The check clients: plain, and with a PROXY `LOCAL` header first.
+#[derive(Clone)]
+struct Clients {
+    http: [HttpClient; 2],
+    grpc: [GrpcClient; 2],
+}
+
+impl Clients {
+    fn new() -> Self {
+        let http = |local| {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_max_idle_per_host(1)
+                .build(Connector::new(local))
+        };
+        let grpc = |local| {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_max_idle_per_host(1)
+                .http2_only(true)
+                .build(Connector::new(local))
+        };
+        Self {
+            http: [http(false), http(true)],
+            grpc: [grpc(false), grpc(true)],
+        }
+    }
+
+    fn http(&self, local: bool) -> &HttpClient {
+        &self.http[usize::from(local)]
+    }
+
+    fn grpc(&self, local: bool) -> &GrpcClient {
+        &self.grpc[usize::from(local)]
+    }
+}
+
+/// An HTTP connector that, for `local`, writes a PROXY protocol v2
+/// `LOCAL` header on each new connection before the client speaks.
+#[derive(Clone)]
+struct Connector {
+    inner: HttpConnector,
+    local: bool,
+}
+
+impl Connector {
+    fn new(local: bool) -> Self {
+        Self {
+            inner: HttpConnector::new(),
+            local,
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<tokio::net::TcpStream>;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let local = self.local;
+        Box::pin(async move {
+            let mut io = connecting.await?;
+            if local {
+                io.inner_mut()
+                    .write_all(&crate::proxy_protocol::encode_local())
+                    .await?;
+            }
+            Ok(io)
+        })
+    }
+}
+
+/// Passes when a TCP connection opens (then closed at once, after a
+/// PROXY `LOCAL` header when the cluster sends headers).
+async fn tcp_check(authority: &Authority, local: bool) -> bool {
+    let Ok(mut s) = tokio::net::TcpStream::connect(authority.as_str()).await else {
+        return false;
+    };
+    if local {
+        let _ = s.write_all(&crate::proxy_protocol::encode_local()).await;
+    }
+    true
 }
 
 /// GET `path`: 2xx and 3xx pass.
-async fn http_check(
-    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
-    authority: &Authority,
-    path: &str,
-) -> bool {
+async fn http_check(client: &HttpClient, authority: &Authority, path: &str) -> bool {
     let uri = Uri::builder()
         .scheme("http")
         .authority(authority.clone())

@@ -46,6 +46,13 @@ fn default_required() -> bool {
     true
 }
 
+impl ProxyProtocolAccept {
+    /// Whether `peer` may send a header.
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        self.trusted.iter().any(|c| c.contains(peer))
+    }
+}
+
 /// `clusters[].proxy_protocol:` the header sent to endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -105,6 +112,15 @@ pub fn start(head: &[u8]) -> Start {
     } else {
         Start::Undecided
     }
+}
+
+/// The `LOCAL` header: a connection the proxy opened on its own behalf (a
+/// health check), whose receiver keeps the connection's own addresses.
+pub fn encode_local() -> Vec<u8> {
+    let mut out = Vec::with_capacity(FIXED);
+    out.extend_from_slice(&SIGNATURE);
+    out.extend_from_slice(&[0x20, 0x00, 0, 0]);
+    out
 }
 
 /// The header announcing a TCP stream from `source` to `destination`.
@@ -207,8 +223,14 @@ pub fn decode(buf: &[u8]) -> Result<Header, HeaderError> {
     })
 }
 
-/// How long to wait before peeking again at a part of the signature.
+/// How long to wait before peeking again at a part of the signature: the
+/// first wait, doubled after each peek that found nothing new, up to
+/// [`PEEK_AGAIN_MAX`]. A peer that stalls (or half-closes: a peek cannot
+/// see the end of stream behind bytes not yet read) inside the signature
+/// costs a few wake-ups a second until `timeouts.request_headers`, not
+/// two hundred.
 const PEEK_AGAIN: Duration = Duration::from_millis(5);
+const PEEK_AGAIN_MAX: Duration = Duration::from_millis(320);
 
 /// Why an accepted connection was closed before it was served.
 #[derive(Debug, thiserror::Error)]
@@ -234,15 +256,22 @@ pub async fn accept(
     peer: SocketAddr,
     settings: &ProxyProtocolAccept,
 ) -> Result<SocketAddr, Refused> {
-    let trusted = settings.trusted.iter().any(|c| c.contains(peer.ip()));
+    let trusted = settings.trusts(peer.ip());
     let mut head = [0u8; SIGNATURE.len()];
+    let (mut wait, mut had) = (PEEK_AGAIN, 0);
     let seen = loop {
         let n = stream.peek(&mut head).await?;
         if n == 0 {
             return Err(Refused::Closed);
         }
         match start(&head[..n]) {
-            Start::Undecided => tokio::time::sleep(PEEK_AGAIN).await,
+            Start::Undecided => {
+                if n > had {
+                    (wait, had) = (PEEK_AGAIN, n);
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(PEEK_AGAIN_MAX);
+            }
             decided => break decided,
         }
     };
@@ -287,6 +316,14 @@ mod tests {
                 destination: dst
             })
         );
+    }
+
+    #[test]
+    fn the_local_header_decodes_as_local() {
+        let h = encode_local();
+        assert_eq!(h.len(), FIXED);
+        assert_eq!(header_len(h[..FIXED].try_into().unwrap()), Ok(FIXED));
+        assert_eq!(decode(&h), Ok(Header::Local));
     }
 
     #[test]

@@ -403,3 +403,56 @@ async fn reuse_port_listeners_share_a_port() {
     drop(open);
     p.shutdown().await;
 }
+
+/// A cluster that sends PROXY headers on its flows sends one (`LOCAL`) on
+/// its health checks too: the L7 tier behind it requires a header from
+/// the L4 tier, and checks without one would be refused and mark every
+/// endpoint down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_of_a_proxy_protocol_cluster_send_a_local_header() {
+    let g = Gated::start("g0").await;
+    g.open();
+    let l7_yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    proxy_protocol: {{ trusted: [127.0.0.1/32] }}\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
+        g.local_addr()
+    );
+    let l7 = Proxy::start(common::on_test_http1(
+        ProxyConfig::parse(&l7_yaml, "l7.yaml").unwrap(),
+    ))
+    .await
+    .unwrap();
+    let l7_addr = l7.listener_addr("web").await.unwrap();
+    let l4_yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: l4\n    address: \"127.0.0.1:0\"\n    protocol: tcp\n    tcp: {{ cluster: l7 }}\nclusters:\n  - name: l7\n    proxy_protocol: v2\n    health_check: {{ path: /, interval: 100ms, unhealthy_threshold: 1, healthy_threshold: 1 }}\n    endpoints: [{{ address: \"{l7_addr}\" }}]\n"
+    );
+    let l4 = Proxy::start(ProxyConfig::parse(&l4_yaml, "l4.yaml").unwrap())
+        .await
+        .unwrap();
+    let checks =
+        format!("meshless_proxy_health_checks_total{{cluster=\"l7\",endpoint=\"{l7_addr}\"}}");
+    eventually("three health checks ran", || async {
+        proxy_metric(&l4, &checks).await >= 3.0
+    })
+    .await;
+    let failures = format!(
+        "meshless_proxy_health_check_failures_total{{cluster=\"l7\",endpoint=\"{l7_addr}\"}}"
+    );
+    assert_eq!(proxy_metric(&l4, &failures).await, 0.0);
+    let snap = l4.state().snapshot.load();
+    assert!(
+        snap.clusters["l7"].lb.stats(0).is_some_and(|s| s.healthy),
+        "the L7 tier stays healthy"
+    );
+    let missing =
+        "meshless_proxy_proxy_protocol_refused_total{listener=\"web\",reason=\"missing\"}";
+    assert_eq!(proxy_metric(&l7, missing).await, 0.0);
+    let checked = g.seen().iter().any(|s| {
+        s.headers
+            .get("user-agent")
+            .is_some_and(|u| u == "meshless-health-check")
+    });
+    assert!(
+        checked,
+        "the checks reached the backend through the L7 tier"
+    );
+}

@@ -11,7 +11,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{DEADLINE, admin, eventually, proxy_metric};
+use common::{
+    DEADLINE, admin, api_call, endpoint_json, eventually, plane_config, proxy_metric, register_cart,
+};
 use meshless_balance::PickContext;
 use meshless_proxy::l4::FlowKey;
 use meshless_proxy::{Proxy, ProxyConfig};
@@ -398,4 +400,85 @@ async fn tcp_health_checks_take_a_dead_endpoint_out() {
         format!("meshless_proxy_tcp_connect_failures_total{{cluster=\"c\",endpoint=\"{dead}\"}}");
     assert_eq!(proxy_metric(&p, &failures).await, 0.0);
     p.shutdown().await;
+}
+
+/// During a rollout whose new pods are not ready yet, the old endpoints
+/// are terminating but still all the service has: they keep taking flows
+/// (kube-proxy's rule), and their open flows are not drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_to_the_only_endpoints_left_are_not_drained_while_they_terminate() {
+    let plane = meshless_control::plane::ControlPlane::start(plane_config(None))
+        .await
+        .unwrap();
+    let e = Echo::start("e0").await;
+    register_cart(plane.api_addr(), &[("e0", e.addr)]).await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 500ms\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - name: l4\n    address: \"127.0.0.1:0\"\n    protocol: tcp\n    tcp: {{ cluster: cart, flow_key: source_ip }}\nclusters:\n  - name: cart\n    service: shop/cart\n    balancer: {{ policy: maglev, table_size: 1021 }}\n",
+        plane.grpc_addr()
+    );
+    let (p, addr) = start(&yaml).await;
+    let terminating = |p: &Proxy| {
+        let snap = p.state().snapshot.load();
+        snap.clusters
+            .get("cart")
+            .map(|c| {
+                c.lb.endpoints()
+                    .iter()
+                    .map(|e| e.conditions.terminating)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    eventually("the endpoint from the control plane", || async {
+        terminating(&p) == [false]
+    })
+    .await;
+    let (name, mut open) = flow(2, addr).await;
+    assert_eq!(name, "e0");
+    let mut t = endpoint_json("e0", e.addr);
+    t["conditions"] = serde_json::json!({ "ready": false, "serving": true, "terminating": true });
+    let (s, _) = api_call(
+        plane.api_addr(),
+        http::Method::PUT,
+        "/v1/services/shop/cart/endpoints/e0",
+        t,
+    )
+    .await;
+    assert_eq!(s, http::StatusCode::OK);
+    eventually("the proxy holds e0 as terminating", || async {
+        terminating(&p) == [true]
+    })
+    .await;
+    // Well past drain_timeout (the drain would end 500 ms after the change).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(round_trip(&mut open, "still").await, "still");
+    let (name, mut fresh) = flow(3, addr).await;
+    assert_eq!(name, "e0", "new flows still reach it");
+    assert_eq!(round_trip(&mut fresh, "new").await, "new");
+    let drained = proxy_metric(
+        &p,
+        "meshless_proxy_tcp_flows_ended_total{listener=\"l4\",cluster=\"cart\",end=\"endpoint_drained\"}",
+    )
+    .await;
+    assert_eq!(drained, 0.0);
+}
+
+/// A `tcp` listener with a PROXY protocol block serves an untrusted peer
+/// at once, without waiting for bytes it may never send first: a
+/// server-first protocol's client (the `Echo` endpoint greets with its
+/// name) gets its greeting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_peer_of_a_server_first_protocol_is_greeted() {
+    let e = echoes(1).await;
+    let (_p, addr) = start(&l4_yaml(
+        &[e[0].addr],
+        "5s",
+        "    proxy_protocol: { trusted: [127.0.0.1/32] }\n",
+        "",
+    ))
+    .await;
+    // From 127.0.0.9: not trusted; it sends nothing before the greeting.
+    let (name, mut r) = flow(9, addr).await;
+    assert_eq!(name, "e0");
+    assert_eq!(round_trip(&mut r, "hello").await, "hello");
 }

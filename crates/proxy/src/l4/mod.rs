@@ -129,9 +129,10 @@ pub async fn serve(
         }
     }
     // A connected flow is a success for outlier detection (Envoy's
-    // tcp_proxy reports `LocalOriginConnectSuccess`): what it carries is
-    // not the proxy's to judge.
-    guard.set_outcome(Outcome::Status(200));
+    // tcp_proxy reports `LocalOriginConnectSuccess`), recorded now, at
+    // connect: what it carries is not the proxy's to judge. The guard
+    // keeps the flow's load until the flow ends.
+    guard.report_now(Outcome::Status(200));
     let endpoint = guard.endpoint_id().clone();
     let _active = state
         .metrics

@@ -14,13 +14,17 @@ use meshless_model::EndpointId;
 use crate::snapshot::Snapshot;
 use crate::state::ProxyState;
 
-/// Whether `endpoint` is still one that `cluster` sends new flows to.
+/// Whether `endpoint` is still one that `cluster` sends new flows to: it is
+/// in the cluster's table, which holds the routable endpoints only
+/// (`meshless_model::routable_endpoints`: the ready ones, or, while none is
+/// ready, the serving and terminating ones). So a terminating endpoint
+/// drains while others are ready, and keeps its flows while it is all the
+/// service has (a rollout whose new pods are not ready yet).
 pub fn serving(snapshot: &Snapshot, cluster: &str, endpoint: &EndpointId) -> bool {
-    snapshot.clusters.get(cluster).is_some_and(|c| {
-        c.lb.endpoints()
-            .iter()
-            .any(|e| e.id == *endpoint && !e.conditions.terminating)
-    })
+    snapshot
+        .clusters
+        .get(cluster)
+        .is_some_and(|c| c.lb.endpoints().iter().any(|e| e.id == *endpoint))
 }
 
 /// Resolves once `endpoint` has been out of `cluster` for the running
