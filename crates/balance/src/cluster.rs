@@ -12,7 +12,7 @@ use crate::context::PickContext;
 use crate::locality::{Locality, LocalityMode, Tier};
 use crate::policy::{
     Balancer, BoundedLoad, Filter, HashTable, LeastRequest, Maglev, PowerOfChoices, Random,
-    RingHash, RoundRobin, View, auto_ring_size, next_prime, table_size_for,
+    RingHash, RoundRobin, Scope, View, auto_ring_size, next_prime, table_size_for,
 };
 use crate::set::{AvailabilityCache, EndpointSet};
 use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight};
@@ -113,14 +113,20 @@ impl Cluster {
             availability: AvailabilityCache::new(),
         };
         let everyone: Vec<u32> = (0..set.len() as u32).collect();
-        let all = build_balancer(&config.balancer, &set, &everyone, false);
+        let all = build_balancer(&config.balancer, &set, &everyone, Scope::Cluster);
         let locality = config.locality.map(|lc| {
             let (nodes, zones) = Locality::groups(&set);
-            let tiers = |groups: Vec<crate::locality::Group>| {
+            // A `local_only` node tier is all the caller may use: bounded
+            // load divides the tier's own load, never refusing (see Scope).
+            let node_scope = match lc.mode {
+                LocalityMode::LocalOnly => Scope::OwnTier,
+                _ => Scope::SpillingTier,
+            };
+            let tiers = |groups: Vec<crate::locality::Group>, scope: Scope| {
                 groups
                     .into_iter()
                     .map(|(name, members)| {
-                        let b = build_balancer(&config.balancer, &set, &members, true);
+                        let b = build_balancer(&config.balancer, &set, &members, scope);
                         let w = members
                             .iter()
                             .map(|&m| u64::from(set.weight(m as usize)))
@@ -130,8 +136,8 @@ impl Cluster {
                     .collect()
             };
             Locality {
-                nodes: tiers(nodes),
-                zones: tiers(zones),
+                nodes: tiers(nodes, node_scope),
+                zones: tiers(zones, Scope::SpillingTier),
                 config: lc,
             }
         });
@@ -165,7 +171,9 @@ impl Cluster {
 
     /// Chooses an endpoint and starts a request on it. `None` when the
     /// cluster has no endpoint, or none is available and panic mode is off
-    /// (or, with locality `local_only`, the caller's node has none).
+    /// (or, with locality `local_only`, the caller's node has none; under
+    /// bounded load the node's own load sets the bound, so a node with an
+    /// eligible endpoint always answers).
     #[inline]
     pub fn pick(&self, ctx: &PickContext<'_>) -> Option<InFlight> {
         let (i, reserved) = self.choose(ctx, true)?;
@@ -269,14 +277,15 @@ impl Cluster {
     }
 }
 
-/// Builds the configured algorithm over `members` of `set`. Tiers (`strict`)
-/// get hash tables sized for their own member count.
+/// Builds the configured algorithm over `members` of `set`. Tiers (any
+/// scope but the cluster's) get hash tables sized for their own member count.
 fn build_balancer(
     cfg: &BalancerConfig,
     set: &EndpointSet,
     members: &[u32],
-    strict: bool,
+    scope: Scope,
 ) -> Box<dyn Balancer> {
+    let strict = scope != Scope::Cluster;
     let weight_of = |m: u32| set.weight(m as usize);
     let id_of = |m: u32| set.endpoints[m as usize].id.as_str();
     let ring = || {
@@ -311,7 +320,7 @@ fn build_balancer(
                 HashKind::RingHash => Box::new(ring()),
                 HashKind::Maglev => Box::new(maglev()),
             };
-            Box::new(BoundedLoad::new(table, members, cfg.load_factor, strict))
+            Box::new(BoundedLoad::new(table, members, cfg.load_factor, scope))
         }
     }
 }
