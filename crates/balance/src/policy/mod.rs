@@ -15,8 +15,8 @@ use std::fmt;
 pub use bounded::{BoundedLoad, Scope, load_factor_percent};
 pub use least_request::LeastRequest;
 pub use maglev::{
-    DEFAULT_TABLE_SIZE, ENTRIES_PER_ENDPOINT, MAX_TABLE_SIZE, Maglev, is_prime, next_prime,
-    table_size_for,
+    BuildStats, DEFAULT_TABLE_SIZE, ENTRIES_PER_ENDPOINT, MAX_TABLE_SIZE, Maglev, is_prime,
+    next_prime, table_size_for,
 };
 pub use p2c::{DEFAULT_CHOICES, PowerOfChoices};
 pub use random::Random;
