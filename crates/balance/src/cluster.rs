@@ -15,16 +15,18 @@ use crate::policy::{
     RingHash, RoundRobin, Scope, View, auto_ring_size, next_prime, table_size_for,
 };
 use crate::set::{AvailabilityCache, EndpointSet};
-use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight};
+use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight, Location};
 
 /// One cluster snapshot: endpoints, the algorithm built over them and, with
 /// locality, one prebuilt algorithm per node and per zone.
 ///
 /// Snapshots are immutable; a change of endpoints or settings builds a new
 /// one with [`Cluster::rebuild`], which keeps the load, health and outlier
-/// state of every endpoint whose id stays (and of an endpoint that left
-/// while ejected and comes back). Picking takes no lock and allocates
-/// nothing.
+/// state of every endpoint whose id stays at the same addresses and port
+/// (and of an endpoint that left while ejected and comes back there). An id
+/// at another address is a new host with fresh state; requests still
+/// running on the old address end on the old state. Picking takes no lock
+/// and allocates nothing.
 ///
 /// Building has no effect on the live state: a rebuilt snapshot becomes the
 /// cluster's current one (its member list is what outlier ejection counts,
@@ -90,16 +92,24 @@ impl Cluster {
         }
         let routable: Vec<Endpoint> = routable_endpoints(endpoints).into_iter().cloned().collect();
         config.validate_for(routable.len())?;
+        // The state of the same id at the same location, else a new host
+        // (an id back at another address inherits no ejection or health).
         let states: Vec<Arc<EndpointState>> = routable
             .iter()
-            .map(|e| match previous.get(&e.id) {
-                Some(s) => Arc::clone(s),
-                None => shared.departed(&e.id).unwrap_or_else(|| {
-                    Arc::new(EndpointState::new(
-                        e.id.clone(),
-                        config.health.initially_healthy,
-                    ))
-                }),
+            .map(|e| {
+                let at = Location::of(e);
+                previous
+                    .get(&e.id)
+                    .map(|s| Arc::clone(s))
+                    .or_else(|| shared.departed(&e.id))
+                    .filter(|s| s.location == at)
+                    .unwrap_or_else(|| {
+                        Arc::new(EndpointState::new(
+                            e.id.clone(),
+                            at,
+                            config.health.initially_healthy,
+                        ))
+                    })
             })
             .collect();
         let weights: Vec<u32> = routable.iter().map(|e| e.weight).collect();
