@@ -582,3 +582,30 @@ fn a_moved_endpoint_starts_clean() {
     at_new.publish();
     assert!(at_new.stats(0).expect("stats").healthy);
 }
+
+/// `max_ejection_time` below `base_ejection_time`: Envoy ejects for at
+/// least the base (its cap is the larger of the two), so a base of 60 s
+/// with the cap at 10 s still ejects for 60 s, then 60 s again.
+#[test]
+fn max_ejection_time_below_base_does_not_shorten_the_base() {
+    let mut cfg = with_outlier(PolicyKind::RoundRobin);
+    cfg.outlier.base_ejection_time = Duration::from_secs(60);
+    cfg.outlier.max_ejection_time = Duration::from_secs(10);
+    let (c, clock) = manual(&endpoints(4), cfg);
+    for round in 0..2 {
+        fail(&c, 0, 5, Outcome::Status(500));
+        assert!(c.stats(0).expect("stats").ejected, "round {round}");
+        clock.advance(Duration::from_secs(59));
+        c.tick();
+        assert!(
+            c.stats(0).expect("stats").ejected,
+            "round {round}: 60 s, not 10 s"
+        );
+        clock.advance(Duration::from_secs(1));
+        c.tick();
+        assert!(
+            !c.stats(0).expect("stats").ejected,
+            "round {round}: capped at 60 s"
+        );
+    }
+}
