@@ -1,4 +1,4 @@
-//! Pick cost per algorithm and endpoint count; Maglev and ring build cost,
+//! Pick cost per algorithm and endpoint count; Maglev (also skewed weights) and ring build cost,
 //! and the grown Maglev table at 2,000 and 20,000 endpoints.
 //!
 //! Run: `cargo bench -p meshless-balance --bench balance`
@@ -11,7 +11,7 @@ use meshless_balance::policy::{
     DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, Maglev, RingHash, auto_ring_size, table_size_for,
 };
 use meshless_balance::{Cluster, ClusterConfig, OutlierConfig, PickContext, PolicyKind};
-use meshless_model::Endpoint;
+use meshless_model::{Endpoint, MAX_WEIGHT};
 
 fn endpoints(n: usize) -> Vec<Endpoint> {
     (0..n)
@@ -112,6 +112,21 @@ fn builds(c: &mut Criterion) {
             b.iter(|| black_box(Maglev::new(&members, id_of, |_| 1, m)))
         });
     }
+    // One endpoint of MAX_WEIGHT beside 5,000 of weight 1, in the table
+    // grown for them: the skew that made the round-by-round fill take seconds.
+    let skewed = endpoints(5_001);
+    let skewed_members: Vec<u32> = (0..skewed.len() as u32).collect();
+    let m = table_size_for(DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE, skewed.len());
+    group.bench_with_input(BenchmarkId::new("maglev_skewed_n5001", m), &m, |b, &m| {
+        b.iter(|| {
+            black_box(Maglev::new(
+                &skewed_members,
+                |i| skewed[i as usize].id.as_str(),
+                |i| if i == 5_000 { MAX_WEIGHT } else { 1 },
+                m,
+            ))
+        })
+    });
     let size = auto_ring_size(members.len());
     group.bench_with_input(BenchmarkId::new("ring_n1000", size), &size, |b, &size| {
         b.iter(|| black_box(RingHash::new(&members, id_of, |_| 1, size)))

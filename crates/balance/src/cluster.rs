@@ -12,19 +12,21 @@ use crate::context::PickContext;
 use crate::locality::{Locality, LocalityMode, Tier};
 use crate::policy::{
     Balancer, BoundedLoad, Filter, HashTable, LeastRequest, Maglev, PowerOfChoices, Random,
-    RingHash, RoundRobin, View, auto_ring_size, next_prime, table_size_for,
+    RingHash, RoundRobin, Scope, View, auto_ring_size, next_prime, table_size_for,
 };
 use crate::set::{AvailabilityCache, EndpointSet};
-use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight};
+use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight, Location};
 
 /// One cluster snapshot: endpoints, the algorithm built over them and, with
 /// locality, one prebuilt algorithm per node and per zone.
 ///
 /// Snapshots are immutable; a change of endpoints or settings builds a new
 /// one with [`Cluster::rebuild`], which keeps the load, health and outlier
-/// state of every endpoint whose id stays (and of an endpoint that left
-/// while ejected and comes back). Picking takes no lock and allocates
-/// nothing.
+/// state of every endpoint whose id stays at the same addresses and port
+/// (and of an endpoint that left while ejected and comes back there). An id
+/// at another address is a new host with fresh state; requests still
+/// running on the old address end on the old state. Picking takes no lock
+/// and allocates nothing.
 ///
 /// Building has no effect on the live state: a rebuilt snapshot becomes the
 /// cluster's current one (its member list is what outlier ejection counts,
@@ -90,16 +92,24 @@ impl Cluster {
         }
         let routable: Vec<Endpoint> = routable_endpoints(endpoints).into_iter().cloned().collect();
         config.validate_for(routable.len())?;
+        // The state of the same id at the same location, else a new host
+        // (an id back at another address inherits no ejection or health).
         let states: Vec<Arc<EndpointState>> = routable
             .iter()
-            .map(|e| match previous.get(&e.id) {
-                Some(s) => Arc::clone(s),
-                None => shared.departed(&e.id).unwrap_or_else(|| {
-                    Arc::new(EndpointState::new(
-                        e.id.clone(),
-                        config.health.initially_healthy,
-                    ))
-                }),
+            .map(|e| {
+                let at = Location::of(e);
+                previous
+                    .get(&e.id)
+                    .map(|s| Arc::clone(s))
+                    .or_else(|| shared.departed(&e.id))
+                    .filter(|s| s.location == at)
+                    .unwrap_or_else(|| {
+                        Arc::new(EndpointState::new(
+                            e.id.clone(),
+                            at,
+                            config.health.initially_healthy,
+                        ))
+                    })
             })
             .collect();
         let weights: Vec<u32> = routable.iter().map(|e| e.weight).collect();
@@ -113,14 +123,20 @@ impl Cluster {
             availability: AvailabilityCache::new(),
         };
         let everyone: Vec<u32> = (0..set.len() as u32).collect();
-        let all = build_balancer(&config.balancer, &set, &everyone, false);
+        let all = build_balancer(&config.balancer, &set, &everyone, Scope::Cluster);
         let locality = config.locality.map(|lc| {
             let (nodes, zones) = Locality::groups(&set);
-            let tiers = |groups: Vec<crate::locality::Group>| {
+            // A `local_only` node tier is all the caller may use: bounded
+            // load divides the tier's own load, never refusing (see Scope).
+            let node_scope = match lc.mode {
+                LocalityMode::LocalOnly => Scope::OwnTier,
+                _ => Scope::SpillingTier,
+            };
+            let tiers = |groups: Vec<crate::locality::Group>, scope: Scope| {
                 groups
                     .into_iter()
                     .map(|(name, members)| {
-                        let b = build_balancer(&config.balancer, &set, &members, true);
+                        let b = build_balancer(&config.balancer, &set, &members, scope);
                         let w = members
                             .iter()
                             .map(|&m| u64::from(set.weight(m as usize)))
@@ -130,8 +146,8 @@ impl Cluster {
                     .collect()
             };
             Locality {
-                nodes: tiers(nodes),
-                zones: tiers(zones),
+                nodes: tiers(nodes, node_scope),
+                zones: tiers(zones, Scope::SpillingTier),
                 config: lc,
             }
         });
@@ -165,7 +181,9 @@ impl Cluster {
 
     /// Chooses an endpoint and starts a request on it. `None` when the
     /// cluster has no endpoint, or none is available and panic mode is off
-    /// (or, with locality `local_only`, the caller's node has none).
+    /// (or, with locality `local_only`, the caller's node has none; under
+    /// bounded load the node's own load sets the bound, so a node with an
+    /// eligible endpoint always answers).
     #[inline]
     pub fn pick(&self, ctx: &PickContext<'_>) -> Option<InFlight> {
         let (i, reserved) = self.choose(ctx, true)?;
@@ -269,14 +287,15 @@ impl Cluster {
     }
 }
 
-/// Builds the configured algorithm over `members` of `set`. Tiers (`strict`)
-/// get hash tables sized for their own member count.
+/// Builds the configured algorithm over `members` of `set`. Tiers (any
+/// scope but the cluster's) get hash tables sized for their own member count.
 fn build_balancer(
     cfg: &BalancerConfig,
     set: &EndpointSet,
     members: &[u32],
-    strict: bool,
+    scope: Scope,
 ) -> Box<dyn Balancer> {
+    let strict = scope != Scope::Cluster;
     let weight_of = |m: u32| set.weight(m as usize);
     let id_of = |m: u32| set.endpoints[m as usize].id.as_str();
     let ring = || {
@@ -311,7 +330,7 @@ fn build_balancer(
                 HashKind::RingHash => Box::new(ring()),
                 HashKind::Maglev => Box::new(maglev()),
             };
-            Box::new(BoundedLoad::new(table, members, cfg.load_factor, strict))
+            Box::new(BoundedLoad::new(table, members, cfg.load_factor, scope))
         }
     }
 }

@@ -35,7 +35,8 @@ pub struct OutlierConfig {
     pub interval: Duration,
     /// Ejection lasts `base_ejection_time x times ejected`, capped by `max_ejection_time`.
     pub base_ejection_time: Duration,
-    /// Upper bound of one ejection.
+    /// Upper bound of one ejection; a value below `base_ejection_time`
+    /// acts as `base_ejection_time` (Envoy).
     pub max_ejection_time: Duration,
     /// At most this share of the cluster (0..=100) is ejected at once; at
     /// least one endpoint may be ejected in a cluster of two or more, and the
@@ -66,10 +67,14 @@ impl OutlierConfig {
         }
     }
 
-    /// The ejection length after the `times`-th ejection, in nanoseconds.
+    /// The ejection length after the `times`-th ejection, in nanoseconds:
+    /// `base x times`, capped at the larger of `max_ejection_time` and
+    /// `base_ejection_time` (Envoy's rule: a cap below the base does not
+    /// shorten the base).
     pub(crate) fn ejection_nanos(&self, times: u32) -> u64 {
         let base = u64::try_from(self.base_ejection_time.as_nanos()).unwrap_or(u64::MAX);
         let max = u64::try_from(self.max_ejection_time.as_nanos()).unwrap_or(u64::MAX);
-        base.saturating_mul(u64::from(times.max(1))).min(max)
+        base.saturating_mul(u64::from(times.max(1)))
+            .min(max.max(base))
     }
 }

@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use meshless_model::EndpointId;
+use std::net::IpAddr;
+
+use meshless_model::{Endpoint, EndpointId};
 
 use crate::clock::Clock;
 use crate::health::{HealthConfig, OutlierConfig};
@@ -37,6 +39,27 @@ fn counted(word: u64) -> bool {
     word & FLAG_MASK == 0
 }
 
+/// Where an endpoint is reached: its addresses (sorted, without
+/// duplicates, so a reordering is no move) and port. An id whose location
+/// changes is a new host (Envoy keys hosts by address): it gets new state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Location {
+    addresses: Vec<IpAddr>,
+    port: u16,
+}
+
+impl Location {
+    pub(crate) fn of(e: &Endpoint) -> Self {
+        let mut addresses = e.addresses.clone();
+        addresses.sort_unstable();
+        addresses.dedup();
+        Self {
+            addresses,
+            port: e.port,
+        }
+    }
+}
+
 /// Live state of one endpoint. All fields are atomics: the pick path only
 /// loads them.
 ///
@@ -46,6 +69,8 @@ fn counted(word: u64) -> bool {
 #[derive(Debug)]
 pub(crate) struct EndpointState {
     pub(crate) id: EndpointId,
+    /// Where this state's requests go; fixed for the state's life.
+    pub(crate) location: Location,
     /// Bits 0..32: requests sent and not yet finished; above: flags.
     word: AtomicU64,
     requests: AtomicU64,
@@ -64,9 +89,10 @@ pub(crate) struct EndpointState {
 
 impl EndpointState {
     /// A new endpoint, detached until a snapshot holding it is published.
-    pub(crate) fn new(id: EndpointId, healthy: bool) -> Self {
+    pub(crate) fn new(id: EndpointId, location: Location, healthy: bool) -> Self {
         Self {
             id,
+            location,
             word: AtomicU64::new(DETACHED | if healthy { 0 } else { UNHEALTHY }),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),

@@ -1,5 +1,5 @@
 //! Several OS threads picking and completing at once: bounded load's bound,
-//! single ejection, and the availability cache.
+//! single ejection, the availability cache, and `local_only` bounded load.
 
 mod common;
 
@@ -201,4 +201,56 @@ fn availability_cache_reads_are_consistent() {
         .map(|i| u64::from(weights[i]))
         .sum();
     assert_eq!(c.set().available().1, truth);
+}
+
+/// `local_only` under bounded load with 8 threads picking for one node
+/// (2 of its 10 endpoints; endpoint 1 flapping, endpoint 0 always up):
+/// every pick is answered, always on the node, however many requests the
+/// node already holds, and nothing is left in flight afterwards.
+#[test]
+fn local_only_bounded_load_answers_every_racing_pick() {
+    use meshless_balance::{LocalityConfig, LocalityMode};
+    let eps: Vec<_> = (0..10)
+        .map(|i| endpoint(i).with_node(if i < 2 { "n0" } else { "n1" }))
+        .collect();
+    let mut cfg = config(PolicyKind::BoundedLoad);
+    cfg.locality = Some(LocalityConfig {
+        mode: LocalityMode::LocalOnly,
+        ..LocalityConfig::default()
+    });
+    cfg.health.fall = 1;
+    cfg.health.rise = 1;
+    let c = Arc::new(Cluster::new(&eps, cfg).expect("valid"));
+    let barrier = Arc::new(Barrier::new(THREADS + 1));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (c, barrier) = (Arc::clone(&c), Arc::clone(&barrier));
+            thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(t as u64);
+                let mut held = Vec::new();
+                barrier.wait();
+                for _ in 0..3_000 {
+                    if rng.u8(..4) == 0 && !held.is_empty() {
+                        held.swap_remove(rng.usize(..held.len()));
+                    } else {
+                        let ctx = PickContext::new()
+                            .with_key(rng.u64(..8))
+                            .with_locality(Some("n0"), None);
+                        let g = c.pick(&ctx).expect("the node has an endpoint up");
+                        assert!(g.index() < 2, "off the node: {}", g.index());
+                        held.push(g);
+                    }
+                }
+                held.len()
+            })
+        })
+        .collect();
+    barrier.wait();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..2_000 {
+        c.record_health_check(1, rng.bool());
+    }
+    let held: usize = handles.into_iter().map(|h| h.join().expect("thread")).sum();
+    assert!(held > 0);
+    assert_eq!(c.set().total_in_flight(), 0);
 }

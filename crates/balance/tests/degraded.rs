@@ -7,7 +7,8 @@ mod common;
 use common::*;
 use meshless_balance::policy::load_factor_percent;
 use meshless_balance::{
-    Cluster, ClusterConfig, HashKind, LocalityConfig, Outcome, PickContext, PolicyKind, hash_key,
+    Cluster, ClusterConfig, HashKind, LocalityConfig, LocalityMode, Outcome, PickContext,
+    PolicyKind, hash_key,
 };
 use proptest::prelude::*;
 
@@ -181,6 +182,93 @@ proptest! {
             live.push(g);
         }
     }
+
+    /// Bounded load under `local_only` (every request of the caller goes to
+    /// its node): any weights, loads, nodes and health, panic threshold 0 or
+    /// 50. A pick is `Some` iff the caller's node has an endpoint that may be
+    /// picked (an available one, or any one while the node is in panic), it
+    /// is on the node, and it fits the node's own bound:
+    /// `load + 1 <= ceil(c * (T + 1) * w / W)` with `T` and `W` the load and
+    /// weight of the node's eligible endpoints (all of them in panic).
+    #[test]
+    fn local_only_bounded_load_picks_iff_the_node_has_an_eligible_endpoint(
+        weights in prop::collection::vec(1u32..6, 1..10),
+        nodes in prop::collection::vec(0u8..3, 10),
+        held in prop::collection::vec(0u32..5, 10),
+        down in prop::collection::vec(any::<bool>(), 10),
+        load_factor in 1.0f64..2.0,
+        over_ring in any::<bool>(),
+        panic in any::<bool>(),
+        steps in prop::collection::vec((any::<u64>(), 0u8..3, any::<bool>()), 1..60),
+    ) {
+        let n = weights.len();
+        let eps: Vec<_> = weighted(&weights)
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| e.with_node(format!("n{}", nodes[i])))
+            .collect();
+        let mut cfg = config(PolicyKind::BoundedLoad);
+        cfg.balancer.load_factor = load_factor;
+        cfg.balancer.over = if over_ring { HashKind::RingHash } else { HashKind::Maglev };
+        cfg.locality = Some(LocalityConfig { mode: LocalityMode::LocalOnly, ..LocalityConfig::default() });
+        cfg.health.fall = 1;
+        cfg.panic_threshold = if panic { 50 } else { 0 };
+        let c = Cluster::new(&eps, cfg).expect("valid");
+        let mut live = hold(&c, &held[..n]);
+        for (i, &d) in down[..n].iter().enumerate() {
+            if d {
+                c.record_health_check(i, false);
+            }
+        }
+        let pct = u128::from(load_factor_percent(load_factor));
+        for (key, node, reserve) in steps {
+            let name = format!("n{node}");
+            let on_node: Vec<usize> = (0..n).filter(|&i| nodes[i] == node).collect();
+            let up: Vec<usize> = on_node.iter().copied().filter(|&i| !down[i]).collect();
+            let in_panic = (up.len() as u64) * 100 < u64::from(cfg.panic_threshold) * on_node.len() as u64;
+            let eligible = if in_panic { on_node.clone() } else { up };
+            let t: u128 = eligible.iter().map(|&i| u128::from(c.set().load(i))).sum();
+            let w: u128 = eligible.iter().map(|&i| u128::from(weights[i])).sum();
+            let cx = keyed(key).with_locality(Some(&name), None);
+            let got = if reserve {
+                c.pick(&cx).map(|g| { let i = g.index(); live.push(g); i })
+            } else {
+                c.pick_index(&cx)
+            };
+            prop_assert_eq!(got.is_some(), !eligible.is_empty(), "node {} eligible {:?}", node, eligible);
+            if let Some(e) = got {
+                prop_assert!(eligible.contains(&e), "picked {} outside {:?}", e, eligible);
+                let before = u128::from(c.set().load(e)) - u128::from(reserve);
+                prop_assert!(before * 100 * w < pct * (t + 1) * u128::from(weights[e]),
+                    "endpoint {} (w {}) load {} over the node bound (T {}, W {})", e, weights[e], before, t, w);
+            }
+        }
+    }
+}
+
+/// The reviewer's case: 10 endpoints of weight 1 on 10 nodes, c = 1.25,
+/// `local_only`, caller on n0: the node's only endpoint takes every request
+/// (before, the second one found it over the cluster-wide bound and got
+/// `None`, a 503).
+#[test]
+fn local_only_bounded_load_keeps_serving_its_node() {
+    let eps: Vec<_> = (0..10)
+        .map(|i| endpoint(i).with_node(format!("n{i}")))
+        .collect();
+    let mut cfg = config(PolicyKind::BoundedLoad);
+    cfg.locality = Some(LocalityConfig {
+        mode: LocalityMode::LocalOnly,
+        ..LocalityConfig::default()
+    });
+    let c = Cluster::new(&eps, cfg).expect("valid");
+    let held: Vec<_> = (0..20)
+        .map(|k| {
+            c.pick(&keyed(k).with_locality(Some("n0"), None))
+                .expect("the node's endpoint is up")
+        })
+        .collect();
+    assert!(held.iter().all(|g| g.index() == 0));
+    assert_eq!(c.set().load(0), 20);
 }
 
 fn keyed(key: u64) -> PickContext<'static> {

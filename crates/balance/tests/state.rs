@@ -545,3 +545,97 @@ fn zone_locality_prefers_the_zone_not_the_node() {
     let spilled: std::collections::BTreeSet<usize> = (0..600).map(at).collect();
     assert_eq!(spilled, [3, 4, 5].into(), "zone down: anywhere else");
 }
+
+/// `web-0` with a new address (a StatefulSet pod rescheduled) is a new
+/// host, as Envoy keys hosts by address: no ejection, failure streak,
+/// ejection count or health inherited, whether it moved while a member or
+/// while away (departed ejected). The same id at the same address keeps
+/// its ejection. Requests still running on the old address stay counted
+/// on the old host and end there.
+#[test]
+fn a_moved_endpoint_starts_clean() {
+    let moved = |eps: &[Endpoint]| {
+        let mut eps = eps.to_vec();
+        eps[0].port += 1_000;
+        eps
+    };
+    let ejected_ep0 = || {
+        let (c, _) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+        fail(&c, 0, 5, Outcome::Status(500));
+        assert!(c.stats(0).expect("stats").ejected);
+        c
+    };
+    // Same id, same address: still ejected.
+    let c = ejected_ep0();
+    let same = c.rebuild(&endpoints(4), *c.config()).expect("valid");
+    same.publish();
+    assert!(same.stats(0).expect("stats").ejected);
+    // Same id, new port, moved while a member; a request on the old host
+    // still runs.
+    let c = ejected_ep0();
+    let running = c.start(0).expect("in range");
+    let at_new = c
+        .rebuild(&moved(&endpoints(4)), *c.config())
+        .expect("valid");
+    at_new.publish();
+    let s = at_new.stats(0).expect("stats");
+    assert!(!s.ejected && s.healthy && s.times_ejected == 0, "{s:?}");
+    assert_eq!(s.in_flight, 0, "the running request is on the old address");
+    assert!((0..100).any(|k| at_new.pick_index(&PickContext::new().with_entropy(k)) == Some(0)));
+    assert_eq!(at_new.set().total_in_flight(), 1);
+    drop(running);
+    assert_eq!(at_new.set().total_in_flight(), 0);
+    // Moved while away: left ejected, back at a new address.
+    let c = ejected_ep0();
+    let without = c.rebuild(&endpoints(4)[1..], *c.config()).expect("valid");
+    without.publish();
+    let back = without
+        .rebuild(&moved(&endpoints(4)), *c.config())
+        .expect("valid");
+    back.publish();
+    let i = back
+        .endpoints()
+        .iter()
+        .position(|e| e.id.as_str() == "ep-0")
+        .expect("present");
+    let s = back.stats(i).expect("stats");
+    assert!(!s.ejected && s.times_ejected == 0, "{s:?}");
+    // An unhealthy endpoint that moves starts as a new one (healthy by default).
+    let c = cluster(&endpoints(2), PolicyKind::RoundRobin);
+    for _ in 0..3 {
+        c.record_health_check(0, false);
+    }
+    assert!(!c.stats(0).expect("stats").healthy);
+    let at_new = c
+        .rebuild(&moved(&endpoints(2)), *c.config())
+        .expect("valid");
+    at_new.publish();
+    assert!(at_new.stats(0).expect("stats").healthy);
+}
+
+/// `max_ejection_time` below `base_ejection_time`: Envoy ejects for at
+/// least the base (its cap is the larger of the two), so a base of 60 s
+/// with the cap at 10 s still ejects for 60 s, then 60 s again.
+#[test]
+fn max_ejection_time_below_base_does_not_shorten_the_base() {
+    let mut cfg = with_outlier(PolicyKind::RoundRobin);
+    cfg.outlier.base_ejection_time = Duration::from_secs(60);
+    cfg.outlier.max_ejection_time = Duration::from_secs(10);
+    let (c, clock) = manual(&endpoints(4), cfg);
+    for round in 0..2 {
+        fail(&c, 0, 5, Outcome::Status(500));
+        assert!(c.stats(0).expect("stats").ejected, "round {round}");
+        clock.advance(Duration::from_secs(59));
+        c.tick();
+        assert!(
+            c.stats(0).expect("stats").ejected,
+            "round {round}: 60 s, not 10 s"
+        );
+        clock.advance(Duration::from_secs(1));
+        c.tick();
+        assert!(
+            !c.stats(0).expect("stats").ejected,
+            "round {round}: capped at 60 s"
+        );
+    }
+}

@@ -39,18 +39,43 @@ const SCANS: usize = 3;
 /// completion lowers `T` after it was read: the same as a completion right
 /// after a single-threaded pick, which the bound never promised against).
 ///
-/// Without `strict`, when no eligible endpoint fits (only possible when
-/// completions race the pick), the least loaded eligible endpoint is taken
-/// unreserved. With `strict` (inside a locality tier, whose members may all
-/// be full) the pick returns `None` instead of exceeding the bound. In panic
-/// mode (every endpoint eligible), `T` and `W` cover every endpoint.
+/// What `T` and `W` cover, and whether the pick may fail, is the [`Scope`]:
+/// the whole cluster (when no eligible endpoint fits, only possible when
+/// completions race the pick, the least loaded eligible endpoint is taken
+/// unreserved), a spilling locality tier (the cluster's `T` and `W`; `None`
+/// when every member is at its bound, so the pick spills to the next tier),
+/// or a `local_only` node tier (the tier's own `T` and `W`, never `None`
+/// while a member is eligible). In panic mode (every endpoint eligible), `T`
+/// and `W` cover every endpoint of the scope.
+///
+/// With `T` and `W` over the endpoints the pick may choose from and `c >= 1`,
+/// some eligible endpoint always fits: if none did, summing
+/// `load_i * 100 * W >= p * (T + 1) * w_i` over them gives `100 T >= p (T + 1)`.
 #[derive(Debug)]
 pub struct BoundedLoad {
     table: Box<dyn HashTable>,
     members: Vec<u32>,
     /// `c` as an integer percent (>= 100).
     percent: u64,
-    strict: bool,
+    scope: Scope,
+}
+
+/// Whose in-flight requests and weight a bounded-load pick divides, and
+/// what it does when no member fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The whole cluster: its eligible `T` and `W`; never `None` while an
+    /// endpoint is eligible.
+    Cluster,
+    /// A `prefer`, `zone` or `proportional` tier: the cluster's `T` and `W`
+    /// (the tier holds the caller's share of a spread-out cluster); `None`
+    /// when every eligible member is at its bound, and the pick spills.
+    SpillingTier,
+    /// A `local_only` node tier: the `T` and `W` of the tier's own eligible
+    /// members (every request of the caller lands there, so the cluster's
+    /// would refuse once the node holds `c` times its share); never `None`
+    /// while a member is eligible. Costs one pass over the tier per pick.
+    OwnTier,
 }
 
 /// The bound of one pick: `load + 1 <= ceil(percent * t1 * w / (100 * w_total))`.
@@ -75,13 +100,32 @@ impl BoundedLoad {
         table: Box<dyn HashTable>,
         members: &[u32],
         load_factor: f64,
-        strict: bool,
+        scope: Scope,
     ) -> Self {
         Self {
             table,
             members: members.to_vec(),
             percent: load_factor_percent(load_factor),
-            strict,
+            scope,
+        }
+    }
+
+    /// `(T, W)` of this pick: requests in flight on, and total weight of,
+    /// the endpoints the scope divides among.
+    fn totals(&self, view: &View<'_>) -> (u64, u64) {
+        match (self.scope, view.filter) {
+            (Scope::OwnTier, _) => self
+                .members
+                .iter()
+                .filter(|&&m| view.eligible(m))
+                .fold((0, 0), |(t, w), &m| {
+                    (t + u64::from(view.load(m)), w + u64::from(view.weight(m)))
+                }),
+            (_, Filter::Available) => (
+                view.set.eligible_in_flight(),
+                view.set.available_all().weight,
+            ),
+            (_, Filter::Any) => (view.set.total_in_flight(), view.set.total_weight),
         }
     }
 
@@ -92,13 +136,7 @@ impl BoundedLoad {
         if positions == 0 {
             return None;
         }
-        let (t, w_total) = match view.filter {
-            Filter::Available => (
-                view.set.eligible_in_flight(),
-                view.set.available_all().weight,
-            ),
-            Filter::Any => (view.set.total_in_flight(), view.set.total_weight),
-        };
+        let (t, w_total) = self.totals(view);
         if w_total == 0 {
             return None;
         }
@@ -146,7 +184,7 @@ impl BoundedLoad {
                 return Some((best, reserve));
             }
         }
-        if self.strict {
+        if self.scope == Scope::SpillingTier {
             return None;
         }
         least_loaded(view, self.members.iter().copied(), Ties::Weighted, &mut rng)

@@ -12,11 +12,11 @@ mod round_robin;
 
 use std::fmt;
 
-pub use bounded::{BoundedLoad, load_factor_percent};
+pub use bounded::{BoundedLoad, Scope, load_factor_percent};
 pub use least_request::LeastRequest;
 pub use maglev::{
-    DEFAULT_TABLE_SIZE, ENTRIES_PER_ENDPOINT, MAX_TABLE_SIZE, Maglev, is_prime, next_prime,
-    table_size_for,
+    BuildStats, DEFAULT_TABLE_SIZE, ENTRIES_PER_ENDPOINT, MAX_TABLE_SIZE, Maglev, is_prime,
+    next_prime, table_size_for,
 };
 pub use p2c::{DEFAULT_CHOICES, PowerOfChoices};
 pub use random::Random;
@@ -72,8 +72,8 @@ impl View<'_> {
 ///
 /// Invariant for every implementation: the result is a member the algorithm
 /// was built over and is eligible under `view.filter`; `None` only when no
-/// member is eligible (or, for bounded load in a locality tier, when every
-/// eligible member is at its bound).
+/// member is eligible (or, for bounded load in a `prefer`, `zone` or
+/// `proportional` tier, when every eligible member is at its bound).
 pub trait Balancer: Send + Sync + fmt::Debug {
     /// The endpoint index (into `view.set`) for this request.
     fn pick(&self, view: &View<'_>, ctx: &PickContext<'_>) -> Option<u32>;
