@@ -9,7 +9,7 @@ use meshless_model::{Endpoint, EndpointId, routable_endpoints};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{BalancerConfig, ClusterConfig, ConfigError, HashKind, PolicyKind};
 use crate::context::PickContext;
-use crate::locality::{Locality, LocalityMode, Tier};
+use crate::locality::{Group, Locality, LocalityConfig, LocalityMode, Tier, Tiers};
 use crate::policy::{
     Balancer, BoundedLoad, Filter, HashTable, LeastRequest, Maglev, PowerOfChoices, Random,
     RingHash, RoundRobin, Scope, View, auto_ring_size, next_prime, table_size_for,
@@ -18,7 +18,8 @@ use crate::set::{AvailabilityCache, EndpointSet};
 use crate::state::{ClusterShared, EndpointState, EndpointStats, InFlight, Location};
 
 /// One cluster snapshot: endpoints, the algorithm built over them and, with
-/// locality, one prebuilt algorithm per node and per zone.
+/// locality, one prebuilt algorithm per node and per zone of [`Tiers`]
+/// (every one, or only the caller's).
 ///
 /// Snapshots are immutable; a change of endpoints or settings builds a new
 /// one with [`Cluster::rebuild`], which keeps the load, health and outlier
@@ -43,23 +44,48 @@ pub struct Cluster {
     all: Box<dyn Balancer>,
     locality: Option<Locality>,
     config: ClusterConfig,
+    /// Which locality tiers this snapshot (and each rebuild) builds.
+    tiers: Tiers,
     generation: u64,
 }
 
 impl Cluster {
-    /// A new cluster with fresh state and the monotonic clock.
+    /// A new cluster with fresh state and the monotonic clock, with a
+    /// locality tier for every node and zone ([`Tiers::Every`]).
     pub fn new(endpoints: &[Endpoint], config: ClusterConfig) -> Result<Self, ConfigError> {
         Self::with_clock(endpoints, config, Arc::new(MonotonicClock::new()))
     }
 
-    /// A new cluster with fresh state and the given clock (published).
+    /// A new cluster with fresh state and the monotonic clock, building
+    /// only the locality tiers of `tiers` (a proxy: its own node and zone).
+    pub fn new_for(
+        endpoints: &[Endpoint],
+        config: ClusterConfig,
+        tiers: Tiers,
+    ) -> Result<Self, ConfigError> {
+        Self::with_tiers(endpoints, config, Arc::new(MonotonicClock::new()), tiers)
+    }
+
+    /// A new cluster with fresh state and the given clock (published), with
+    /// a locality tier for every node and zone.
     pub fn with_clock(
         endpoints: &[Endpoint],
         config: ClusterConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ConfigError> {
+        Self::with_tiers(endpoints, config, clock, Tiers::Every)
+    }
+
+    /// A new cluster with fresh state, the given clock and the locality
+    /// tiers of `tiers` (published).
+    pub fn with_tiers(
+        endpoints: &[Endpoint],
+        config: ClusterConfig,
+        clock: Arc<dyn Clock>,
+        tiers: Tiers,
+    ) -> Result<Self, ConfigError> {
         let shared = Arc::new(ClusterShared::new(clock, config.outlier, config.health));
-        let c = Self::build(endpoints, config, shared, &HashMap::new())?;
+        let c = Self::build(endpoints, config, tiers, shared, &HashMap::new())?;
         c.publish();
         Ok(c)
     }
@@ -67,19 +93,33 @@ impl Cluster {
     /// The next snapshot: new endpoints and settings, same live state for
     /// endpoints that stay. On error nothing changes; on success nothing
     /// changes either until the new snapshot is published.
+    /// The locality tiers are this snapshot's.
     pub fn rebuild(
         &self,
         endpoints: &[Endpoint],
         config: ClusterConfig,
     ) -> Result<Self, ConfigError> {
+        self.rebuild_for(endpoints, config, self.tiers.clone())
+    }
+
+    /// [`Cluster::rebuild`] building the locality tiers of `tiers` (the
+    /// caller moved node or zone, as a reload may say).
+    pub fn rebuild_for(
+        &self,
+        endpoints: &[Endpoint],
+        config: ClusterConfig,
+        tiers: Tiers,
+    ) -> Result<Self, ConfigError> {
         let previous: HashMap<&EndpointId, &Arc<EndpointState>> =
             self.set.states.iter().map(|s| (&s.id, s)).collect();
-        Self::build(endpoints, config, Arc::clone(&self.set.shared), &previous)
+        let shared = Arc::clone(&self.set.shared);
+        Self::build(endpoints, config, tiers, shared, &previous)
     }
 
     fn build(
         endpoints: &[Endpoint],
         config: ClusterConfig,
+        tiers: Tiers,
         shared: Arc<ClusterShared>,
         previous: &HashMap<&EndpointId, &Arc<EndpointState>>,
     ) -> Result<Self, ConfigError> {
@@ -124,40 +164,24 @@ impl Cluster {
         };
         let everyone: Vec<u32> = (0..set.len() as u32).collect();
         let all = build_balancer(&config.balancer, &set, &everyone, Scope::Cluster);
-        let locality = config.locality.map(|lc| {
-            let (nodes, zones) = Locality::groups(&set);
-            // A `local_only` node tier is all the caller may use: bounded
-            // load divides the tier's own load, never refusing (see Scope).
-            let node_scope = match lc.mode {
-                LocalityMode::LocalOnly => Scope::OwnTier,
-                _ => Scope::SpillingTier,
-            };
-            let tiers = |groups: Vec<crate::locality::Group>, scope: Scope| {
-                groups
-                    .into_iter()
-                    .map(|(name, members)| {
-                        let b = build_balancer(&config.balancer, &set, &members, scope);
-                        let w = members
-                            .iter()
-                            .map(|&m| u64::from(set.weight(m as usize)))
-                            .sum();
-                        (name, Tier::new(members, w, b))
-                    })
-                    .collect()
-            };
-            Locality {
-                nodes: tiers(nodes, node_scope),
-                zones: tiers(zones, Scope::SpillingTier),
-                config: lc,
-            }
-        });
+        let locality = config
+            .locality
+            .map(|lc| build_locality(&config.balancer, &set, lc, &tiers));
         Ok(Self {
             set,
             all,
             locality,
             config,
+            tiers,
             generation,
         })
+    }
+
+    /// How many locality tiers this snapshot holds: `(nodes, zones)`.
+    pub fn tier_counts(&self) -> (usize, usize) {
+        self.locality
+            .as_ref()
+            .map_or((0, 0), |l| (l.nodes.len(), l.zones.len()))
     }
 
     /// Makes this snapshot the cluster's current one (its members are what
@@ -284,6 +308,40 @@ impl Cluster {
     pub fn tick(&self) {
         self.ensure_published();
         self.set.shared.tick();
+    }
+}
+
+/// The locality tiers of `tiers` over `set`, one algorithm each.
+fn build_locality(
+    cfg: &BalancerConfig,
+    set: &EndpointSet,
+    lc: LocalityConfig,
+    tiers: &Tiers,
+) -> Locality {
+    let (nodes, zones) = Locality::groups(set, lc.mode, tiers);
+    // A `local_only` node tier is all the caller may use: bounded load
+    // divides the tier's own load, never refusing (see Scope).
+    let node_scope = match lc.mode {
+        LocalityMode::LocalOnly => Scope::OwnTier,
+        _ => Scope::SpillingTier,
+    };
+    let build = |groups: Vec<Group>, scope: Scope| {
+        groups
+            .into_iter()
+            .map(|(name, members)| {
+                let b = build_balancer(cfg, set, &members, scope);
+                let w = members
+                    .iter()
+                    .map(|&m| u64::from(set.weight(m as usize)))
+                    .sum();
+                (name, Tier::new(members, w, b))
+            })
+            .collect()
+    };
+    Locality {
+        nodes: build(nodes, node_scope),
+        zones: build(zones, Scope::SpillingTier),
+        config: lc,
     }
 }
 

@@ -37,7 +37,7 @@ pub use config::{
 pub use context::{PickContext, hash_key};
 pub use health::{HealthConfig, OutlierConfig};
 pub use locality::{
-    DEFAULT_MIN_CLUSTER_SIZE, DEFAULT_MIN_HEALTHY_SHARE, LocalityConfig, LocalityMode,
+    DEFAULT_MIN_CLUSTER_SIZE, DEFAULT_MIN_HEALTHY_SHARE, LocalityConfig, LocalityMode, Tiers,
 };
 pub use outcome::Outcome;
 pub use policy::{Balancer, Filter, View};

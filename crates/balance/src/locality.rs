@@ -68,6 +68,55 @@ impl Default for LocalityConfig {
     }
 }
 
+/// Which locality tiers a cluster builds.
+///
+/// A proxy picks only for its own node and zone, so it builds only those
+/// tiers ([`Tiers::Caller`]); a tier per node and per zone of the endpoints
+/// ([`Tiers::Every`]) is for callers that play many nodes (simulations,
+/// tests). A tier is at most one algorithm over its members (a ring of at
+/// least 1,024 points, a Maglev table of at least 1,009 entries), so
+/// `Every` over endpoints on N nodes builds N such tables per rebuild.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Tiers {
+    /// A tier for every node and every zone the endpoints name: a pick
+    /// may name any node and zone.
+    #[default]
+    Every,
+    /// Only the caller's node tier and zone tier (each if named and if
+    /// some endpoint is there). A pick naming another node or zone finds
+    /// no tier there, as one naming a node without endpoints: `prefer`,
+    /// `zone` and `proportional` go on to the next tier or anywhere,
+    /// `local_only` answers nothing. For the caller's own node and zone a
+    /// pick is the same as with [`Tiers::Every`].
+    Caller {
+        /// The caller's node.
+        node: Option<String>,
+        /// The caller's zone.
+        zone: Option<String>,
+    },
+}
+
+impl Tiers {
+    /// Only the tiers of a caller on `node` in `zone`.
+    pub fn caller(node: Option<&str>, zone: Option<&str>) -> Self {
+        Tiers::Caller {
+            node: node.map(str::to_owned),
+            zone: zone.map(str::to_owned),
+        }
+    }
+
+    /// Whether a tier for node (`is_node`) or zone `name` is built.
+    fn wants(&self, name: &str, is_node: bool) -> bool {
+        match self {
+            Tiers::Every => true,
+            Tiers::Caller { node, zone } => {
+                let own = if is_node { node } else { zone };
+                own.as_deref() == Some(name)
+            }
+        }
+    }
+}
+
 /// A node or zone name with the indices of its endpoints.
 pub(crate) type Group = (String, Vec<u32>);
 
@@ -110,15 +159,31 @@ pub(crate) struct Locality {
 }
 
 impl Locality {
-    /// Groups `set`'s endpoints by node and by zone.
-    pub(crate) fn groups(set: &EndpointSet) -> (Vec<Group>, Vec<Group>) {
+    /// Groups `set`'s endpoints by node and by zone: only the groups of
+    /// `tiers`, and only those `mode` reads (`zone` reads no node tier,
+    /// `local_only` no zone tier).
+    pub(crate) fn groups(
+        set: &EndpointSet,
+        mode: LocalityMode,
+        tiers: &Tiers,
+    ) -> (Vec<Group>, Vec<Group>) {
+        let by_node = mode != LocalityMode::Zone;
+        let by_zone = mode != LocalityMode::LocalOnly;
         let mut nodes: HashMap<&str, Vec<u32>, RandomState> = HashMap::default();
         let mut zones: HashMap<&str, Vec<u32>, RandomState> = HashMap::default();
         for (i, e) in set.endpoints.iter().enumerate() {
-            if let Some(n) = &e.node {
+            if let Some(n) = e
+                .node
+                .as_deref()
+                .filter(|n| by_node && tiers.wants(n, true))
+            {
                 nodes.entry(n).or_default().push(i as u32);
             }
-            if let Some(z) = &e.zone {
+            if let Some(z) = e
+                .zone
+                .as_deref()
+                .filter(|z| by_zone && tiers.wants(z, false))
+            {
                 zones.entry(z).or_default().push(i as u32);
             }
         }

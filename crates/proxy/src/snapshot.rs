@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use http::uri::Authority;
-use meshless_balance::Cluster;
+use meshless_balance::{Cluster, Tiers};
 use meshless_model::FieldError;
 
-use crate::config::{ClusterConfig, ProxyConfig, SubsetConfig};
+use crate::config::{ClusterConfig, NodeConfig, ProxyConfig, SubsetConfig};
 use crate::router::RouteTable;
 use crate::upstream::{self, ClusterCounters, EndpointPool, Pool, PoolKey};
 
@@ -68,14 +68,17 @@ pub struct UpstreamCluster {
 
 impl UpstreamCluster {
     /// Builds from validated config, keeping `previous`'s live state and,
-    /// when the pool settings are unchanged, its connections. `has_node`:
-    /// this proxy knows its node (for a service's `local-only` setting).
+    /// when the pool settings are unchanged, its connections. `node`: this
+    /// proxy's node and zone, the only locality tiers built (every pick
+    /// names them), and whether it knows its node (for a service's
+    /// `local-only` setting).
     pub fn build(
         declared: &ClusterConfig,
         previous: Option<&UpstreamCluster>,
         services: &ServiceFeeds,
-        has_node: bool,
+        node: &NodeConfig,
     ) -> Result<Self, ClusterError> {
+        let has_node = node.name.is_some();
         let feed = declared.service.as_ref().and_then(|s| services.get(s));
         let endpoints = match (&declared.service, feed) {
             (Some(_), Some(f)) => f.endpoints.clone(),
@@ -102,9 +105,10 @@ impl UpstreamCluster {
                 "Maglev table at its cap (balancer.max_table_size) is under 100 entries per endpoint: keys spread unevenly"
             );
         }
+        let tiers = Tiers::caller(node.name.as_deref(), node.zone.as_deref());
         let lb = match previous {
-            Some(p) => p.lb.rebuild(&endpoints, balance),
-            None => Cluster::new(&endpoints, balance),
+            Some(p) => p.lb.rebuild_for(&endpoints, balance, tiers),
+            None => Cluster::new_for(&endpoints, balance, tiers),
         }?;
         let addrs = lb
             .endpoints()
@@ -202,12 +206,11 @@ impl Snapshot {
         services: &ServiceFeeds,
     ) -> Result<Self, SnapshotError> {
         let mut clusters = HashMap::new();
-        let has_node = config.node.name.is_some();
         for (i, c) in config.clusters.iter().enumerate() {
             let prev = previous
                 .and_then(|p| p.clusters.get(&c.name))
                 .map(Arc::as_ref);
-            let built = UpstreamCluster::build(c, prev, services, has_node)
+            let built = UpstreamCluster::build(c, prev, services, &config.node)
                 .map_err(|source| SnapshotError { index: i, source })?;
             clusters.insert(c.name.clone(), Arc::new(built));
         }
@@ -233,12 +236,11 @@ impl Snapshot {
         services: &ServiceFeeds,
     ) -> Result<Self, ClusterError> {
         let mut clusters = self.clusters.clone();
-        let has_node = self.config.node.name.is_some();
         // Built from the file's clusters: the settings apply afresh.
         for declared in &self.config.clusters {
             if declared.service.as_deref() == Some(service) {
                 let prev = self.clusters.get(&declared.name).map(Arc::as_ref);
-                let built = UpstreamCluster::build(declared, prev, services, has_node)?;
+                let built = UpstreamCluster::build(declared, prev, services, &self.config.node)?;
                 clusters.insert(declared.name.clone(), Arc::new(built));
             }
         }
