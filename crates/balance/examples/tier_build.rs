@@ -38,7 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let took = start.elapsed();
             let (nodes, zones) = c.tier_counts();
             println!(
-                "{policy:<10} {label:<6} node tiers {nodes:>5} zone tiers {zones:>3} build {:>8.1} ms",
+                "{:<10} {label:<6} node tiers {nodes:>5} zone tiers {zones:>3} build {:>8.1} ms",
+                policy.name(),
                 took.as_secs_f64() * 1e3
             );
         }

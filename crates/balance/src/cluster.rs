@@ -132,16 +132,24 @@ impl Cluster {
         }
         let routable: Vec<Endpoint> = routable_endpoints(endpoints).into_iter().cloned().collect();
         config.validate_for(routable.len())?;
-        // The state of the same id at the same location, else a new host
+        // The state of the same id at the same location (in the previous
+        // snapshot, else the published one or departed), else a new host
         // (an id back at another address inherits no ejection or health).
+        let remembered = shared.remembered(
+            routable
+                .iter()
+                .map(|e| &e.id)
+                .filter(|id| !previous.contains_key(id)),
+        );
         let states: Vec<Arc<EndpointState>> = routable
             .iter()
             .map(|e| {
                 let at = Location::of(e);
                 previous
                     .get(&e.id)
-                    .map(|s| Arc::clone(s))
-                    .or_else(|| shared.departed(&e.id))
+                    .copied()
+                    .or_else(|| remembered.get(&e.id))
+                    .map(Arc::clone)
                     .filter(|s| s.location == at)
                     .unwrap_or_else(|| {
                         Arc::new(EndpointState::new(

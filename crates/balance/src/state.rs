@@ -274,10 +274,26 @@ impl ClusterShared {
         self.published.load(Ordering::Acquire) >= g
     }
 
-    /// The state a build should use for `id`: the previous snapshot's, else
-    /// a departed one's (ejection remembered), else `None`. Reads only.
-    pub(crate) fn departed(&self, id: &EndpointId) -> Option<Arc<EndpointState>> {
-        self.lock().departed.get(id).cloned()
+    /// The live states a build may reuse for `ids` (ids its previous
+    /// snapshot lacks): a member of the published snapshot (which an
+    /// unpublished snapshot built in between may lack), else one that left
+    /// while ejected (ejection remembered). One lock; reads only.
+    pub(crate) fn remembered<'i>(
+        &self,
+        ids: impl IntoIterator<Item = &'i EndpointId>,
+    ) -> HashMap<EndpointId, Arc<EndpointState>> {
+        let wanted: HashSet<&EndpointId> = ids.into_iter().collect();
+        if wanted.is_empty() {
+            return HashMap::new();
+        }
+        let inner = self.lock();
+        let published = inner.members.iter().filter(|m| wanted.contains(&m.id));
+        let departed = inner.departed.values().filter(|d| wanted.contains(&d.id));
+        // A published member's id is never departed (publish removes it).
+        published
+            .chain(departed)
+            .map(|s| (s.id.clone(), Arc::clone(s)))
+            .collect()
     }
 
     /// Makes the snapshot of generation `g` with `members` and settings the

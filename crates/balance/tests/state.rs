@@ -414,6 +414,53 @@ fn ejection_survives_a_not_ready_flap() {
     assert!(!back.stats(i).expect("stats").ejected);
 }
 
+/// An ejected endpoint absent from a rebuild that is never published and
+/// present in the next rebuild (two deltas before the first pick) keeps
+/// its ejection: the build finds it among the published members.
+#[test]
+fn ejection_survives_build_build_publish() {
+    let (c, clock) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    fail(&c, 0, 5, Outcome::Status(500));
+    assert!(c.stats(0).expect("stats").ejected);
+    let without = c.rebuild(&endpoints(4)[1..], *c.config()).expect("valid");
+    let back = without.rebuild(&endpoints(4), *c.config()).expect("valid");
+    back.publish();
+    let i = back
+        .endpoints()
+        .iter()
+        .position(|e| e.id.as_str() == "ep-0")
+        .expect("present");
+    let s = back.stats(i).expect("stats");
+    assert!(s.ejected && s.times_ejected == 1, "{s:?}");
+    assert!((0..100).all(|k| back.pick_index(&PickContext::new().with_entropy(k)) != Some(i)));
+    // The unpublished build stays unpublished; the ejection ends on time.
+    without.publish();
+    assert!(back.stats(i).expect("stats").ejected);
+    clock.advance(Duration::from_secs(30));
+    back.tick();
+    assert!(!back.stats(i).expect("stats").ejected);
+}
+
+/// The same after a departure: left while ejected (published), absent
+/// from an unpublished build, back in the next one.
+#[test]
+fn a_departed_ejection_survives_build_build_publish() {
+    let (c, _) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    fail(&c, 0, 5, Outcome::Status(500));
+    let gone = c.rebuild(&endpoints(4)[1..], *c.config()).expect("valid");
+    gone.publish();
+    let still_gone = gone
+        .rebuild(&endpoints(4)[2..], *c.config())
+        .expect("valid");
+    let back = still_gone
+        .rebuild(&endpoints(4), *c.config())
+        .expect("valid");
+    back.publish();
+    let s = back.stats(0).expect("stats");
+    assert_eq!(back.endpoints()[0].id.as_str(), "ep-0");
+    assert!(s.ejected && s.times_ejected == 1, "{s:?}");
+}
+
 fn spread_cluster(mode: LocalityMode, n_per_node: usize, nodes: usize) -> Cluster {
     let eps: Vec<Endpoint> = (0..n_per_node * nodes)
         .map(|i| {
