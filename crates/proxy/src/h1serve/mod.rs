@@ -91,6 +91,9 @@ struct Conn<I> {
     drain: Drain,
     /// The listener drains: the next response closes the connection.
     close_after: bool,
+    /// The client ended its side with requests still buffered (pipelined,
+    /// then a half-close): they are answered, then the connection closes.
+    eof: bool,
 }
 
 /// What waiting for a head gave. Not boxed: it is moved once per
@@ -123,6 +126,7 @@ pub async fn serve<I>(
         draining,
         drain,
         close_after: drain != Drain::Serving,
+        eof: false,
     };
     loop {
         let settings = downstream.settings();
@@ -228,6 +232,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     Err(e) => return Next::Refused(e.status()),
                 }
             }
+            if self.eof {
+                // Nothing more will come: a partial head is dropped.
+                return Next::Closed;
+            }
             let read = poll_fn(|cx| poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx));
             tokio::select! {
                 r = tokio::time::timeout_at(deadline, read) => match r {
@@ -274,20 +282,14 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             peer.clone(),
             req,
         ));
-        let mut ex = Exchange {
-            fut: Some(fut),
-            writer: None,
+        let mut ex = Exchange::new(
+            fut,
             feeder,
             answering,
-            out: Some(Lent::borrow(&self.gauge)),
-            continue_out: &[],
-            read_closed: false,
-            broken: false,
-            written: false,
-            max_buffered: limits(settings).max_head_bytes(),
-            discard_for: settings.timeouts.request_headers,
-            discard_until: None,
-        };
+            Lent::borrow(&self.gauge),
+            limits(settings).max_head_bytes(),
+            settings.timeouts.request_headers,
+        );
         // A drain that starts meanwhile is seen when the response head is
         // made and when it ends (`draining_now`): no waiter per request.
         let keep = poll_fn(|cx| self.poll_exchange(&mut ex, cx)).await;
@@ -328,7 +330,9 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 }
                 progress = true;
             }
-            if let Some(w) = ex.writer.as_mut().filter(|_| !ex.written) {
+            // The interim line is finished before any byte of the response.
+            let interim_out = !ex.continue_out.is_empty();
+            if let Some(w) = ex.writer.as_mut().filter(|_| !ex.written && !interim_out) {
                 match w.poll_write(&mut self.io, cx) {
                     Poll::Ready(Ok(())) => {
                         ex.written = true;
@@ -354,7 +358,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 {
                     return Poll::Ready(false);
                 }
-            } else if !ex.read_closed && ex.feeder.as_ref().is_none_or(Feeder::finished) {
+            } else if !ex.read_closed
+                && !self.eof
+                && ex.feeder.as_ref().is_none_or(Feeder::finished)
+            {
                 // Waiting on the upstream: watch for the client leaving.
                 match self.poll_watch(ex, cx) {
                     Poll::Ready(Ok(())) => progress = true,
@@ -427,7 +434,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         let Some(f) = ex.feeder.as_mut() else {
             return Poll::Pending;
         };
-        if f.finished() || ex.read_closed {
+        // A body dropped unread is discarded up to a bound while the
+        // response is pending too; past it, nothing more is read and the
+        // connection closes after the response (`after_response`).
+        if f.finished() || ex.read_closed || (f.discarding && f.discarded > DRAIN_MAX) {
             return Poll::Pending;
         }
         let mut none = BytesMut::new();
@@ -459,7 +469,9 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
 
     /// While the response is awaited with the whole body read: reads what
     /// comes next (a pipelined request, up to a head's worth) so that a
-    /// client that closes is seen. `Err` when it closed.
+    /// client that closes is seen. `Err` when it closed with nothing
+    /// buffered (the request is dropped, as hyper drops it); a close after
+    /// pipelined bytes is a half-close (`eof`): those are served first.
     fn poll_watch(&mut self, ex: &Exchange, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
         if self
             .buf
@@ -470,6 +482,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         }
         match poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx) {
             Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(Ok(())),
+            Poll::Ready(Ok(_)) if self.pending_bytes() => {
+                self.eof = true;
+                Poll::Ready(Ok(()))
+            }
             Poll::Ready(_) => Poll::Ready(Err(())),
             Poll::Pending => Poll::Pending,
         }
@@ -524,3 +540,32 @@ struct Exchange {
     /// Armed when discarding starts.
     discard_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+impl Exchange {
+    fn new(
+        fut: Handling,
+        feeder: Option<Feeder>,
+        answering: Answering,
+        out: Lent,
+        max_buffered: usize,
+        discard_for: std::time::Duration,
+    ) -> Self {
+        Self {
+            fut: Some(fut),
+            writer: None,
+            feeder,
+            answering,
+            out: Some(out),
+            continue_out: &[],
+            read_closed: false,
+            broken: false,
+            written: false,
+            max_buffered,
+            discard_for,
+            discard_until: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
