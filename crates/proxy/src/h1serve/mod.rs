@@ -109,12 +109,20 @@ enum Next {
 
 /// Serves HTTP/1.1 on `io` until the connection closes or its listener
 /// drains.
-pub async fn serve<I>(
+///
+/// This future is the connection task's for its whole life, idle
+/// included, so it is kept small: what an exchange needs lives in a box
+/// made per request ([`Conn::begin`]), a hand-over is boxed, and this is a
+/// function returning an async block (an `async fn` would store its
+/// arguments twice).
+#[allow(clippy::manual_async_fn)] // see above: arguments stored once
+pub fn serve<I>(
     downstream: Arc<Downstream>,
     io: I,
     peer: Peer,
     draining: watch::Receiver<Drain>,
-) where
+) -> impl Future<Output = ()> + Send + 'static
+where
     I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
 {
     let gauge = downstream.state.metrics.http1_buffers(&downstream.name);
@@ -128,28 +136,35 @@ pub async fn serve<I>(
         close_after: drain != Drain::Serving,
         eof: false,
     };
-    loop {
-        let settings = downstream.settings();
-        match conn.next_head(&settings).await {
-            Next::Head(head) if head.framing.upgrade => {
+    async move {
+        let refused = loop {
+            let settings = downstream.settings();
+            let head = match conn.next_head(&settings).await {
+                Next::Head(head) => head,
+                Next::Refused(status) => break Some(status),
+                Next::Closed => break None,
+            };
+            if head.framing.upgrade {
                 Box::pin(conn.hand_over(downstream, peer, head)).await;
                 return;
             }
-            Next::Head(head) => {
-                if !conn.exchange(&downstream, &peer, head, &settings).await {
-                    break;
-                }
+            let mut ex = conn.begin(&downstream, &peer, head, &settings);
+            // A drain that starts meanwhile is seen when the response head
+            // is made and when it ends (`draining_now`): no waiter per
+            // request.
+            let keep = poll_fn(|cx| conn.poll_exchange(&mut ex, cx)).await;
+            conn.end(ex);
+            if !keep {
+                break None;
             }
-            Next::Refused(status) => {
-                let _ = conn.io.write_all(&write::refusal(status)).await;
-                break;
-            }
-            Next::Closed => break,
+        };
+        if let Some(status) = refused {
+            let _ = conn.io.write_all(&write::refusal(status)).await;
         }
+        drop(conn.buf.take());
+        let bound = downstream.settings().timeouts.request_headers;
+        let _ = tokio::time::timeout(bound, conn.io.shutdown()).await;
     }
-    drop(conn.buf.take());
-    let bound = downstream.settings().timeouts.request_headers;
-    let _ = tokio::time::timeout(bound, conn.io.shutdown()).await;
 }
 
 /// The codec's limits from the listener's.
@@ -254,16 +269,18 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         }
     }
 
-    /// Serves one request: its future polled here, its body fed as it is
-    /// wanted, its response written. Returns whether the connection can
-    /// carry another request.
-    async fn exchange(
+    /// Starts serving the request of `head`: its handler's future (polled
+    /// by [`Conn::poll_exchange`]), its body fed as it is wanted, its
+    /// response written. Boxed, one allocation per request: an exchange
+    /// (with its response writer) is several hundred bytes that an idle
+    /// connection's task would otherwise carry.
+    fn begin(
         &mut self,
         downstream: &Arc<Downstream>,
         peer: &Peer,
         head: Head,
         settings: &ListenerSettings,
-    ) -> bool {
+    ) -> Box<Exchange> {
         let Head { parts, framing, .. } = head;
         let (feeder, body) = if framing.body == meshless_h1::Body::Empty {
             (None, RequestBody::empty())
@@ -282,24 +299,25 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             peer.clone(),
             req,
         ));
-        let mut ex = Exchange::new(
+        Box::new(Exchange::new(
             fut,
             feeder,
             answering,
             Lent::borrow(&self.gauge),
             limits(settings).max_head_bytes(),
             settings.timeouts.request_headers,
-        );
-        // A drain that starts meanwhile is seen when the response head is
-        // made and when it ends (`draining_now`): no waiter per request.
-        let keep = poll_fn(|cx| self.poll_exchange(&mut ex, cx)).await;
+        ))
+    }
+
+    /// After an exchange: the write buffer goes back to the pool, and so
+    /// does the read buffer unless it holds what follows.
+    fn end(&mut self, mut ex: Box<Exchange>) {
         if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
             *out = w.into_buffer();
         }
         if !self.pending_bytes() {
             drop(self.buf.take());
         }
-        keep
     }
 
     /// Drives one exchange; `Ready(keep_alive)` when it is over.

@@ -232,3 +232,22 @@ fn a_body_dropped_while_the_answer_is_pending_is_read_up_to_a_bound() {
     assert!(c.io.read_total <= bound, "read {} bytes", c.io.read_total);
     assert!(c.io.written.starts_with(b"HTTP/1.1 200 OK\r\n"));
 }
+
+/// Bytes of the future `f` returns (4 arguments).
+fn future_size4<A, B, C, D, R>(_: &impl FnOnce(A, B, C, D) -> R) -> usize {
+    std::mem::size_of::<R>()
+}
+
+/// An idle connection's task holds [`serve`]'s future: no exchange (nor
+/// its response writer) inline in it, they are boxed per request. With
+/// one inline, the future would hold at least an `Exchange` and the
+/// `Conn` side by side.
+#[test]
+fn the_connection_future_holds_no_exchange_inline() {
+    use std::mem::size_of;
+    let serve = future_size4(&serve::<tokio::net::TcpStream>);
+    let conn = size_of::<Conn<tokio::net::TcpStream>>();
+    let ex = size_of::<Exchange>();
+    eprintln!("serve {serve} B, Conn {conn} B, Exchange {ex} B");
+    assert!(serve < conn + ex, "serve {serve} B");
+}
