@@ -100,10 +100,16 @@ pub fn serve(
             return;
         };
         let peer = Peer::new(client);
-        if protocol == Protocol::Http1 && settings.http1 == Http1Server::Meshless {
-            crate::h1serve::serve(downstream, stream, peer, draining).await;
-        } else {
-            Box::pin(serve_http(downstream, stream, peer, protocol, draining)).await;
+        match protocol {
+            Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
+                crate::h1serve::serve(downstream, stream, peer, draining).await;
+            }
+            // One box per connection each (hyper's HTTP/2 connection is
+            // boxed inside `serve_http`).
+            Protocol::Http1 => {
+                Box::pin(crate::hyper_h1::serve(downstream, stream, peer, draining)).await;
+            }
+            Protocol::Http2 => serve_h2(downstream, stream, peer, draining).await,
         }
     }
 }
@@ -167,23 +173,34 @@ async fn serve_http<I>(
         // Boxed (once per connection): hyper's HTTP/1 connection is large,
         // and inline it would size every meshless-path connection's task.
         Protocol::Http1 => Box::pin(crate::hyper_h1::serve(downstream, io, peer, draining)).await,
-        Protocol::Http2 => {
-            let io = TokioIo::new(io);
-            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                crate::request::handle(
-                    Arc::clone(&downstream),
-                    peer.clone(),
-                    req.map(Source::Hyper),
-                )
-            });
-            // Boxed: the common HTTP/1 connection's task stays small.
-            let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-            crate::drain::drive(conn, draining, None, |c| {
-                c.get_mut().as_mut().graceful_shutdown()
-            })
-            .await;
-        }
+        Protocol::Http2 => serve_h2(downstream, io, peer, draining).await,
     }
+}
+
+/// Serves HTTP/2 on `io` with hyper's connection (boxed: the common
+/// HTTP/1 connection's task stays small) until it closes or drains.
+async fn serve_h2<I>(
+    downstream: Arc<Downstream>,
+    io: I,
+    peer: Peer,
+    draining: watch::Receiver<Drain>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = downstream.settings();
+    let io = TokioIo::new(io);
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        crate::request::handle(
+            Arc::clone(&downstream),
+            peer.clone(),
+            req.map(Source::Hyper),
+        )
+    });
+    let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
+    crate::drain::drive(conn, draining, None, |c| {
+        c.get_mut().as_mut().graceful_shutdown()
+    })
+    .await;
 }
 
 fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
