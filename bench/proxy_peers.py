@@ -19,6 +19,8 @@ REPEATS = int(os.environ.get("REPEATS", "3"))
 # 10,000 in the issue; this workplace caps open files at 20,000 per process
 # and HAProxy reserves two per connection, so the default stays under that.
 IDLE_CONNECTIONS = int(os.environ.get("IDLE_CONNECTIONS", "9000"))
+# How many of them are opened (and make their first request) at once.
+IDLE_AT_ONCE = int(os.environ.get("IDLE_AT_ONCE", "500"))
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 # An older meshless binary to compare in the same run (target "baseline"),
 # e.g. a release build of the commit before a change.
@@ -146,7 +148,7 @@ def h2load(port):
 async def hold_idle(port, count, hold_seconds, measure):
     """Opens `count` keep-alive connections, one request each, holds them idle."""
     conns = []
-    sem = asyncio.Semaphore(500)
+    sem = asyncio.Semaphore(IDLE_AT_ONCE)
 
     async def one():
         async with sem:

@@ -10,6 +10,7 @@
 //! bytes in the socket; no hyper state (buffers included) exists until the
 //! first bytes arrive.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -77,21 +78,40 @@ async fn sniff(stream: &TcpStream) -> io::Result<Option<Protocol>> {
 /// turns true and its requests in flight are done. The protocol must show
 /// within `timeouts.request_headers` of the accept, or the connection is
 /// closed (as hyper closes one whose request head does not arrive).
-pub async fn serve(
+///
+/// Every plain connection's task holds this future for its whole life:
+/// meshless's HTTP/1 is served inline, hyper's HTTP/1 and HTTP/2 boxed
+/// (once per connection). A function returning an async block, as an
+/// `async fn` would store its arguments twice.
+#[allow(clippy::manual_async_fn)] // see above: arguments stored once
+pub fn serve(
     downstream: Arc<Downstream>,
     stream: TcpStream,
     client: SocketAddr,
     mut draining: watch::Receiver<Drain>,
-) {
-    let settings = downstream.settings();
-    let sniffed = tokio::select! {
-        s = tokio::time::timeout(settings.timeouts.request_headers, sniff(&stream)) => s,
-        _ = draining.wait_for(|d| *d == Drain::Now) => return,
-    };
-    let Ok(Ok(Some(protocol))) = sniffed else {
-        return;
-    };
-    serve_http(downstream, stream, Peer::new(client), protocol, draining).await;
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let settings = downstream.settings();
+        let sniffed = tokio::select! {
+            s = tokio::time::timeout(settings.timeouts.request_headers, sniff(&stream)) => s,
+            _ = draining.wait_for(|d| *d == Drain::Now) => return,
+        };
+        let Ok(Ok(Some(protocol))) = sniffed else {
+            return;
+        };
+        let peer = Peer::new(client);
+        match protocol {
+            Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
+                crate::h1serve::serve(downstream, stream, peer, draining).await;
+            }
+            // One box per connection each (hyper's HTTP/2 connection is
+            // boxed inside `serve_http`).
+            Protocol::Http1 => {
+                Box::pin(crate::hyper_h1::serve(downstream, stream, peer, draining)).await;
+            }
+            Protocol::Http2 => serve_h2(downstream, stream, peer, draining).await,
+        }
+    }
 }
 
 /// Serves a TLS connection: the handshake (up to its timeout, counted in
@@ -150,24 +170,37 @@ async fn serve_http<I>(
         Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
             crate::h1serve::serve(downstream, io, peer, draining).await;
         }
-        Protocol::Http1 => crate::hyper_h1::serve(downstream, io, peer, draining).await,
-        Protocol::Http2 => {
-            let io = TokioIo::new(io);
-            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                crate::request::handle(
-                    Arc::clone(&downstream),
-                    peer.clone(),
-                    req.map(Source::Hyper),
-                )
-            });
-            // Boxed: the common HTTP/1 connection's task stays small.
-            let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-            crate::drain::drive(conn, draining, None, |c| {
-                c.get_mut().as_mut().graceful_shutdown()
-            })
-            .await;
-        }
+        // Boxed (once per connection): hyper's HTTP/1 connection is large,
+        // and inline it would size every meshless-path connection's task.
+        Protocol::Http1 => Box::pin(crate::hyper_h1::serve(downstream, io, peer, draining)).await,
+        Protocol::Http2 => serve_h2(downstream, io, peer, draining).await,
     }
+}
+
+/// Serves HTTP/2 on `io` with hyper's connection (boxed: the common
+/// HTTP/1 connection's task stays small) until it closes or drains.
+async fn serve_h2<I>(
+    downstream: Arc<Downstream>,
+    io: I,
+    peer: Peer,
+    draining: watch::Receiver<Drain>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = downstream.settings();
+    let io = TokioIo::new(io);
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        crate::request::handle(
+            Arc::clone(&downstream),
+            peer.clone(),
+            req.map(Source::Hyper),
+        )
+    });
+    let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
+    crate::drain::drive(conn, draining, None, |c| {
+        c.get_mut().as_mut().graceful_shutdown()
+    })
+    .await;
 }
 
 fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {

@@ -3,8 +3,11 @@
 //! backlog); stops accepting on request and drains its connections and
 //! tunnels gracefully, closing what is left when the drain timeout ends.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -229,47 +232,126 @@ fn serve_connection(
     // At the end of a drain, whatever is still open is dropped (closed).
     let closed = downstream.tunnels.closed();
     let downstream = Arc::clone(downstream);
-    tokio::spawn(async move {
-        let served = async {
-            let accepted = crate::accept::client_address(&downstream, &settings, stream, peer);
-            let Some((stream, client)) = accepted.await else {
-                return;
-            };
-            // TLS and L4 boxed: the task of every connection is as large
-            // as its largest arm, and plain HTTP is the one to keep small.
-            match (settings.protocol, tls) {
-                (ListenerProtocol::Tcp, _) => {
-                    Box::pin(crate::l4::serve(
-                        downstream.clone(),
-                        stream,
-                        client,
-                        draining,
-                    ))
-                    .await
-                }
-                (ListenerProtocol::Http, Some(tls)) => {
-                    let d = downstream.clone();
-                    Box::pin(crate::connection::serve_tls(
-                        d, tls, stream, client, draining,
-                    ))
-                    .await
-                }
-                (ListenerProtocol::Http, None) => {
-                    crate::connection::serve(downstream.clone(), stream, client, draining).await
-                }
-            }
-        };
-        tokio::select! {
-            () = served => {}
-            () = closed => {}
-        }
-        drop((open, permit));
+    let served = serve_accepted(downstream, settings, tls, draining, stream, peer);
+    tokio::spawn(ConnectionTask {
+        served,
+        closed,
+        _open: (open, permit),
     });
+}
+
+pin_project_lite::pin_project! {
+    /// One connection's task: serves it until it ends or the drain ends
+    /// (`closed`), then is dropped with its guards (the connection gauge,
+    /// the `max_connections` slot). A plain struct rather than an async
+    /// block, so the futures are stored once (an async block would keep
+    /// each both as captured and as awaited).
+    struct ConnectionTask<S, C> {
+        #[pin]
+        served: S,
+        #[pin]
+        closed: C,
+        _open: (crate::metrics::OpenConnection, OwnedSemaphorePermit),
+    }
+}
+
+impl<S: Future<Output = ()>, C: Future<Output = ()>> Future for ConnectionTask<S, C> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        if this.served.poll(cx).is_ready() || this.closed.poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+/// Serves one accepted (and screened) connection: its PROXY header, then
+/// its protocol. Every connection's task holds this future for its whole
+/// life, so rare arms (TLS, L4) are boxed: the task is as large as its
+/// largest inline state. (A function returning an async block: an `async
+/// fn` would store its arguments twice.)
+#[allow(clippy::manual_async_fn)] // see above: arguments stored once
+fn serve_accepted(
+    downstream: Arc<Downstream>,
+    settings: Arc<ListenerSettings>,
+    tls: Option<Arc<ListenerTls>>,
+    draining: watch::Receiver<Drain>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let accepted = crate::accept::client_address(&downstream, &settings, stream, peer);
+        let Some((stream, client)) = accepted.await else {
+            return;
+        };
+        match (settings.protocol, tls) {
+            (ListenerProtocol::Tcp, _) => {
+                Box::pin(crate::l4::serve(downstream, stream, client, draining)).await
+            }
+            (ListenerProtocol::Http, Some(tls)) => {
+                Box::pin(crate::connection::serve_tls(
+                    downstream, tls, stream, client, draining,
+                ))
+                .await
+            }
+            (ListenerProtocol::Http, None) => {
+                crate::connection::serve(downstream, stream, client, draining).await
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes of the future `f` returns (6 arguments).
+    fn future_size6<A, B, C, D, E, G, R>(_: &impl FnOnce(A, B, C, D, E, G) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Bytes of the future `f` returns (4 arguments).
+    fn future_size4<A, B, C, D, R>(_: &impl FnOnce(A, B, C, D) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Bytes of a connection's task future (`ConnectionTask`).
+    fn task_size<S, C>(
+        _: &impl FnOnce(
+            Arc<Downstream>,
+            Arc<ListenerSettings>,
+            Option<Arc<ListenerTls>>,
+            watch::Receiver<Drain>,
+            TcpStream,
+            SocketAddr,
+        ) -> S,
+        _closed: &C,
+    ) -> usize {
+        std::mem::size_of::<ConnectionTask<S, C>>()
+    }
+
+    /// What every plain HTTP connection's task holds while it lives (this
+    /// build's layout; `--nocapture` prints them). The task holds the
+    /// connection's future inline, so each layer is at least as large as
+    /// the one it awaits; hyper's HTTP/1 connection is boxed, so the whole
+    /// task is smaller than it.
+    #[test]
+    fn connection_task_sizes() {
+        let closed = crate::request::tunnel::Tunnels::default().closed();
+        let task = task_size(&serve_accepted, &closed);
+        let accepted = future_size6(&serve_accepted);
+        let conn = future_size4(&crate::connection::serve);
+        let h1 = future_size4(&crate::h1serve::serve::<TcpStream>);
+        let hyper = future_size4(&crate::hyper_h1::serve::<TcpStream>);
+        eprintln!(
+            "task {task} B, serve_accepted {accepted} B, connection::serve {conn} B, \
+             h1serve::serve {h1} B, hyper_h1::serve {hyper} B"
+        );
+        assert!(task >= accepted && accepted >= conn && conn >= h1);
+        assert!(task < hyper, "task {task} B");
+    }
 
     #[test]
     fn accept_backoff_doubles_to_a_second_and_resets() {

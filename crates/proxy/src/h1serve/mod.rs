@@ -91,6 +91,9 @@ struct Conn<I> {
     drain: Drain,
     /// The listener drains: the next response closes the connection.
     close_after: bool,
+    /// The client ended its side with requests still buffered (pipelined,
+    /// then a half-close): they are answered, then the connection closes.
+    eof: bool,
 }
 
 /// What waiting for a head gave. Not boxed: it is moved once per
@@ -106,12 +109,20 @@ enum Next {
 
 /// Serves HTTP/1.1 on `io` until the connection closes or its listener
 /// drains.
-pub async fn serve<I>(
+///
+/// This future is the connection task's for its whole life, idle
+/// included, so it is kept small: what an exchange needs lives in a box
+/// made per request ([`Conn::begin`]), a hand-over is boxed, and this is a
+/// function returning an async block (an `async fn` would store its
+/// arguments twice).
+#[allow(clippy::manual_async_fn)] // see above: arguments stored once
+pub fn serve<I>(
     downstream: Arc<Downstream>,
     io: I,
     peer: Peer,
     draining: watch::Receiver<Drain>,
-) where
+) -> impl Future<Output = ()> + Send + 'static
+where
     I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
 {
     let gauge = downstream.state.metrics.http1_buffers(&downstream.name);
@@ -123,29 +134,37 @@ pub async fn serve<I>(
         draining,
         drain,
         close_after: drain != Drain::Serving,
+        eof: false,
     };
-    loop {
-        let settings = downstream.settings();
-        match conn.next_head(&settings).await {
-            Next::Head(head) if head.framing.upgrade => {
+    async move {
+        let refused = loop {
+            let settings = downstream.settings();
+            let head = match conn.next_head(&settings).await {
+                Next::Head(head) => head,
+                Next::Refused(status) => break Some(status),
+                Next::Closed => break None,
+            };
+            if head.framing.upgrade {
                 Box::pin(conn.hand_over(downstream, peer, head)).await;
                 return;
             }
-            Next::Head(head) => {
-                if !conn.exchange(&downstream, &peer, head, &settings).await {
-                    break;
-                }
+            let mut ex = conn.begin(&downstream, &peer, head, &settings);
+            // A drain that starts meanwhile is seen when the response head
+            // is made and when it ends (`draining_now`): no waiter per
+            // request.
+            let keep = poll_fn(|cx| conn.poll_exchange(&mut ex, cx)).await;
+            conn.end(ex);
+            if !keep {
+                break None;
             }
-            Next::Refused(status) => {
-                let _ = conn.io.write_all(&write::refusal(status)).await;
-                break;
-            }
-            Next::Closed => break,
+        };
+        if let Some(status) = refused {
+            let _ = conn.io.write_all(&write::refusal(status)).await;
         }
+        drop(conn.buf.take());
+        let bound = downstream.settings().timeouts.request_headers;
+        let _ = tokio::time::timeout(bound, conn.io.shutdown()).await;
     }
-    drop(conn.buf.take());
-    let bound = downstream.settings().timeouts.request_headers;
-    let _ = tokio::time::timeout(bound, conn.io.shutdown()).await;
 }
 
 /// The codec's limits from the listener's.
@@ -228,6 +247,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     Err(e) => return Next::Refused(e.status()),
                 }
             }
+            if self.eof {
+                // Nothing more will come: a partial head is dropped.
+                return Next::Closed;
+            }
             let read = poll_fn(|cx| poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx));
             tokio::select! {
                 r = tokio::time::timeout_at(deadline, read) => match r {
@@ -246,16 +269,18 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         }
     }
 
-    /// Serves one request: its future polled here, its body fed as it is
-    /// wanted, its response written. Returns whether the connection can
-    /// carry another request.
-    async fn exchange(
+    /// Starts serving the request of `head`: its handler's future (polled
+    /// by [`Conn::poll_exchange`]), its body fed as it is wanted, its
+    /// response written. Boxed, one allocation per request: an exchange
+    /// (with its response writer) is several hundred bytes that an idle
+    /// connection's task would otherwise carry.
+    fn begin(
         &mut self,
         downstream: &Arc<Downstream>,
         peer: &Peer,
         head: Head,
         settings: &ListenerSettings,
-    ) -> bool {
+    ) -> Box<Exchange> {
         let Head { parts, framing, .. } = head;
         let (feeder, body) = if framing.body == meshless_h1::Body::Empty {
             (None, RequestBody::empty())
@@ -274,30 +299,25 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             peer.clone(),
             req,
         ));
-        let mut ex = Exchange {
-            fut: Some(fut),
-            writer: None,
+        Box::new(Exchange::new(
+            fut,
             feeder,
             answering,
-            out: Some(Lent::borrow(&self.gauge)),
-            continue_out: &[],
-            read_closed: false,
-            broken: false,
-            written: false,
-            max_buffered: limits(settings).max_head_bytes(),
-            discard_for: settings.timeouts.request_headers,
-            discard_until: None,
-        };
-        // A drain that starts meanwhile is seen when the response head is
-        // made and when it ends (`draining_now`): no waiter per request.
-        let keep = poll_fn(|cx| self.poll_exchange(&mut ex, cx)).await;
+            Lent::borrow(&self.gauge),
+            limits(settings).max_head_bytes(),
+            settings.timeouts.request_headers,
+        ))
+    }
+
+    /// After an exchange: the write buffer goes back to the pool, and so
+    /// does the read buffer unless it holds what follows.
+    fn end(&mut self, mut ex: Box<Exchange>) {
         if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
             *out = w.into_buffer();
         }
         if !self.pending_bytes() {
             drop(self.buf.take());
         }
-        keep
     }
 
     /// Drives one exchange; `Ready(keep_alive)` when it is over.
@@ -328,7 +348,9 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 }
                 progress = true;
             }
-            if let Some(w) = ex.writer.as_mut().filter(|_| !ex.written) {
+            // The interim line is finished before any byte of the response.
+            let interim_out = !ex.continue_out.is_empty();
+            if let Some(w) = ex.writer.as_mut().filter(|_| !ex.written && !interim_out) {
                 match w.poll_write(&mut self.io, cx) {
                     Poll::Ready(Ok(())) => {
                         ex.written = true;
@@ -354,7 +376,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 {
                     return Poll::Ready(false);
                 }
-            } else if !ex.read_closed && ex.feeder.as_ref().is_none_or(Feeder::finished) {
+            } else if !ex.read_closed
+                && !self.eof
+                && ex.feeder.as_ref().is_none_or(Feeder::finished)
+            {
                 // Waiting on the upstream: watch for the client leaving.
                 match self.poll_watch(ex, cx) {
                     Poll::Ready(Ok(())) => progress = true,
@@ -427,7 +452,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         let Some(f) = ex.feeder.as_mut() else {
             return Poll::Pending;
         };
-        if f.finished() || ex.read_closed {
+        // A body dropped unread is discarded up to a bound while the
+        // response is pending too; past it, nothing more is read and the
+        // connection closes after the response (`after_response`).
+        if f.finished() || ex.read_closed || (f.discarding && f.discarded > DRAIN_MAX) {
             return Poll::Pending;
         }
         let mut none = BytesMut::new();
@@ -459,7 +487,9 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
 
     /// While the response is awaited with the whole body read: reads what
     /// comes next (a pipelined request, up to a head's worth) so that a
-    /// client that closes is seen. `Err` when it closed.
+    /// client that closes is seen. `Err` when it closed with nothing
+    /// buffered (the request is dropped, as hyper drops it); a close after
+    /// pipelined bytes is a half-close (`eof`): those are served first.
     fn poll_watch(&mut self, ex: &Exchange, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
         if self
             .buf
@@ -470,6 +500,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         }
         match poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx) {
             Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(Ok(())),
+            Poll::Ready(Ok(_)) if self.pending_bytes() => {
+                self.eof = true;
+                Poll::Ready(Ok(()))
+            }
             Poll::Ready(_) => Poll::Ready(Err(())),
             Poll::Pending => Poll::Pending,
         }
@@ -524,3 +558,32 @@ struct Exchange {
     /// Armed when discarding starts.
     discard_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+impl Exchange {
+    fn new(
+        fut: Handling,
+        feeder: Option<Feeder>,
+        answering: Answering,
+        out: Lent,
+        max_buffered: usize,
+        discard_for: std::time::Duration,
+    ) -> Self {
+        Self {
+            fut: Some(fut),
+            writer: None,
+            feeder,
+            answering,
+            out: Some(out),
+            continue_out: &[],
+            read_closed: false,
+            broken: false,
+            written: false,
+            max_buffered,
+            discard_for,
+            discard_until: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -88,14 +88,30 @@ impl Writer {
             .get_all(header::CONNECTION)
             .iter()
             .any(|v| has_token(v, "close"));
-        let mut close = close || said_close || !req.keep_alive;
+        // hyper's rules: an HTTP/1.0 peer is answered in HTTP/1.0, and so
+        // is a response an upstream sent as HTTP/1.0 (no chunked coding
+        // then); to an HTTP/1.0 peer, such a response keeps the
+        // connection only if it says `keep-alive`.
+        let line = if req.version == Version::HTTP_10 || parts.version == Version::HTTP_10 {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let said_keep_alive = h
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_token(v, "keep-alive"));
+        let old_upstream = req.version == Version::HTTP_10
+            && parts.version == Version::HTTP_10
+            && !said_keep_alive;
+        let mut close = close || said_close || !req.keep_alive || old_upstream;
         let length = h
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
         let chunked_header = h.contains_key(header::TRANSFER_ENCODING);
         let encoding = if bodiless {
             Encoding::None
-        } else if chunked_header && req.version == Version::HTTP_11 {
+        } else if chunked_header && line == Version::HTTP_11 {
             h.remove(header::CONTENT_LENGTH);
             Encoding::Chunked
         } else if let Some(n) = length {
@@ -103,7 +119,7 @@ impl Writer {
         } else if let Some(n) = body.size_hint().exact() {
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
             Encoding::Length(n)
-        } else if req.version == Version::HTTP_11 {
+        } else if line == Version::HTTP_11 {
             h.insert(
                 header::TRANSFER_ENCODING,
                 HeaderValue::from_static("chunked"),
@@ -125,7 +141,7 @@ impl Writer {
             h.insert(header::DATE, date());
         }
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-        meshless_h1::response::write_response_head(&mut out, Version::HTTP_11, status, "", fields)?;
+        meshless_h1::response::write_response_head(&mut out, line, status, "", fields)?;
         let left = match encoding {
             Encoding::Length(n) => n,
             _ => 0,

@@ -173,9 +173,11 @@ pub struct Feeder {
     pub continue_due: bool,
     /// The body was dropped unread: what is left is read and discarded.
     pub discarding: bool,
-    /// Bytes discarded so far.
+    /// Bytes of the connection (framing included) discarded so far.
     pub discarded: u64,
     finished: bool,
+    /// Most trailer fields (the listener's header slots, as hyper).
+    max_trailers: usize,
 }
 
 impl Feeder {
@@ -196,6 +198,7 @@ impl Feeder {
             discarding: false,
             discarded: 0,
             finished: false,
+            max_trailers,
         };
         (
             feeder,
@@ -210,10 +213,10 @@ impl Feeder {
         self.finished
     }
 
-    /// Whether the body has been polled upstream (or dropped).
+    /// Whether the body has been polled upstream (a body dropped unread
+    /// was never wanted: no `100 Continue` is owed for it).
     pub fn wanted(&self) -> bool {
-        let s = lock(&self.shared);
-        s.wanted || s.dropped
+        lock(&self.shared).wanted
     }
 
     /// Hands over (or discards) what `buf` holds of the body, and says
@@ -234,7 +237,12 @@ impl Feeder {
                 return Ok(Need::Nothing);
             }
             drop(s);
-            let frame = match self.decode(buf) {
+            let before = buf.len();
+            let decoded = self.decode(buf);
+            if self.discarding {
+                self.discarded += (before - buf.len()) as u64;
+            }
+            let frame = match decoded {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return Ok(Need::Bytes),
                 Err(e) => {
@@ -244,11 +252,7 @@ impl Feeder {
                 }
             };
             let last = self.finished;
-            if self.discarding {
-                if let Some(d) = frame.data_ref() {
-                    self.discarded += d.len() as u64;
-                }
-            } else {
+            if !self.discarding {
                 self.hand_over(Ok(frame), last);
             }
         }
@@ -317,7 +321,7 @@ impl Feeder {
                     Ok(None)
                 }
                 Step::Done { consumed, trailers } => {
-                    let fields = trailer_map(&buf[trailers])?;
+                    let fields = trailer_map(&buf[trailers], self.max_trailers)?;
                     buf.advance(consumed);
                     self.finished = true;
                     Ok(Some(match fields {
@@ -330,12 +334,13 @@ impl Feeder {
     }
 }
 
-/// The trailer section as a map; `None` when there is none.
-fn trailer_map(section: &[u8]) -> Result<Option<HeaderMap>, meshless_h1::Error> {
+/// The trailer section (at most `max` fields) as a map; `None` when
+/// there is none.
+fn trailer_map(section: &[u8], max: usize) -> Result<Option<HeaderMap>, meshless_h1::Error> {
     if section.is_empty() {
         return Ok(None);
     }
-    let mut slots = vec![httparse::EMPTY_HEADER; 100];
+    let mut slots = vec![httparse::EMPTY_HEADER; max];
     let fields = chunked::parse_trailers(section, &mut slots)?;
     let mut map = HeaderMap::with_capacity(fields.len());
     for f in fields {

@@ -1,0 +1,253 @@
+//! The exchange's state machine on an in-memory connection whose writes
+//! are throttled (a slow client), for orderings a real socket cannot be
+//! made to produce on demand.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Waker;
+
+use http_body::Body;
+use tokio::io::ReadBuf;
+
+use super::*;
+
+/// Reads come from `input` (then `Pending`); writes take at most
+/// `write_max` bytes and every other call is `Pending`: backpressure.
+#[derive(Default)]
+struct Slow {
+    input: Vec<u8>,
+    read_total: usize,
+    written: Vec<u8>,
+    write_max: usize,
+    turn: bool,
+}
+
+impl AsyncRead for Slow {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let n = buf.remaining().min(self.input.len());
+        if n == 0 {
+            return Poll::Pending;
+        }
+        buf.put_slice(&self.input[..n]);
+        self.input.drain(..n);
+        self.read_total += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Slow {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.turn = !self.turn;
+        if self.turn {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let n = buf.len().min(self.write_max);
+        self.written.extend_from_slice(&buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl WaitRead for Slow {
+    fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A connection on `io`; the sender keeps its listener "serving".
+fn conn(io: Slow) -> (Conn<Slow>, watch::Sender<Drain>) {
+    let (tx, rx) = watch::channel(Drain::Serving);
+    let c = Conn {
+        io,
+        buf: None,
+        gauge: Gauge::default(),
+        draining: rx,
+        drain: Drain::Serving,
+        close_after: false,
+        eof: false,
+    };
+    (c, tx)
+}
+
+fn framing(length: u64, expect_continue: bool) -> meshless_h1::Framing {
+    meshless_h1::Framing {
+        body: meshless_h1::Body::Length(length),
+        keep_alive: true,
+        expect_continue,
+        upgrade: false,
+        informational: false,
+        keep_length: meshless_h1::framing::KeepLength::First,
+    }
+}
+
+/// An exchange of a `POST` whose handler is `fut`.
+fn exchange(c: &Conn<Slow>, feeder: Feeder, fut: Handling) -> Exchange {
+    let answering = Answering {
+        method: http::Method::POST,
+        version: http::Version::HTTP_11,
+        keep_alive: true,
+    };
+    let out = Lent::borrow(&c.gauge);
+    Exchange::new(
+        fut,
+        Some(feeder),
+        answering,
+        out,
+        8192,
+        std::time::Duration::from_secs(60),
+    )
+}
+
+fn ok() -> Result<http::Response<ProxyBody>, std::convert::Infallible> {
+    Ok(http::Response::new(ProxyBody::full("ok", None)))
+}
+
+/// Polls the exchange (no waker) until it ends; `None` if it does not
+/// within `polls`.
+fn run(c: &mut Conn<Slow>, ex: &mut Exchange, polls: usize) -> Option<bool> {
+    let mut cx = Context::from_waker(Waker::noop());
+    (0..polls).find_map(|_| match c.poll_exchange(ex, &mut cx) {
+        Poll::Ready(keep) => Some(keep),
+        Poll::Pending => None,
+    })
+}
+
+/// The handler wants the body (`100 Continue` is due), then answers
+/// before reading it while the interim line is still being written: the
+/// response starts only after the whole interim line.
+#[test]
+fn the_interim_line_is_finished_before_the_response_starts() {
+    let io = Slow {
+        input: b"hello".to_vec(),
+        write_max: 7,
+        ..Slow::default()
+    };
+    let (mut c, _tx) = conn(io);
+    let (feeder, mut body) = Feeder::new(&framing(5, true), 100);
+    let mut polls = 0;
+    let fut: Handling = Box::pin(async move {
+        std::future::poll_fn(|cx| {
+            polls += 1;
+            if polls == 1 {
+                let _ = Pin::new(&mut body).poll_frame(cx);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(())
+        })
+        .await;
+        drop(body);
+        ok()
+    });
+    let mut ex = exchange(&c, feeder, fut);
+    let keep = run(&mut c, &mut ex, 1000).expect("the exchange ends");
+    let out = String::from_utf8_lossy(&c.io.written).into_owned();
+    assert!(
+        out.starts_with("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"),
+        "{out:?}"
+    );
+    assert!(out.ends_with("\r\n\r\nok"), "{out:?}");
+    assert!(keep, "the body was read whole");
+}
+
+/// A handler that drops the body unread and answers later: no `100
+/// Continue` is sent for it, and the connection closes after the answer
+/// (the client may still send the body).
+#[test]
+fn no_interim_line_for_a_body_dropped_unread() {
+    let io = Slow {
+        write_max: 1 << 20,
+        ..Slow::default()
+    };
+    let (mut c, _tx) = conn(io);
+    let (feeder, body) = Feeder::new(&framing(5, true), 100);
+    let release = Arc::new(AtomicBool::new(false));
+    let rel = Arc::clone(&release);
+    let fut: Handling = Box::pin(async move {
+        drop(body);
+        std::future::poll_fn(|_| match rel.load(Ordering::Acquire) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        })
+        .await;
+        ok()
+    });
+    let mut ex = exchange(&c, feeder, fut);
+    assert_eq!(run(&mut c, &mut ex, 10), None, "the answer is pending");
+    assert!(c.io.written.is_empty(), "{:?}", c.io.written);
+    release.store(true, Ordering::Release);
+    assert_eq!(run(&mut c, &mut ex, 1000), Some(false));
+    assert!(c.io.written.starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+/// A body dropped unread while its answer is pending, the client sending
+/// it fast: the connection reads and discards at most `DRAIN_MAX` bytes
+/// (and one read past them), then reads nothing more, and closes after
+/// the answer.
+#[test]
+fn a_body_dropped_while_the_answer_is_pending_is_read_up_to_a_bound() {
+    let sent = 10 << 20;
+    let io = Slow {
+        input: vec![b'z'; sent],
+        write_max: 1 << 20,
+        ..Slow::default()
+    };
+    let (mut c, _tx) = conn(io);
+    let (feeder, body) = Feeder::new(&framing(100 << 20, false), 100);
+    let release = Arc::new(AtomicBool::new(false));
+    let rel = Arc::clone(&release);
+    let fut: Handling = Box::pin(async move {
+        drop(body);
+        std::future::poll_fn(|_| match rel.load(Ordering::Acquire) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        })
+        .await;
+        ok()
+    });
+    let mut ex = exchange(&c, feeder, fut);
+    assert_eq!(run(&mut c, &mut ex, 10), None, "the answer is pending");
+    // One read takes at most the buffer's room: a fresh buffer, grown
+    // once by `poll_fill` (under 3 x BUF_SIZE).
+    let bound = DRAIN_MAX as usize + 3 * pool::BUF_SIZE;
+    assert!(c.io.read_total <= bound, "read {} bytes", c.io.read_total);
+    release.store(true, Ordering::Release);
+    assert_eq!(run(&mut c, &mut ex, 1000), Some(false));
+    assert!(c.io.read_total <= bound, "read {} bytes", c.io.read_total);
+    assert!(c.io.written.starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+/// Bytes of the future `f` returns (4 arguments).
+fn future_size4<A, B, C, D, R>(_: &impl FnOnce(A, B, C, D) -> R) -> usize {
+    std::mem::size_of::<R>()
+}
+
+/// An idle connection's task holds [`serve`]'s future: no exchange (nor
+/// its response writer) inline in it, they are boxed per request. With
+/// one inline, the future would hold at least an `Exchange` and the
+/// `Conn` side by side.
+#[test]
+fn the_connection_future_holds_no_exchange_inline() {
+    use std::mem::size_of;
+    let serve = future_size4(&serve::<tokio::net::TcpStream>);
+    let conn = size_of::<Conn<tokio::net::TcpStream>>();
+    let ex = size_of::<Exchange>();
+    eprintln!("serve {serve} B, Conn {conn} B, Exchange {ex} B");
+    assert!(serve < conn + ex, "serve {serve} B");
+}
