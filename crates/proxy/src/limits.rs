@@ -225,8 +225,10 @@ pub fn validate_upgrades(upgrades: &[String]) -> Result<(), FieldError> {
 #[serde(rename_all = "snake_case")]
 pub enum Http1Server {
     /// hyper's HTTP/1 server connection.
-    #[default]
     Hyper,
-    /// meshless's own connection state machine (`crate::h1serve`).
+    /// meshless's own connection state machine (`crate::h1serve`): the
+    /// default (no buffer held by an idle connection; CPU per request at
+    /// or below hyper's, BENCHMARKS.md).
+    #[default]
     Meshless,
 }

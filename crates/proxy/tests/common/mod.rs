@@ -53,21 +53,24 @@ pub fn config(backends: &[Backend], cluster_extra: &str) -> String {
     )
 }
 
-/// The HTTP/1 server the suites run on: `hyper` unless the environment
-/// says `MESHLESS_TEST_HTTP1=meshless` (how CI runs the fault suites on
-/// meshless's own connection state machine too).
+/// The HTTP/1 server the suites run on: the default (`meshless`) unless
+/// the environment says `MESHLESS_TEST_HTTP1=hyper` (how CI runs the fault
+/// suites on hyper's server connection too) or `=meshless`.
 pub fn test_http1() -> meshless_proxy::h1serve::Http1Server {
+    use meshless_proxy::h1serve::Http1Server;
     match std::env::var("MESHLESS_TEST_HTTP1").as_deref() {
-        Ok("meshless") => meshless_proxy::h1serve::Http1Server::Meshless,
-        _ => meshless_proxy::h1serve::Http1Server::Hyper,
+        Ok("meshless") => Http1Server::Meshless,
+        Ok("hyper") => Http1Server::Hyper,
+        _ => Http1Server::default(),
     }
 }
 
-/// `cfg` with every listener on [`test_http1`] (unless its YAML chose).
+/// `cfg` with every listener on [`test_http1`] (unless its YAML chose
+/// the other one).
 pub fn on_test_http1(mut cfg: ProxyConfig) -> ProxyConfig {
     let engine = test_http1();
     for l in &mut cfg.listeners {
-        if l.http1 == meshless_proxy::h1serve::Http1Server::Hyper {
+        if l.http1 == meshless_proxy::h1serve::Http1Server::default() {
             l.http1 = engine;
         }
     }
