@@ -629,6 +629,21 @@ impl OwnRuntimes {
     }
 }
 
+impl OwnRuntimes {
+    /// Shuts both down and waits for their tasks to be dropped (instances
+    /// are killed as their tasks drop them: a process exiting first would
+    /// leave them running).
+    async fn close(mut self) {
+        if let Some((plane, proxy)) = self.0.take() {
+            let _ = tokio::task::spawn_blocking(move || {
+                plane.shutdown_timeout(Duration::from_secs(5));
+                proxy.shutdown_timeout(Duration::from_secs(5));
+            })
+            .await;
+        }
+    }
+}
+
 impl Drop for OwnRuntimes {
     fn drop(&mut self) {
         if let Some((plane, proxy)) = self.0.take() {
@@ -706,6 +721,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     if args.burst > 0 {
         burst = run_burst(&cmd, &client, args, rts).await?;
     }
+    own_rts.close().await;
     let mut burst_latency = std::mem::take(&mut burst.latency_ms);
     let mut paired_overhead: Vec<f64> = paired.iter().map(Paired::overhead_ms).collect();
     let mut paired_instance: Vec<f64> = paired.iter().map(Paired::instance_ms).collect();
