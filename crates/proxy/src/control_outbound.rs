@@ -63,10 +63,14 @@ impl Outbound {
             .activations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut services: Vec<String> = Vec::new();
         // `Ready(None)`: the proxy is gone; the session's channel ends the
         // stream.
-        while let Poll::Ready(Some(service)) = rx.poll_recv(cx) {
+        let Poll::Ready(Some(first)) = rx.poll_recv(cx) else {
+            return Vec::new();
+        };
+        let mut services = vec![first];
+        // The rest of a burst at once (`try_recv` spends no task budget).
+        while let Ok(service) = rx.try_recv() {
             if !services.contains(&service) {
                 services.push(service);
             }
@@ -108,5 +112,127 @@ impl Stream for Outbound {
             });
         }
         Poll::Ready(this.queued.pop_front())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use arc_swap::ArcSwap;
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::access_log::AccessLogger;
+    use crate::config::AccessLog;
+
+    /// A proxy's state with one activating cluster of `ns/a`, and the
+    /// receiver of its activation requests.
+    fn state() -> (Arc<ProxyState>, Activations) {
+        let yaml = "control: { address: \"127.0.0.1:1\" }\nclusters:\n  - name: c\n    service: ns/a\n    activation: { queue_timeout: 60s }\n";
+        let cfg = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
+        let snapshot =
+            crate::snapshot::Snapshot::build(cfg, None, &Default::default()).expect("snapshot");
+        let (tx, rx) = mpsc::unbounded_channel();
+        let state = ProxyState {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics: crate::metrics::Metrics::new(),
+            access_log: ArcSwap::from_pointee(AccessLogger::open(&AccessLog::Off).expect("off")),
+            ready: AtomicBool::new(false),
+            services: Default::default(),
+            activate: tx,
+            endpoints_changed: tokio::sync::Notify::new(),
+            activation_errors: Default::default(),
+            probing: Default::default(),
+            tracer: None,
+            placements: Default::default(),
+            peer_address: Default::default(),
+        };
+        (Arc::new(state), Arc::new(Mutex::new(rx)))
+    }
+
+    fn hello() -> ClientMessage {
+        ClientMessage {
+            msg: Some(client_message::Msg::Hello(v1::Hello::default())),
+        }
+    }
+
+    /// What a message is, for comparing sequences.
+    fn kind(m: &ClientMessage) -> String {
+        match &m.msg {
+            Some(client_message::Msg::Hello(_)) => "hello".into(),
+            Some(client_message::Msg::Load(_)) => "load".into(),
+            Some(client_message::Msg::Activate(a)) => format!("activate {} {}", a.service, a.node),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// The next message, failing the test if none comes within 20 s.
+    async fn next(out: &mut Outbound) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(20), out.next())
+            .await
+            .expect("a message or the end")
+            .map(|m| kind(&m))
+    }
+
+    /// Whether the stream has nothing to hand out now.
+    fn idle(out: &mut Outbound) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        Pin::new(out).poll_next(&mut cx).is_pending()
+    }
+
+    /// A burst held at once: after the session's own messages, one load
+    /// report and one `Activate` per service, whatever the count.
+    #[tokio::test]
+    async fn a_burst_asks_once_per_service_after_the_sessions_own_messages() {
+        let (state, activations) = state();
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(hello()).await.unwrap();
+        for _ in 0..1000 {
+            state.activate.send("ns/a".into()).unwrap();
+        }
+        state.activate.send("ns/b".into()).unwrap();
+        let mut out = Outbound::new(rx, activations, Arc::clone(&state), "n1".into());
+        assert_eq!(next(&mut out).await.as_deref(), Some("hello"));
+        assert_eq!(next(&mut out).await.as_deref(), Some("load"));
+        assert_eq!(next(&mut out).await.as_deref(), Some("activate ns/a n1"));
+        assert_eq!(next(&mut out).await.as_deref(), Some("activate ns/b n1"));
+        assert!(idle(&mut out), "nothing more was asked for");
+        // A request held later wakes the stream.
+        let asker = Arc::clone(&state);
+        tokio::spawn(async move { asker.activate.send("ns/a".into()) });
+        assert_eq!(next(&mut out).await.as_deref(), Some("load"));
+        assert_eq!(next(&mut out).await.as_deref(), Some("activate ns/a n1"));
+    }
+
+    /// Requests held while no session is up are asked for on the next
+    /// stream; the stream of a session that ended takes none of them.
+    #[tokio::test]
+    async fn activations_asked_between_sessions_go_out_on_the_next_stream() {
+        let (state, activations) = state();
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut old = Outbound::new(
+            rx1,
+            Arc::clone(&activations),
+            Arc::clone(&state),
+            "n1".into(),
+        );
+        assert!(idle(&mut old));
+        drop(tx1);
+        state.activate.send("ns/a".into()).unwrap();
+        assert_eq!(next(&mut old).await, None, "its session ended");
+        let (tx2, rx2) = mpsc::channel(16);
+        tx2.send(hello()).await.unwrap();
+        let mut new = Outbound::new(rx2, activations, Arc::clone(&state), "n1".into());
+        assert_eq!(next(&mut new).await.as_deref(), Some("hello"));
+        assert_eq!(next(&mut new).await.as_deref(), Some("load"));
+        assert_eq!(next(&mut new).await.as_deref(), Some("activate ns/a n1"));
+        // The old stream polled again still takes nothing (and is over).
+        state.activate.send("ns/a".into()).unwrap();
+        assert_eq!(next(&mut old).await, None);
+        assert_eq!(next(&mut new).await.as_deref(), Some("load"));
+        drop(tx2);
     }
 }
