@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::transport::Endpoint as GrpcEndpoint;
 
 use crate::config::NodeConfig;
-use crate::control_outbound::{Activations, Outbound};
+use crate::control_outbound::{Activations, Outbound, loads};
 use crate::merge_window::MergeWindow;
 use crate::snapshot::{ServiceFeed, Watched};
 use crate::state::ProxyState;
@@ -67,33 +67,6 @@ impl<T> From<mpsc::error::SendError<T>> for LinkError {
     fn from(_: mpsc::error::SendError<T>) -> Self {
         LinkError::SendClosed
     }
-}
-
-/// Requests in flight and held, per watched service, over its clusters.
-pub(crate) fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
-    use std::sync::atomic::Ordering;
-    let snap = state.snapshot.load();
-    let mut per: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for c in snap.clusters.values() {
-        if let Some(s) = &c.config.service {
-            let e = per.entry(s.as_str()).or_default();
-            // Forwarded requests are the chosen node's proxy's load.
-            let forwarded = c.counters.forwarded.load(Ordering::Relaxed);
-            e.0 += c
-                .counters
-                .active_requests
-                .load(Ordering::Relaxed)
-                .saturating_sub(forwarded);
-            e.1 += c.counters.queued.load(Ordering::Relaxed);
-        }
-    }
-    per.into_iter()
-        .map(|(service, (f, q))| v1::ServiceLoad {
-            service: service.to_owned(),
-            in_flight: u32::try_from(f).unwrap_or(u32::MAX),
-            queued: u32::try_from(q).unwrap_or(u32::MAX),
-        })
-        .collect()
 }
 
 /// The services and subset requests of a `Hello` or `Subscribe`.

@@ -13,7 +13,7 @@
 //! first and ends the stream once the session is gone), so a stale stream
 //! never takes the receiver's wake-up from the current one.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -23,6 +23,33 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 
 use crate::state::ProxyState;
+
+/// Requests in flight and held, per watched service, over its clusters.
+pub(crate) fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
+    use std::sync::atomic::Ordering;
+    let snap = state.snapshot.load();
+    let mut per: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for c in snap.clusters.values() {
+        if let Some(s) = &c.config.service {
+            let e = per.entry(s.as_str()).or_default();
+            // Forwarded requests are the chosen node's proxy's load.
+            let forwarded = c.counters.forwarded.load(Ordering::Relaxed);
+            e.0 += c
+                .counters
+                .active_requests
+                .load(Ordering::Relaxed)
+                .saturating_sub(forwarded);
+            e.1 += c.counters.queued.load(Ordering::Relaxed);
+        }
+    }
+    per.into_iter()
+        .map(|(service, (f, q))| v1::ServiceLoad {
+            service: service.to_owned(),
+            in_flight: u32::try_from(f).unwrap_or(u32::MAX),
+            queued: u32::try_from(q).unwrap_or(u32::MAX),
+        })
+        .collect()
+}
 
 /// The activation requests of held requests (service names), shared by
 /// the streams of successive sessions.
@@ -99,7 +126,7 @@ impl Stream for Outbound {
         // With the load that explains it (the control plane's scaling
         // loop reads the held count from the load reports).
         let load = v1::Load {
-            services: crate::control_link::loads(&this.state),
+            services: loads(&this.state),
         };
         this.queued.push_back(ClientMessage {
             msg: Some(client_message::Msg::Load(load)),
