@@ -40,6 +40,25 @@ pub struct ColdstartSettings {
     pub burst: usize,
     /// The proxy's `activation.release_concurrency` (`None`: its default).
     pub release_concurrency: Option<u32>,
+    /// How the measured requests are sent.
+    pub client: ClientKind,
+    /// Worker threads of a runtime of their own for the control plane and
+    /// one for the proxy (as separate processes would have); 0: both share
+    /// the benchmark's runtime.
+    pub own_runtimes: usize,
+}
+
+/// The client of the measured cold starts (not part of the system: the
+/// figures of the two are not comparable with each other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientKind {
+    /// hyper's pooling client (`hyper_util` legacy `Client`): a connection
+    /// task of its own between the benchmark and the socket.
+    Hyper,
+    /// One HTTP/1.1 request written on a fresh `TcpStream` by the
+    /// benchmark's own task, the response read there.
+    Raw,
 }
 
 /// What the benchmark measured (milliseconds).
@@ -47,6 +66,8 @@ pub struct ColdstartSettings {
 pub struct ColdstartReport {
     pub startup_delay_ms: u64,
     pub runs: usize,
+    pub client: ClientKind,
+    pub own_runtimes: usize,
     pub first_response_ms_p50: f64,
     pub baseline_ms_p50: f64,
     pub overhead_ms_p50: f64,
@@ -123,11 +144,13 @@ struct Baseline {
 }
 
 /// Names of the paired phases, in the order of a cold start.
-const PAIRED: [&str; 4] = [
-    "request -> activation read",
-    "activation read -> spawn",
+const PAIRED: [&str; 6] = [
+    "request -> Activate read",
+    "Activate read -> loop woke",
+    "loop woke -> spawn",
     "spawn -> READY=1 (instance)",
-    "READY=1 -> response",
+    "READY=1 -> ready published",
+    "published -> response",
 ];
 
 /// One cold start's instants: the request sent and answered (the
@@ -137,9 +160,14 @@ const PAIRED: [&str; 4] = [
 struct Paired {
     sent: Instant,
     answered: Instant,
+    /// The plane's stream read the proxy's `Activate`.
+    read: Option<Instant>,
+    /// The `Activate` woke the service's scaling loop.
     asked: Option<Instant>,
     spawning: Instant,
     ready: Instant,
+    /// The ready endpoint's delta published to the subscribers.
+    published: Instant,
 }
 
 impl Paired {
@@ -151,20 +179,28 @@ impl Paired {
     /// What the path added around the instance's start, ms: the response
     /// time minus the instance's own start. Below the time before the
     /// spawn when the proxy's probe found the instance listening before
-    /// it said `READY=1` (the last phase is then negative).
+    /// it said `READY=1` (the last phases are then negative).
     fn overhead_ms(&self) -> f64 {
         between(self.answered, self.sent) - self.instance_ms()
     }
 
-    /// The phases of [`PAIRED`], ms (`NaN` where the start was not asked
-    /// for by an activation); they add up to the response time.
-    fn phases_ms(&self) -> [f64; 4] {
-        [
-            self.asked.map_or(f64::NAN, |a| between(a, self.sent)),
-            self.asked.map_or(f64::NAN, |a| between(self.spawning, a)),
-            between(self.ready, self.spawning),
-            between(self.answered, self.ready),
-        ]
+    /// The phases of [`PAIRED`], ms (`NaN` for a phase whose instant is
+    /// missing: a start not asked for by an activation); with every
+    /// instant present they add up to the response time.
+    fn phases_ms(&self) -> [f64; 6] {
+        let points = [
+            Some(self.sent),
+            self.read,
+            self.asked,
+            Some(self.spawning),
+            Some(self.ready),
+            Some(self.published),
+            Some(self.answered),
+        ];
+        std::array::from_fn(|i| match (points[i], points[i + 1]) {
+            (Some(a), Some(b)) => between(b, a),
+            _ => f64::NAN,
+        })
     }
 }
 
@@ -272,14 +308,51 @@ async fn baseline(cmd: &[String]) -> Result<Baseline> {
     })
 }
 
+/// Runs `fut` on `rt` (a runtime of its own) or, without one, here.
+async fn on<T: Send + 'static>(
+    rt: Option<&tokio::runtime::Handle>,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T> {
+    match rt {
+        Some(rt) => rt
+            .spawn(fut)
+            .await
+            .map_err(|e| BenchError::Failed(format!("task on its own runtime: {e}"))),
+        None => Ok(fut.await),
+    }
+}
+
+/// Where the control plane and the proxy run: their own runtimes, or the
+/// benchmark's (`None`).
+#[derive(Clone, Copy)]
+struct Runtimes<'a> {
+    plane: Option<&'a tokio::runtime::Handle>,
+    proxy: Option<&'a tokio::runtime::Handle>,
+}
+
+/// The stack of one run: a control plane and a proxy in front.
+struct Stack {
+    plane: ControlPlane,
+    proxy: Proxy,
+    addr: SocketAddr,
+}
+
+impl Stack {
+    /// Stops both, each on its own runtime.
+    async fn shutdown(self, rts: Runtimes<'_>) -> Result<()> {
+        on(rts.proxy, self.proxy.shutdown()).await?;
+        on(rts.plane, self.plane.shutdown()).await
+    }
+}
+
 /// A control plane with service bench/cold at zero and a proxy in front.
 async fn stack(
     cmd: &[String],
-    target: u32,
-    max: u32,
+    (target, max): (u32, u32),
     otlp: Option<&str>,
     release: Option<u32>,
-) -> Result<(ControlPlane, Proxy, SocketAddr)> {
+    rts: Runtimes<'_>,
+) -> Result<Stack> {
     let release = release.map_or_else(String::new, |n| format!(", release_concurrency: {n}"));
     let tracing = otlp.map_or_else(String::new, |url| {
         format!("tracing: {{ otlp_endpoint: \"{url}\", flush_interval: 20ms }}\n")
@@ -291,7 +364,7 @@ async fn stack(
         ),
         "bench",
     )?;
-    let plane = ControlPlane::start(control).await?;
+    let plane = on(rts.plane, ControlPlane::start(control)).await??;
     let proxy = ProxyConfig::parse(
         &format!(
             "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s{release} }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
@@ -299,14 +372,14 @@ async fn stack(
         ),
         "bench",
     )?;
-    let proxy = Proxy::start(proxy).await?;
+    let proxy = on(rts.proxy, Proxy::start(proxy)).await??;
     let addr = proxy
         .listener_addr("web")
         .await
         .ok_or_else(|| BenchError::Failed("the proxy has no listener `web`".into()))?;
     // Let the proxy subscribe before the first request.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok((plane, proxy, addr))
+    Ok(Stack { plane, proxy, addr })
 }
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
@@ -334,6 +407,57 @@ async fn get_text(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<(
     Ok((status, body))
 }
 
+/// Status of `GET http://addr/` sent by this task on a fresh connection
+/// (`connection: close`), once the whole response is read.
+async fn raw_get(addr: SocketAddr) -> Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| failed(&e.to_string()))?;
+    conn.set_nodelay(true).map_err(|e| failed(&e.to_string()))?;
+    let req = format!("GET / HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    conn.write_all(req.as_bytes())
+        .await
+        .map_err(|e| failed(&e.to_string()))?;
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        if let Some((status, len, head)) = parse_head(&buf)
+            && buf.len() >= head + len
+        {
+            return Ok(status);
+        }
+        if buf.len() > 1 << 20 {
+            return Err(failed("response over 1 MiB"));
+        }
+        let n = conn
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| failed(&e.to_string()))?;
+        if n == 0 {
+            return match parse_head(&buf) {
+                Some((status, _, _)) => Ok(status),
+                None => Err(failed("closed before a response head")),
+            };
+        }
+    }
+}
+
+/// An HTTP/1.1 response head in `buf`: its status, `content-length` (0
+/// when absent) and length with the blank line; `None` until complete.
+fn parse_head(buf: &[u8]) -> Option<(u16, usize, usize)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&buf[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let len = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some((status, len, end))
+}
+
 /// The sum of the samples of a Prometheus text page whose line starts
 /// with `prefix`.
 fn metric_sum(page: &str, prefix: &str) -> f64 {
@@ -355,9 +479,15 @@ struct Burst {
 
 /// `args.burst` concurrent requests to a fresh stack at zero (up to 20
 /// instances).
-async fn run_burst(cmd: &[String], client: &HttpClient, args: &ColdstartSettings) -> Result<Burst> {
+async fn run_burst(
+    cmd: &[String],
+    client: &HttpClient,
+    args: &ColdstartSettings,
+    rts: Runtimes<'_>,
+) -> Result<Burst> {
     let n = args.burst;
-    let (plane, proxy, addr) = stack(cmd, 10, 20, None, args.release_concurrency).await?;
+    let stack = stack(cmd, (10, 20), None, args.release_concurrency, rts).await?;
+    let addr = stack.addr;
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
         let client = client.clone();
@@ -382,18 +512,17 @@ async fn run_burst(cmd: &[String], client: &HttpClient, args: &ColdstartSettings
         }
         burst.latency_ms.push(ms);
     }
-    let (_, metrics) = get_text(client, proxy.admin_addr(), "/metrics").await?;
+    let (_, metrics) = get_text(client, stack.proxy.admin_addr(), "/metrics").await?;
     burst.retries = metric_sum(&metrics, "meshless_proxy_retries_total");
     burst.reconnects = metric_sum(
         &metrics,
         "meshless_proxy_activations_total{result=\"reconnected\"}",
     );
-    let view = ApiClient::new(plane.api_addr())
+    let view = ApiClient::new(stack.plane.api_addr())
         .service("bench/cold")
         .await?;
     burst.started = view.endpoints.len();
-    proxy.shutdown().await;
-    plane.shutdown().await;
+    stack.shutdown(rts).await?;
     Ok(burst)
 }
 
@@ -404,6 +533,11 @@ impl fmt::Display for ColdstartReport {
             "startup delay             {} ms, {} runs",
             self.startup_delay_ms, self.runs
         )?;
+        let rts = match self.own_runtimes {
+            0 => "one runtime shared by client, proxy and plane".to_owned(),
+            n => format!("proxy and plane each on a runtime of {n} worker(s)"),
+        };
+        write!(f, "\nclient {:?}, {rts}", self.client)?;
         write!(
             f,
             "\nfirst response p50        {:.1} ms (baseline: spawn to listening {:.1} ms)",
@@ -466,6 +600,59 @@ impl fmt::Display for ColdstartReport {
     }
 }
 
+/// A runtime for the control plane and one for the proxy, of `threads`
+/// workers each (none for 0); shut down in the background when dropped
+/// (a runtime dropped in an async context would panic).
+struct OwnRuntimes(Option<(tokio::runtime::Runtime, tokio::runtime::Runtime)>);
+
+impl OwnRuntimes {
+    fn new(threads: usize) -> Result<Self> {
+        if threads == 0 {
+            return Ok(Self(None));
+        }
+        let build = |name: &str| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name(name)
+                .enable_all()
+                .build()
+                .map_err(BenchError::io("starting a runtime"))
+        };
+        Ok(Self(Some((build("bench-plane")?, build("bench-proxy")?))))
+    }
+
+    fn handles(&self) -> Runtimes<'_> {
+        Runtimes {
+            plane: self.0.as_ref().map(|(p, _)| p.handle()),
+            proxy: self.0.as_ref().map(|(_, p)| p.handle()),
+        }
+    }
+}
+
+impl OwnRuntimes {
+    /// Shuts both down and waits for their tasks to be dropped (instances
+    /// are killed as their tasks drop them: a process exiting first would
+    /// leave them running).
+    async fn close(mut self) {
+        if let Some((plane, proxy)) = self.0.take() {
+            let _ = tokio::task::spawn_blocking(move || {
+                plane.shutdown_timeout(Duration::from_secs(5));
+                proxy.shutdown_timeout(Duration::from_secs(5));
+            })
+            .await;
+        }
+    }
+}
+
+impl Drop for OwnRuntimes {
+    fn drop(&mut self) {
+        if let Some((plane, proxy)) = self.0.take() {
+            plane.shutdown_background();
+            proxy.shutdown_background();
+        }
+    }
+}
+
 /// Runs the benchmark: `runs` cold starts, then the burst.
 pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     if args.runs == 0 {
@@ -485,15 +672,19 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut overhead_notify = Vec::new();
     let mut paired: Vec<Paired> = Vec::new();
     let (receiver, otlp) = Receiver::start().await?;
+    let own_rts = OwnRuntimes::new(args.own_runtimes)?;
+    let rts = own_rts.handles();
     let mut progress = Progress::new("cold starts", args.runs as u64);
     for run in 0..args.runs {
         let own = baseline(&cmd).await?;
         let b = own.listening.as_secs_f64() * 1000.0;
         let bn = own.notified.as_secs_f64() * 1000.0;
-        let (plane, proxy, addr) =
-            stack(&cmd, 10, 5, Some(&otlp), args.release_concurrency).await?;
+        let stack = stack(&cmd, (10, 5), Some(&otlp), args.release_concurrency, rts).await?;
         let start = Instant::now();
-        let status = get(&client, addr).await?;
+        let status = match args.client {
+            ClientKind::Hyper => get(&client, stack.addr).await?,
+            ClientKind::Raw => raw_get(stack.addr).await?,
+        };
         let answered = Instant::now();
         let f = ms(answered - start);
         if status != 200 {
@@ -501,16 +692,17 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
                 "cold start {run}: status {status}"
             )));
         }
-        let own = instance_start(&plane).await?;
+        let own = instance_start(&stack.plane).await?;
         paired.push(Paired {
             sent: start,
             answered,
+            read: own.read,
             asked: own.asked,
             spawning: own.spawning,
             ready: own.ready,
+            published: own.published,
         });
-        proxy.shutdown().await;
-        plane.shutdown().await;
+        stack.shutdown(rts).await?;
         first.push(f);
         base.push(b);
         overhead.push(f - b);
@@ -527,8 +719,9 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let phases = receiver.phases(&PHASES);
     let mut burst = Burst::default();
     if args.burst > 0 {
-        burst = run_burst(&cmd, &client, args).await?;
+        burst = run_burst(&cmd, &client, args, rts).await?;
     }
+    own_rts.close().await;
     let mut burst_latency = std::mem::take(&mut burst.latency_ms);
     let mut paired_overhead: Vec<f64> = paired.iter().map(Paired::overhead_ms).collect();
     let mut paired_instance: Vec<f64> = paired.iter().map(Paired::instance_ms).collect();
@@ -547,6 +740,8 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     Ok(ColdstartReport {
         startup_delay_ms: args.startup_delay,
         runs: args.runs,
+        client: args.client,
+        own_runtimes: args.own_runtimes,
         first_response_ms_p50: percentile(&first, 0.5),
         baseline_ms_p50: percentile(&base, 0.5),
         overhead_ms_p50: percentile(&overhead, 0.5),
@@ -583,26 +778,34 @@ mod tests {
         let at = |ms: u64| sent + Duration::from_millis(ms);
         let p = Paired {
             sent,
+            read: Some(at(1)),
             asked: Some(at(2)),
             spawning: at(3),
             ready: at(210),
-            answered: at(212),
+            published: at(211),
+            answered: at(213),
         };
         assert_eq!(p.instance_ms(), 207.0);
-        assert_eq!(p.overhead_ms(), 5.0);
-        assert_eq!(p.phases_ms(), [2.0, 1.0, 207.0, 2.0]);
+        assert_eq!(p.overhead_ms(), 6.0);
+        assert_eq!(p.phases_ms(), [1.0, 1.0, 1.0, 207.0, 1.0, 2.0]);
         // The phases cover the request: overhead plus the instance's start.
         let sum: f64 = p.phases_ms().iter().sum();
         assert_eq!(sum, ms(p.answered - p.sent));
-        let unasked = Paired { asked: None, ..p };
-        assert!(unasked.phases_ms()[0].is_nan() && unasked.phases_ms()[1].is_nan());
-        assert_eq!(unasked.overhead_ms(), 5.0);
+        let unasked = Paired {
+            read: None,
+            asked: None,
+            ..p
+        };
+        let phases = unasked.phases_ms();
+        assert!(phases[..3].iter().all(|x| x.is_nan()));
+        assert_eq!(phases[3..], [207.0, 1.0, 2.0]);
+        assert_eq!(unasked.overhead_ms(), 6.0);
         // Answered (through the proxy's probe) before READY=1 was read.
         let early = Paired {
             answered: at(209),
             ..p
         };
-        assert_eq!(early.phases_ms()[3], -1.0);
+        assert_eq!(early.phases_ms()[5], -2.0);
         assert_eq!(early.overhead_ms(), 2.0);
     }
 }

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use meshless_bench::{ColdstartSettings, DistributionBenchSettings};
+use meshless_bench::{ClientKind, ColdstartSettings, DistributionBenchSettings};
 
 /// Measurements that back the performance claims.
 #[derive(Debug, Subcommand)]
@@ -87,9 +87,27 @@ pub struct ColdstartArgs {
     /// default; 0: held requests are released all at once).
     #[arg(long)]
     pub release_concurrency: Option<u32>,
+    /// The client of the measured requests: `hyper` (hyper's pooling
+    /// client, with a connection task of its own) or `raw` (one HTTP/1.1
+    /// request written on a fresh socket by the benchmark's task).
+    #[arg(long, default_value = "hyper", value_parser = parse_client)]
+    pub client: ClientKind,
+    /// Run the control plane and the proxy each on a runtime of its own
+    /// with this many worker threads, as separate processes would (0: one
+    /// runtime shared with the benchmark's client).
+    #[arg(long, default_value_t = 0)]
+    pub own_runtimes: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_client(s: &str) -> Result<ClientKind, String> {
+    match s {
+        "hyper" => Ok(ClientKind::Hyper),
+        "raw" => Ok(ClientKind::Raw),
+        other => Err(format!("`{other}`: expected `hyper` or `raw`")),
+    }
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -123,6 +141,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 runs: a.runs,
                 burst: a.burst,
                 release_concurrency: a.release_concurrency,
+                client: a.client,
+                own_runtimes: a.own_runtimes,
             };
             let report = rt.block_on(meshless_bench::coldstart::run(&settings))?;
             crate::simulate::print(a.json, &report)

@@ -110,6 +110,9 @@ pub struct Distributor {
     activations: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Per service: the node of the proxy that last asked for an instance.
     activation_nodes: Mutex<std::collections::HashMap<String, String>>,
+    /// Per service: when the first activation request not yet taken by
+    /// its scaling loop was read from a stream (a cold start's record).
+    activation_reads: Mutex<std::collections::HashMap<String, Instant>>,
     pub(crate) next_subscriber: std::sync::atomic::AtomicU64,
     /// Ahead-of-time placement of the services at zero.
     pub placements: crate::placement::Placements,
@@ -155,6 +158,7 @@ impl Distributor {
             loads: Mutex::new(std::collections::HashMap::new()),
             activations: Mutex::new(std::collections::HashMap::new()),
             activation_nodes: Mutex::new(std::collections::HashMap::new()),
+            activation_reads: Mutex::new(std::collections::HashMap::new()),
             next_subscriber: std::sync::atomic::AtomicU64::new(1),
             placements: crate::placement::Placements::default(),
             subsets: Mutex::new(subsets),
@@ -182,11 +186,17 @@ impl Distributor {
     /// A service the registry does not hold is ignored (nothing could
     /// start it; remembering it would let a proxy grow these maps).
     pub fn request_activation(&self, service: &str, node: String) {
+        let read = Instant::now();
         if self.registry().service_version(service).is_none() {
             tracing::debug!(%service, "activation request for an unknown service ignored");
             return;
         }
         self.metrics.activation_requests.inc();
+        self.activation_reads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(service.to_owned())
+            .or_insert(read);
         if !node.is_empty() {
             self.activation_nodes
                 .lock()
@@ -200,6 +210,15 @@ impl Distributor {
     /// taken by an instance start.
     pub fn take_activation_node(&self, service: &str) -> Option<String> {
         self.activation_nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(service)
+    }
+
+    /// When the first activation request for `service` since the last
+    /// call was read from a subscriber's stream (`None`: none since).
+    pub fn take_activation_read(&self, service: &str) -> Option<Instant> {
+        self.activation_reads
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(service)
@@ -640,6 +659,7 @@ pub(crate) mod tests {
         }
         assert!(d.activations.lock().expect("lock").is_empty());
         assert!(d.activation_nodes.lock().expect("lock").is_empty());
+        assert!(d.activation_reads.lock().expect("lock").is_empty());
         assert_eq!(d.metrics.activation_requests.get(), 0);
         registry
             .lock()
@@ -651,9 +671,16 @@ pub(crate) mod tests {
                 settings: Default::default(),
             })
             .expect("service");
+        let before = Instant::now();
         d.request_activation("ns/a", "n1".into());
-        assert_eq!(d.take_activation_node("ns/a").as_deref(), Some("n1"));
-        assert_eq!(d.metrics.activation_requests.get(), 1);
+        let after = Instant::now();
+        d.request_activation("ns/a", "n2".into());
+        assert_eq!(d.take_activation_node("ns/a").as_deref(), Some("n2"));
+        assert_eq!(d.metrics.activation_requests.get(), 2);
+        // The first request's read is kept until the scaling loop takes it.
+        let read = d.take_activation_read("ns/a").expect("read recorded");
+        assert!(before <= read && read <= after);
+        assert_eq!(d.take_activation_read("ns/a"), None);
     }
 
     #[test]

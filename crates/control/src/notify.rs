@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::UnixDatagram;
-use tokio::sync::watch;
 
 /// The largest datagram read; systemd reads at most 4096 bytes per message
 /// too. A longer one is truncated and then fails to parse or is seen by
@@ -75,12 +74,22 @@ pub struct NotifyCounters {
     pub ignored: Counter,
 }
 
-/// One instance's notification socket, read by a background task.
+/// One instance's notification socket. Until `READY=1` it is read by
+/// [`NotifySocket::ready`] itself, on the task waiting for readiness (no
+/// task hand-off between the datagram and that task); from then on, or
+/// once [`NotifySocket::keep_reading`] is called, by a background task, so
+/// later datagrams are still read and counted.
 #[derive(Debug)]
 pub struct NotifySocket {
     path: PathBuf,
-    ready: watch::Receiver<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// `None` once handed to the background task.
+    socket: Option<UnixDatagram>,
+    counters: NotifyCounters,
+    /// `READY=1` was read.
+    is_ready: bool,
+    /// Reused by every read of [`NotifySocket::ready`].
+    buf: Vec<u8>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Distinguishes the sockets of one process.
@@ -98,9 +107,14 @@ impl NotifySocket {
         // A file left by a crashed earlier process with our pid.
         let _ = std::fs::remove_file(&path);
         let socket = UnixDatagram::bind(&path)?;
-        let (tx, ready) = watch::channel(false);
-        let task = tokio::spawn(read(socket, tx, counters));
-        Ok(Self { path, ready, task })
+        Ok(Self {
+            path,
+            socket: Some(socket),
+            counters,
+            is_ready: false,
+            buf: Vec::new(),
+            task: None,
+        })
     }
 
     /// The path handed to the instance in `NOTIFY_SOCKET`.
@@ -108,38 +122,63 @@ impl NotifySocket {
         &self.path
     }
 
-    /// Resolves once the instance sent `READY=1` (never if it does not).
+    /// Resolves once the instance sent `READY=1` (never if it does not, or
+    /// if reading was handed to the background task first). Cancel-safe:
+    /// a datagram is consumed only by a read that completes.
     pub async fn ready(&mut self) {
-        if self.ready.wait_for(|r| *r).await.is_err() {
-            std::future::pending::<()>().await;
+        while !self.is_ready {
+            let Some(socket) = &self.socket else {
+                return std::future::pending().await;
+            };
+            self.buf.resize(MAX_DATAGRAM, 0);
+            let Ok(n) = socket.recv(&mut self.buf).await else {
+                return std::future::pending().await;
+            };
+            self.is_ready = count(&self.buf[..n], &self.counters);
+        }
+        self.keep_reading();
+    }
+
+    /// Hands the socket to a background task that reads (and counts) what
+    /// the instance sends from now on. Call within a Tokio runtime.
+    pub fn keep_reading(&mut self) {
+        if let Some(socket) = self.socket.take() {
+            self.buf = Vec::new();
+            let counters = self.counters.clone();
+            self.task = Some(tokio::spawn(read(socket, counters)));
         }
     }
 }
 
 impl Drop for NotifySocket {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
-async fn read(socket: UnixDatagram, ready: watch::Sender<bool>, counters: NotifyCounters) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    loop {
-        let Ok(n) = socket.recv(&mut buf).await else {
-            return;
-        };
-        match parse(&buf[..n]) {
-            Message::Ready => {
-                counters.ready.inc();
-                ready.send_replace(true);
-            }
-            Message::Other => {}
-            Message::Invalid => {
-                counters.ignored.inc();
-                tracing::debug!(bytes = n, "notify socket: datagram ignored");
-            }
+/// Counts one datagram; true if it says `READY=1`.
+fn count(datagram: &[u8], counters: &NotifyCounters) -> bool {
+    match parse(datagram) {
+        Message::Ready => {
+            counters.ready.inc();
+            true
         }
+        Message::Other => false,
+        Message::Invalid => {
+            counters.ignored.inc();
+            tracing::debug!(bytes = datagram.len(), "notify socket: datagram ignored");
+            false
+        }
+    }
+}
+
+async fn read(socket: UnixDatagram, counters: NotifyCounters) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    while let Ok(n) = socket.recv(&mut buf).await {
+        count(&buf[..n], &counters);
     }
 }
 
@@ -198,6 +237,14 @@ mod tests {
         socket.ready().await;
         // Datagrams are read in order: the garbage was counted first.
         assert_eq!((counters.ready.get(), counters.ignored.get()), (1, 1));
+        // Ready stays ready; what comes later is still read and counted.
+        socket.ready().await;
+        sender.send_to(b"junk", &path).await.expect("send");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while counters.ignored.get() < 2 {
+            assert!(std::time::Instant::now() < deadline, "read after ready");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         drop(socket);
         assert!(!path.exists(), "the socket file is removed");
     }

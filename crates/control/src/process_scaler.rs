@@ -235,6 +235,10 @@ pub async fn wait_ready(
             .is_ok()
         {
             let took = instance.started.elapsed();
+            // Its `READY=1`, if it comes, is still read and counted.
+            if let Some(n) = instance.notify.as_mut() {
+                n.keep_reading();
+            }
             return Ok(Ready {
                 took,
                 via: Via::Probe,

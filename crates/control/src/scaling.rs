@@ -89,6 +89,8 @@ struct InstanceJob {
     /// The node of the proxy whose activation request started it: the
     /// process scaler runs it locally and labels its endpoint so.
     node: Option<String>,
+    /// When the stream read that activation request.
+    read: Option<Instant>,
     /// When that activation request woke the scaling loop.
     asked: Option<Instant>,
 }
@@ -104,6 +106,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
         gone,
         drain,
         node,
+        read,
         asked,
     } = job;
     let spawning = Instant::now();
@@ -127,14 +130,16 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
             Ok(r) => {
+                // Published first: held requests wait for this delta.
+                ready.store(true, Ordering::Relaxed);
+                put(&state, &service, &id, &at, conditions(true, false));
+                let published = Instant::now();
                 // Recorded before the metrics count it: whoever sees the count
                 // finds the record.
-                state.starts.record(InstanceStart { service: service.clone(), id: id.clone(), asked, spawning, ready: inst.started + r.took, via: r.via.label() });
+                state.starts.record(InstanceStart { service: service.clone(), id: id.clone(), read, asked, spawning, ready: inst.started + r.took, via: r.via.label(), published });
                 state.metrics.instance_start.observe(spawned.elapsed().as_secs_f64());
                 state.metrics.instances_ready.get_or_create(&ReadyLabels { via: r.via.label() }).inc();
                 tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
-                ready.store(true, Ordering::Relaxed);
-                put(&state, &service, &id, &at, conditions(true, false));
             }
             Err(e) => {
                 tracing::error!(service, instance = %id, error = %e, "instance failed to start");
@@ -248,6 +253,8 @@ pub async fn run(
     let mut tick = tokio::time::interval(cfg.tick);
     // When a proxy last asked for activation, until an instance is spawned for it.
     let mut woken: Option<Instant> = None;
+    // When the stream read the first activation request since the last spawn.
+    let mut read: Option<Instant> = None;
     // Kubernetes: the node of the last activation request, until a scale
     // call succeeds.
     let mut asking_node: Option<String> = None;
@@ -256,6 +263,7 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = activation.notified() => {
                 woken = Some(Instant::now());
+                read = read.or(state.distributor.take_activation_read(&service));
             }
             _ = stop.changed() => break,
         }
@@ -339,6 +347,7 @@ pub async fn run(
                             gone: Arc::clone(&m.gone),
                             drain: cfg.drain_period,
                             node: state.distributor.take_activation_node(&service),
+                            read: read.take(),
                             asked: woken,
                         };
                         tokio::spawn(run_instance(job, rx));

@@ -16,6 +16,9 @@ const KEPT: usize = 64;
 pub struct InstanceStart {
     pub service: String,
     pub id: String,
+    /// When the stream read the activation request that started it
+    /// (`None`: started by a decision, not an activation).
+    pub read: Option<Instant>,
     /// When the activation request that started it woke the scaling loop
     /// (`None`: started by a decision, not an activation).
     pub asked: Option<Instant>,
@@ -26,6 +29,9 @@ pub struct InstanceStart {
     pub ready: Instant,
     /// How it was seen ready: `notify` or `probe`.
     pub via: &'static str,
+    /// When its ready endpoint was published to the subscribers' ring
+    /// (the delta that releases held requests).
+    pub published: Instant,
 }
 
 /// The last [`KEPT`] starts.
@@ -61,10 +67,12 @@ mod tests {
             s.record(InstanceStart {
                 service: "ns/a".into(),
                 id: format!("i{i}"),
+                read: None,
                 asked: None,
                 spawning: now,
                 ready: now,
                 via: "notify",
+                published: now,
             });
         }
         let ids: Vec<String> = s.list().into_iter().map(|x| x.id).collect();

@@ -13,10 +13,10 @@ use meshless_api::v1::{self, ClientMessage, client_message, server_message};
 use meshless_api::{DistributionClient, decode_delta, endpoint_from_wire, settings_from_wire};
 use meshless_model::{Endpoint, EndpointId, ServiceSettings};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint as GrpcEndpoint;
 
 use crate::config::NodeConfig;
+use crate::control_outbound::{Activations, Outbound, loads};
 use crate::merge_window::MergeWindow;
 use crate::snapshot::{ServiceFeed, Watched};
 use crate::state::ProxyState;
@@ -67,33 +67,6 @@ impl<T> From<mpsc::error::SendError<T>> for LinkError {
     fn from(_: mpsc::error::SendError<T>) -> Self {
         LinkError::SendClosed
     }
-}
-
-/// Requests in flight and held, per watched service, over its clusters.
-fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
-    use std::sync::atomic::Ordering;
-    let snap = state.snapshot.load();
-    let mut per: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for c in snap.clusters.values() {
-        if let Some(s) = &c.config.service {
-            let e = per.entry(s.as_str()).or_default();
-            // Forwarded requests are the chosen node's proxy's load.
-            let forwarded = c.counters.forwarded.load(Ordering::Relaxed);
-            e.0 += c
-                .counters
-                .active_requests
-                .load(Ordering::Relaxed)
-                .saturating_sub(forwarded);
-            e.1 += c.counters.queued.load(Ordering::Relaxed);
-        }
-    }
-    per.into_iter()
-        .map(|(service, (f, q))| v1::ServiceLoad {
-            service: service.to_owned(),
-            in_flight: u32::try_from(f).unwrap_or(u32::MAX),
-            queued: u32::try_from(q).unwrap_or(u32::MAX),
-        })
-        .collect()
 }
 
 /// The services and subset requests of a `Hello` or `Subscribe`.
@@ -147,9 +120,10 @@ pub async fn run(
     merge_window: Duration,
     node: NodeConfig,
     mut watched: watch::Receiver<Watched>,
-    mut activate: mpsc::UnboundedReceiver<String>,
+    activate: mpsc::UnboundedReceiver<String>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let activations: Activations = Arc::new(std::sync::Mutex::new(activate));
     let uri = if address.contains("://") {
         address.clone()
     } else {
@@ -175,7 +149,7 @@ pub async fn run(
             token.as_deref(),
             &node,
             &mut watched,
-            &mut activate,
+            &activations,
             link,
         );
         tokio::select! {
@@ -240,12 +214,12 @@ struct Link<'a> {
 
 /// One stream, from connect to disconnect.
 async fn session(
-    state: &ProxyState,
+    state: &Arc<ProxyState>,
     uri: &str,
     token: Option<&str>,
     node: &NodeConfig,
     watched: &mut watch::Receiver<Watched>,
-    activate: &mut mpsc::UnboundedReceiver<String>,
+    activations: &Activations,
     link: Link<'_>,
 ) -> Result<(), LinkError> {
     let Link {
@@ -296,7 +270,14 @@ async fn session(
         })),
     };
     tx.send(hello).await?;
-    let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
+    // Held requests' activations join this stream directly (`control_outbound`).
+    let outbound = Outbound::new(
+        rx,
+        Arc::clone(activations),
+        Arc::clone(state),
+        node.name.clone().unwrap_or_default(),
+    );
+    let mut inbound = client.stream(outbound).await?.into_inner();
     tracing::info!(control = %uri, resume_version, "control plane stream open");
     // This stream sends the placements that hold now.
     state.placements.clear();
@@ -371,25 +352,6 @@ async fn session(
             _ = report.tick() => {
                 let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
                 let _ = tx.try_send(load);
-            }
-            Some(service) = activate.recv() => {
-                // Tell the control plane at once, with the load that
-                // explains it: one load report and one Activate per
-                // service for every request held since (a burst held at
-                // once is one message, not one per request).
-                let mut services = vec![service];
-                while let Ok(more) = activate.try_recv() {
-                    if !services.contains(&more) {
-                        services.push(more);
-                    }
-                }
-                let load = ClientMessage { msg: Some(client_message::Msg::Load(v1::Load { services: loads(state) })) };
-                tx.send(load).await?;
-                let node = node.name.clone().unwrap_or_default();
-                for service in services {
-                    let act = ClientMessage { msg: Some(client_message::Msg::Activate(v1::Activate { service, node: node.clone() })) };
-                    tx.send(act).await?;
-                }
             }
             changed = watched.changed() => {
                 if changed.is_err() {

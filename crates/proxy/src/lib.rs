@@ -34,3 +34,4 @@ pub mod upstream;
 pub use config::{ConfigFileError, ProxyConfig};
 pub use proxy::{Proxy, ProxyError};
 pub mod control_link;
+mod control_outbound;
