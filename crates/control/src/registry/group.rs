@@ -56,26 +56,12 @@ impl Registry {
     /// failed commit. Without a store, memory keeps what the group did.
     pub fn abort_group(&mut self, error: StoreError) -> GroupFailed {
         let staged = self.staged.take().unwrap_or_default();
-        if self.store.is_none() {
-            let services = self
-                .services
-                .iter()
-                .filter(|(_, s)| !s.dirty.is_empty() || s.settings_dirty)
-                .map(|(k, _)| k.clone())
-                .collect();
-            return GroupFailed { error, services };
-        }
         self.roll_back(&staged, error)
     }
 
-    /// Memory back to the store after `staged` was not stored.
+    /// Memory back to the store after `staged` was not stored (without a
+    /// store nothing is staged and memory stays as it is).
     fn roll_back(&mut self, staged: &[WriteBatch], error: StoreError) -> GroupFailed {
-        let Some(store) = &self.store else {
-            return GroupFailed {
-                error,
-                services: Vec::new(),
-            };
-        };
         let mut services: Vec<String> = staged
             .iter()
             .flat_map(|b| {
@@ -92,6 +78,11 @@ impl Registry {
                 .filter(|(_, s)| !s.dirty.is_empty() || s.settings_dirty)
                 .map(|(k, _)| k.clone()),
         );
+        services.sort();
+        services.dedup();
+        let Some(store) = &self.store else {
+            return GroupFailed { error, services };
+        };
         match store.load() {
             Ok(loaded) => {
                 // Versions handed out since the last commit without a
@@ -110,8 +101,6 @@ impl Registry {
                 self.broken = Some(e);
             }
         }
-        services.sort();
-        services.dedup();
         GroupFailed { error, services }
     }
 }

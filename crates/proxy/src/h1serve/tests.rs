@@ -118,6 +118,21 @@ fn ok() -> Result<http::Response<ProxyBody>, std::convert::Infallible> {
     Ok(http::Response::new(ProxyBody::full("ok", None)))
 }
 
+/// A handler that drops the request body unread, then answers 200 once
+/// `release` is set.
+fn drop_body_then_answer_on<B: Send + 'static>(body: B, release: &Arc<AtomicBool>) -> Handling {
+    let rel = Arc::clone(release);
+    Box::pin(async move {
+        drop(body);
+        std::future::poll_fn(|_| match rel.load(Ordering::Acquire) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        })
+        .await;
+        ok()
+    })
+}
+
 /// Polls the exchange (no waker) until it ends; `None` if it does not
 /// within `polls`.
 fn run(c: &mut Conn<Slow>, ex: &mut Exchange, polls: usize) -> Option<bool> {
@@ -178,16 +193,7 @@ fn no_interim_line_for_a_body_dropped_unread() {
     let (mut c, _tx) = conn(io);
     let (feeder, body) = Feeder::new(&framing(5, true), 100);
     let release = Arc::new(AtomicBool::new(false));
-    let rel = Arc::clone(&release);
-    let fut: Handling = Box::pin(async move {
-        drop(body);
-        std::future::poll_fn(|_| match rel.load(Ordering::Acquire) {
-            true => Poll::Ready(()),
-            false => Poll::Pending,
-        })
-        .await;
-        ok()
-    });
+    let fut = drop_body_then_answer_on(body, &release);
     let mut ex = exchange(&c, feeder, fut);
     assert_eq!(run(&mut c, &mut ex, 10), None, "the answer is pending");
     assert!(c.io.written.is_empty(), "{:?}", c.io.written);
@@ -211,16 +217,7 @@ fn a_body_dropped_while_the_answer_is_pending_is_read_up_to_a_bound() {
     let (mut c, _tx) = conn(io);
     let (feeder, body) = Feeder::new(&framing(100 << 20, false), 100);
     let release = Arc::new(AtomicBool::new(false));
-    let rel = Arc::clone(&release);
-    let fut: Handling = Box::pin(async move {
-        drop(body);
-        std::future::poll_fn(|_| match rel.load(Ordering::Acquire) {
-            true => Poll::Ready(()),
-            false => Poll::Pending,
-        })
-        .await;
-        ok()
-    });
+    let fut = drop_body_then_answer_on(body, &release);
     let mut ex = exchange(&c, feeder, fut);
     assert_eq!(run(&mut c, &mut ex, 10), None, "the answer is pending");
     // One read takes at most the buffer's room: a fresh buffer, grown
