@@ -520,12 +520,24 @@ async fn new_requests_during_a_release_take_a_ticket_and_never_pass_the_limit() 
     plane.shutdown().await;
 }
 
+/// Held requests released at a time in [`instance_leaves_mid_release`].
+const LEAVE_RELEASE: usize = 4;
+
+/// How many requests may fail when the instance leaves: the
+/// [`LEAVE_RELEASE`] at the instance, and as many released in the moment
+/// it exits. Linux releases an exiting process's files in reverse order
+/// (the last opened first), so its connections close before its listening
+/// socket: the proxy sees them fail, releases the next requests, and
+/// those connect into the listener's accept queue just before it closes
+/// and resets them (seen in CI). They too were at the instance that left.
+const LEAVE_MAY_FAIL: usize = 2 * LEAVE_RELEASE;
+
 /// A burst being released (`RELEASE` at the instance, the rest held, and
 /// new requests paced behind it) whose instance exits; the next instance
 /// is `second` ([`counting_instance`]). Returns every answer, each
 /// within a generous deadline (none may hang), once every gauge is 0.
 async fn instance_leaves_mid_release(second: &str) -> Vec<(StatusCode, String)> {
-    const RELEASE: usize = 4;
+    const RELEASE: usize = LEAVE_RELEASE;
     const NEW: usize = 40;
     let Paced {
         g,
@@ -602,7 +614,7 @@ async fn a_paced_burst_whose_instance_leaves_gets_a_new_one() {
     // left may fail.
     let ok = tally(&answers, StatusCode::OK, "ok2\n");
     assert!(
-        ok >= answers.len() - 4,
+        ok >= answers.len() - LEAVE_MAY_FAIL,
         "{ok} of {} answered",
         answers.len()
     );
@@ -617,7 +629,7 @@ async fn a_paced_burst_whose_instance_leaves_is_refused_when_the_next_cannot_sta
         "instance failed to start",
     );
     assert!(
-        refused >= answers.len() - 4,
+        refused >= answers.len() - LEAVE_MAY_FAIL,
         "{refused} of {} refused",
         answers.len()
     );
