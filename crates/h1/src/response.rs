@@ -141,6 +141,17 @@ where
     Ok(())
 }
 
+/// Writes the last chunk of a chunked body with its trailer `fields`:
+/// `0`, the fields, the blank line. On an error `dst` may hold part of
+/// it: discard it.
+pub fn write_last_chunk<'a, I>(dst: &mut impl BufMut, fields: I) -> Result<(), Unwritable>
+where
+    I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
+{
+    dst.put_slice(b"0\r\n");
+    write_fields(dst, fields)
+}
+
 /// Writes a response head: `HTTP/1.x <code> <reason>`, the fields as
 /// given, the blank line. `reason` empty writes the canonical one. On an
 /// error `dst` may hold part of the head: discard it.

@@ -38,6 +38,7 @@ struct Resp {
     /// The status line's minor version: `HTTP/1.0` is 0.
     version: u8,
     status: u16,
+    reason: String,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
 }
@@ -86,15 +87,17 @@ impl Reader {
                         )
                     })
                     .collect::<Vec<_>>();
-                break ((r.version.unwrap(), r.code.unwrap()), headers, n);
+                let reason = r.reason.unwrap_or_default().to_owned();
+                break ((r.version.unwrap(), r.code.unwrap(), reason), headers, n);
             }
             self.fill(s).await?;
         };
         self.rest.drain(..used);
-        let (version, status) = status;
+        let (version, status, reason) = status;
         let mut resp = Resp {
             version,
             status,
+            reason,
             headers,
             body: Vec::new(),
         };
@@ -766,4 +769,183 @@ async fn trailers_follow_the_listeners_max_headers() {
         );
         p.shutdown().await;
     }
+}
+
+/// What an upstream's response head becomes downstream, on both engines:
+/// a chunked response's stale `Content-Length` is dropped (RFC 9112 6.3),
+/// equal repeated lengths are written once, a 204 carries no length, the
+/// upstream's reason phrase is kept, and response trailers reach a client
+/// that accepts them; the connection stays usable after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_response_heads_reach_the_client_as_hyper_sends_them() {
+    let bs = backends(1).await;
+    let cases: [(&'static [u8], &str); 5] = [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            "te_and_length",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+            "repeated_length",
+        ),
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", "no_content"),
+        (
+            b"HTTP/1.1 299 Weird Thing\r\nContent-Length: 5\r\n\r\nhello",
+            "reason",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-t\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+            "trailers",
+        ),
+    ];
+    for (raw, case) in cases {
+        let up = raw_upstream(raw).await;
+        let yaml = two_clusters(&bs, up, "");
+        for engine in ENGINES {
+            let (p, addr) = proxy_on(&yaml, engine).await;
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let what = format!("{case} on {engine:?}");
+            if case == "trailers" {
+                s.write_all(b"GET /x HTTP/1.1\r\nHost: t\r\nTE: trailers\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.ends_with(b"0\r\nx-t: 1\r\n\r\n") {
+                    let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+                        .await
+                        .expect("answer")
+                        .unwrap();
+                    assert!(
+                        n > 0,
+                        "{what}: closed after {:?}",
+                        String::from_utf8_lossy(&got)
+                    );
+                    got.extend_from_slice(&buf[..n]);
+                }
+            } else {
+                s.write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+                    .await
+                    .unwrap();
+                let resp = Reader::new().response(&mut s, false).await.unwrap();
+                let lengths: Vec<&str> = resp
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| n == "content-length")
+                    .map(|(_, v)| v.as_str())
+                    .collect();
+                match case {
+                    "no_content" => {
+                        assert_eq!(resp.status, 204, "{what}");
+                        assert!(lengths.is_empty(), "{what}: {resp:?}");
+                    }
+                    "reason" => {
+                        assert_eq!(
+                            (resp.status, &resp.reason[..]),
+                            (299, "Weird Thing"),
+                            "{what}"
+                        );
+                    }
+                    _ => {
+                        assert_eq!(
+                            (resp.status, &resp.body[..]),
+                            (200, &b"hello"[..]),
+                            "{what}"
+                        );
+                        assert!(lengths.len() <= 1 && lengths != ["7"], "{what}: {resp:?}");
+                    }
+                }
+            }
+            // The connection still serves the next request.
+            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .unwrap();
+            let next = Reader::new().response(&mut s, false).await;
+            assert_eq!(next.map(|r| r.status), Some(200), "{what}: next request");
+            p.shutdown().await;
+        }
+    }
+}
+
+/// An upstream that answers every request `200` once it has read the
+/// request whole (a chunked body to its last chunk and trailers), and
+/// sends each request's bytes on `seen`.
+async fn recording_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The test's requests are chunked: they end with the
+                // blank line after the last chunk's trailers.
+                while !(got.windows(3).any(|w| w == b"\r\n0") && got.ends_with(b"\r\n\r\n")) {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = tx.send(got);
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// A chunked request's trailers reach an HTTP/1.1 upstream (`Trailer`
+/// is end to end, RFC 9110 6.6.2), on both engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_reach_the_upstream() {
+    let bs = backends(1).await;
+    let (up, mut seen) = recording_upstream().await;
+    let yaml = two_clusters(&bs, up, "");
+    for engine in ENGINES {
+        let (p, addr) = proxy_on(&yaml, engine).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nTrailer: x-t\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(
+            (resp.status, &resp.body[..]),
+            (200, &b"ok"[..]),
+            "{engine:?}"
+        );
+        let got = seen.recv().await.unwrap();
+        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(
+            text.contains("\r\n0\r\nx-t: 1\r\n\r\n"),
+            "{engine:?}: {text:?}"
+        );
+        p.shutdown().await;
+    }
+}
+
+/// A client cannot unname the request's `Host` through `Connection`: the
+/// upstream sees the host the request was routed by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cannot_remove_the_host() {
+    let bs = backends(1).await;
+    let (up, mut seen) = recording_upstream().await;
+    let yaml = two_clusters(&bs, up, "");
+    let (p, addr) = proxy_on(&yaml, Http1Server::Meshless).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"POST /x HTTP/1.1\r\nHost: site.example\r\nConnection: host\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let resp = Reader::new().response(&mut s, false).await.unwrap();
+    assert_eq!(resp.status, 200);
+    let text = String::from_utf8_lossy(&seen.recv().await.unwrap()).to_ascii_lowercase();
+    assert!(text.contains("\r\nhost: site.example\r\n"), "{text:?}");
+    p.shutdown().await;
 }

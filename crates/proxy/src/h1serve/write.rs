@@ -23,6 +23,19 @@ const COPY_MAX: usize = 16 * 1024;
 /// The write buffer is written out once it holds this much.
 const FLUSH_AT: usize = 64 * 1024;
 
+/// Fields never written as trailers (RFC 9110 6.5.1: framing, routing
+/// and content metadata), whatever the upstream sent.
+static NOT_TRAILERS: [header::HeaderName; 8] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::TRAILER,
+    header::HOST,
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::CONNECTION,
+];
+
 /// How the response body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Encoding {
@@ -53,6 +66,8 @@ pub struct Writer {
     /// Whether the connection closes after this response.
     pub close: bool,
     done: bool,
+    /// The body's trailers, written with the last chunk (boxed: rare).
+    trailers: Option<Box<http::HeaderMap>>,
 }
 
 /// Why a response could not be written whole.
@@ -109,12 +124,24 @@ impl Writer {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
         let chunked_header = h.contains_key(header::TRANSFER_ENCODING);
+        // hyper's rules: a response that can have no content has no
+        // length (RFC 9110 8.6 forbids one on 1xx and 204; a 304's would
+        // describe another response).
+        if bodiless && req.method != Method::HEAD {
+            h.remove(header::CONTENT_LENGTH);
+        }
         let encoding = if bodiless {
             Encoding::None
         } else if chunked_header && line == Version::HTTP_11 {
             h.remove(header::CONTENT_LENGTH);
             Encoding::Chunked
         } else if let Some(n) = length {
+            if h.get_all(header::CONTENT_LENGTH).iter().nth(1).is_some() {
+                // Equal repeats (an upstream's parser refused unequal
+                // ones): one line, as hyper writes; strict clients refuse
+                // a repeated length.
+                h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            }
             Encoding::Length(n)
         } else if let Some(n) = body.size_hint().exact() {
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
@@ -140,8 +167,14 @@ impl Writer {
         if !h.contains_key(header::DATE) {
             h.insert(header::DATE, date());
         }
+        // The upstream's own reason phrase, as hyper's server keeps it.
+        let reason = parts
+            .extensions
+            .get::<hyper::ext::ReasonPhrase>()
+            .and_then(|r| std::str::from_utf8(r.as_bytes()).ok())
+            .unwrap_or("");
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-        meshless_h1::response::write_response_head(&mut out, line, status, "", fields)?;
+        meshless_h1::response::write_response_head(&mut out, line, status, reason, fields)?;
         let left = match encoding {
             Encoding::Length(n) => n,
             _ => 0,
@@ -154,6 +187,7 @@ impl Writer {
             left,
             close,
             done: encoding == Encoding::None,
+            trailers: None,
         })
     }
 
@@ -180,11 +214,14 @@ impl Writer {
                     ready!(Pin::new(&mut *io).poll_flush(cx))?;
                     return Poll::Pending;
                 }
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.data(data)?;
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.data(data)?,
+                    Err(frame) => {
+                        if let Ok(t) = frame.into_trailers() {
+                            self.trailers = Some(Box::new(t));
+                        }
                     }
-                }
+                },
                 Poll::Ready(Some(Err(e))) => {
                     self.close = true;
                     return Poll::Ready(Err(WriteError::Body(e)));
@@ -242,7 +279,17 @@ impl Writer {
     fn end(&mut self) -> Result<(), WriteError> {
         self.done = true;
         match self.encoding {
-            Encoding::Chunked => self.out.put_slice(b"0\r\n\r\n"),
+            Encoding::Chunked => {
+                let trailers = self.trailers.take().map(|t| *t).unwrap_or_default();
+                let fields = trailers
+                    .iter()
+                    .filter(|(n, _)| !NOT_TRAILERS.contains(n))
+                    .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+                if let Err(e) = meshless_h1::response::write_last_chunk(&mut self.out, fields) {
+                    self.close = true;
+                    return Err(e.into());
+                }
+            }
             Encoding::Length(_) if self.left > 0 => {
                 self.close = true;
                 return Err(WriteError::Length);

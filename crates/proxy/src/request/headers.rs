@@ -12,7 +12,9 @@ use crate::snapshot::UpstreamCluster;
 use crate::upstream::UpstreamBody;
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 7.6.1).
-const HOP_BY_HOP_COUNT: usize = 9;
+/// `Trailer` is not one (RFC 9110 6.6.2: it announces the trailer fields
+/// end to end, and an HTTP/1.1 encoder sends only the trailers it names).
+const HOP_BY_HOP_COUNT: usize = 8;
 static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -20,7 +22,6 @@ static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     // Only meaningful with `Upgrade: h2c`, which is never passed through.
     HeaderName::from_static("http2-settings"),
@@ -71,8 +72,12 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
         .map(|t| t.trim().to_ascii_lowercase())
 }
 
-/// Removes hop-by-hop headers, and those the `Connection` header names;
-/// keeps `Connection: upgrade` and `Upgrade` for a protocol switch. One
+/// Removes hop-by-hop headers, and those the `Connection` header names
+/// (but never `Host`, `Content-Length` or `Transfer-Encoding`: a client
+/// may not unname what the message is routed or framed by); keeps
+/// `Connection: upgrade` and `Upgrade` for a protocol switch. A message
+/// with `Transfer-Encoding` also loses its `Content-Length` (RFC 9112
+/// 6.3: the coding decided the framing, and the length is stale). One
 /// pass over the names present, then only what is there is removed (each
 /// `remove` hashes: this runs on every request and response).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
@@ -89,7 +94,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
             .flat_map(|v| v.split(','))
             .map(str::trim);
         for token in tokens {
-            if !(upgrading && token.eq_ignore_ascii_case("upgrade")) {
+            let kept = ["host", "content-length", "transfer-encoding"]
+                .iter()
+                .any(|k| token.eq_ignore_ascii_case(k));
+            if !kept && !(upgrading && token.eq_ignore_ascii_case("upgrade")) {
                 // A `&str` key is parsed on the stack; an invalid name
                 // matches nothing.
                 headers.remove(token);
@@ -105,6 +113,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
         upgrade |= name == header::UPGRADE;
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+        if *name == header::TRANSFER_ENCODING {
+            headers.remove(header::CONTENT_LENGTH);
+        }
         headers.remove(name);
     }
     if upgrading {
