@@ -97,7 +97,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
             let kept = ["host", "content-length", "transfer-encoding"]
                 .iter()
                 .any(|k| token.eq_ignore_ascii_case(k));
-            if !kept && !(upgrading && token.eq_ignore_ascii_case("upgrade")) {
+            let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
+            if !(kept || switch) {
                 // A `&str` key is parsed on the stack; an invalid name
                 // matches nothing.
                 headers.remove(token);
