@@ -104,3 +104,57 @@ async fn a_burst_at_zero_is_held_up_to_the_queue_bound_and_the_rest_shed() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+/// Claim: with `container_concurrency`, requests at capacity go to an
+/// instance with a free slot whatever the policy. A policy whose pick
+/// follows the request (`random`: one seed per request; a hash key) once
+/// picked the same full instance after every hold, and a hold ends at
+/// once while any instance has room: the request spun without waiting,
+/// and the proxy stopped answering anything. Each policy: two instances
+/// of one slot each, slow answers, eight requests at once: every one is
+/// answered 200 (it hung before, for `random`, `p2c`, `ring_hash` and
+/// `maglev`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_at_capacity_go_to_an_instance_with_a_free_slot_under_every_policy() {
+    let bs = backends(2).await;
+    let plane = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane");
+    let (api, grpc) = (plane.api_addr(), plane.grpc_addr());
+    register_cart(api, &[("a", bs[0].local_addr()), ("b", bs[1].local_addr())]).await;
+    for policy in [
+        "random",
+        "p2c",
+        "ring_hash",
+        "maglev",
+        "round_robin",
+        "least_request",
+    ] {
+        let extra = format!(
+            "    balancer: {{ policy: {policy}, hash_key: {{ header: x-user }} }}\n    activation: {{ queue_timeout: 60s, container_concurrency: 1 }}\n"
+        );
+        let (p, addr) = proxy(&cart_proxy_yaml(grpc, &extra)).await;
+        eventually("both endpoints known", || async {
+            cluster_addresses(&p, "cart").await.len() == 2
+        })
+        .await;
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                tokio::spawn(async move {
+                    let user = format!("u{}", i % 2);
+                    let resp = get(&client(), addr, "/?delay_ms=200", &[("x-user", &user)]).await;
+                    resp.0
+                })
+            })
+            .collect();
+        for t in tasks {
+            let status = tokio::time::timeout(std::time::Duration::from_secs(60), t)
+                .await
+                .unwrap_or_else(|_| panic!("{policy}: a request hangs"))
+                .expect("task");
+            assert_eq!(status, StatusCode::OK, "{policy}");
+        }
+        p.shutdown().await;
+    }
+    plane.shutdown().await;
+}

@@ -59,6 +59,39 @@ pub fn needed(
     full
 }
 
+/// With `container_concurrency`, a pick over the limit moves to the least
+/// loaded available endpoint under it, when there is one (Knative's
+/// activator sends a request to an instance with a free slot). Without
+/// this, a policy whose pick follows the request (a hash key, or one seed
+/// per request: `random`, `p2c`) picks the same full endpoint after every
+/// hold, and a hold ends at once while any endpoint has room: a loop that
+/// never waits. The load checks here are the ones [`hold`] ends on, so a
+/// hold that ended finds its endpoint here.
+pub fn within_limit(cluster: &UpstreamCluster, picked: InFlight) -> InFlight {
+    let Some(act) = cluster.config.activation.as_ref() else {
+        return picked;
+    };
+    let (limit, set) = (act.container_concurrency, cluster.lb.set());
+    if limit == 0 || set.load(picked.index()) <= limit {
+        return picked;
+    }
+    let free = (0..set.len())
+        .filter(|&i| set.is_available(i) && set.load(i) < limit)
+        .min_by_key(|&i| set.load(i));
+    match free.and_then(|i| cluster.lb.start(i)) {
+        Some(other) if set.load(other.index()) <= limit => {
+            picked.finish(meshless_balance::Outcome::Cancelled);
+            other
+        }
+        Some(other) => {
+            // Taken meanwhile by another request: wait as picked.
+            other.finish(meshless_balance::Outcome::Cancelled);
+            picked
+        }
+        None => picked,
+    }
+}
+
 /// How many released requests may wait for their response headers at
 /// once: `release_concurrency` per available instance.
 fn release_room(c: &UpstreamCluster, act: &Activation) -> u64 {

@@ -344,7 +344,9 @@ impl Exchange<'_> {
         let mut held = Held::new();
         let mut retry: Option<Slot> = None;
         loop {
-            let picked = policy.pick(&cluster, &ctx);
+            let picked = policy
+                .pick(&cluster, &ctx)
+                .map(|g| activate::within_limit(&cluster, g));
             let full = picked.is_some() && held.room_full(base, &cluster);
             if activate::needed(&cluster, picked.as_ref(), policy.retrying(), full) {
                 if picked.is_some() {
