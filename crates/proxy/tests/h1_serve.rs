@@ -949,3 +949,67 @@ async fn connection_cannot_remove_the_host() {
     assert!(text.contains("\r\nhost: site.example\r\n"), "{text:?}");
     p.shutdown().await;
 }
+
+/// An upstream that answers every request with a 64 MiB body, written
+/// for as long as the proxy takes it.
+async fn endless_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let total = 64 << 20;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b'x'; 64 * 1024];
+                for _ in 0..total / chunk.len() {
+                    if s.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A client that stops reading its response holds the exchange (its
+/// upstream connection, its endpoint's load) only until the request's
+/// deadline (`timeouts.request`): the deadline is kept while the writer
+/// waits on the client, not only while it waits on the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_at_the_request_deadline() {
+    let bs = backends(1).await;
+    let up = endless_upstream().await;
+    let yaml = two_clusters(&bs, up, "").replace(
+        "  - name: x\n    endpoints:",
+        "  - name: x\n    timeouts: { request: 1s }\n    endpoints:",
+    );
+    assert!(yaml.contains("request: 1s"));
+    let (p, addr) = proxy_on(&yaml, Http1Server::Meshless).await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    // Nothing is read: the proxy's writes fill the socket and stop.
+    eventually("the exchange ends at its deadline", || async {
+        let page = admin(&p, "/metrics").await.1;
+        metric_sum(&page, "meshless_proxy_endpoint_in_flight{") == 0.0
+            && metric(&page, CONNECTIONS) == Some(0.0)
+    })
+    .await;
+    assert!(closed(&mut s).await, "the connection is closed");
+    p.shutdown().await;
+}

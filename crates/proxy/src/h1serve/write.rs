@@ -199,7 +199,9 @@ impl Writer {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), WriteError>> {
         loop {
-            ready!(self.poll_drain(io, cx, false))?;
+            if self.poll_drain(io, cx, false)?.is_pending() {
+                return self.blocked(cx);
+            }
             if self.done {
                 ready!(Pin::new(&mut *io).poll_flush(cx))?;
                 return Poll::Ready(Ok(()));
@@ -210,7 +212,9 @@ impl Writer {
             };
             match Pin::new(body).poll_frame(cx) {
                 Poll::Pending => {
-                    ready!(self.poll_drain(io, cx, true))?;
+                    if self.poll_drain(io, cx, true)?.is_pending() {
+                        return self.blocked(cx);
+                    }
                     ready!(Pin::new(&mut *io).poll_flush(cx))?;
                     return Poll::Pending;
                 }
@@ -232,6 +236,22 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// The client takes no more bytes: `Pending`, unless the body's
+    /// deadline passed meanwhile (its timer is polled here, since the
+    /// body is not polled while nothing can be written): then the body is
+    /// dropped (its upstream exchange ends) and the connection closes.
+    fn blocked(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WriteError>> {
+        let Some(body) = self.body.as_mut() else {
+            return Poll::Pending;
+        };
+        let Poll::Ready(cut) = Pin::new(body).poll_deadline(cx) else {
+            return Poll::Pending;
+        };
+        self.body = None;
+        self.close = true;
+        Poll::Ready(Err(WriteError::Body(cut)))
     }
 
     /// Whether nothing is left to write but the body's frames.

@@ -307,6 +307,47 @@ impl ProxyBody {
     }
 }
 
+/// Polls the body's deadline timer (made on first use): the error that
+/// cuts the body once `deadline` has passed (then cleared), else `None`
+/// (the timer is registered with `cx`).
+fn deadline_passed(
+    deadline: &mut Option<Instant>,
+    timer: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    cx: &mut Context<'_>,
+) -> Option<BodyError> {
+    let at = (*deadline)?;
+    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
+    if timer.as_mut().poll(cx).is_pending() {
+        return None;
+    }
+    *deadline = None;
+    Some(Box::new(RequestTimeout))
+}
+
+impl ProxyBody {
+    /// For a writer that cannot write (the client reads nothing): `Ready`
+    /// with the error that ends the response once the request's deadline
+    /// (`timeouts.request`) has passed — recorded as timed out, like a cut
+    /// in [`Body::poll_frame`] — else `Pending` with the timer registered.
+    /// A client that stops reading thus cannot hold the exchange, its
+    /// upstream connection and its endpoint's load past the deadline.
+    pub fn poll_deadline(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<BodyError> {
+        let this = self.project();
+        if *this.cut || this.completion.is_none() {
+            return Poll::Pending;
+        }
+        let Some(cut) = deadline_passed(this.deadline, this.timer, cx) else {
+            return Poll::Pending;
+        };
+        if let Some(mut c) = this.completion.take() {
+            c.end = End::TimedOut;
+            c.bytes = *this.bytes;
+        }
+        *this.cut = true;
+        Poll::Ready(cut)
+    }
+}
+
 impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BodyError;
@@ -321,27 +362,20 @@ impl Body for ProxyBody {
         }
         let polled = this.inner.poll_frame(cx).map_err(BodyError::from);
         if polled.is_pending()
-            && let Some(at) = *this.deadline
+            && let Some(cut) = deadline_passed(this.deadline, this.timer, cx)
+            && let Some(mut c) = this.completion.take()
         {
-            let timer = this
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
-            if timer.as_mut().poll(cx).is_ready() {
-                *this.deadline = None;
-                if let Some(mut c) = this.completion.take() {
-                    c.end = End::TimedOut;
-                    c.bytes = *this.bytes;
-                    if c.grpc {
-                        // A gRPC client is told DEADLINE_EXCEEDED in trailers.
-                        *this.cut = true;
-                        let code = crate::request::grpc::code::DEADLINE_EXCEEDED;
-                        c.status = crate::request::grpc::http_status(code);
-                        let t = crate::request::grpc::status_headers(code, "request timeout");
-                        return Poll::Ready(Some(Ok(Frame::trailers(t))));
-                    }
-                    return Poll::Ready(Some(Err(Box::new(RequestTimeout))));
-                }
+            c.end = End::TimedOut;
+            c.bytes = *this.bytes;
+            if c.grpc {
+                // A gRPC client is told DEADLINE_EXCEEDED in trailers.
+                *this.cut = true;
+                let code = crate::request::grpc::code::DEADLINE_EXCEEDED;
+                c.status = crate::request::grpc::http_status(code);
+                let t = crate::request::grpc::status_headers(code, "request timeout");
+                return Poll::Ready(Some(Ok(Frame::trailers(t))));
             }
+            return Poll::Ready(Some(Err(cut)));
         }
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
