@@ -32,7 +32,7 @@ pub use listener::ListenerConfig;
 pub use pool::{ConnectionPool, UpstreamTls};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{
-    CircuitBreakers, GrpcHealthCheck, HealthCheck, OutlierDetection, Retries, RetryOn, Timeouts,
+    CircuitBreakers, GrpcHealthCheck, HealthCheck, Http1Client, OutlierDetection, Retries, RetryOn, Timeouts,
     UpstreamProtocol,
 };
 
