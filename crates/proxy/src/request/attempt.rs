@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use http::{Response, StatusCode};
 use crate::upstream::ResponseBody;
+use http::{Response, StatusCode};
 use meshless_balance::{InFlight, Outcome, PickContext};
 
 use crate::config::{Retries, RetryOn};

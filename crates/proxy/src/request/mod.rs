@@ -37,9 +37,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::upstream::ResponseBody;
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use crate::upstream::ResponseBody;
 use meshless_balance::{InFlight, PickContext};
 use meshless_model::probe_backoff::ProbeBackoff;
 

@@ -20,10 +20,10 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::upstream::ResponseBody;
 use http::header::HOST;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
-use crate::upstream::ResponseBody;
 
 use crate::placement::{FORWARDED_BY, Marker, Target};
 use crate::request::admit::{Gauge, Slot};

@@ -1,11 +1,11 @@
 //! Stage 5, respond: stream the upstream response downstream, or build the
 //! proxy's own answer. Every local status goes through [`LocalReply`].
 
+use crate::upstream::ResponseBody;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
-use crate::upstream::ResponseBody;
 
 use crate::config::Fallback;
 use crate::request::Downstream;
@@ -151,16 +151,10 @@ pub fn proxied(
         let idle = downstream.settings().timeouts.stream_idle;
         crate::request::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
         let (parts, body) = resp.into_parts();
-        return Response::from_parts(
-            parts,
-            ProxyBody::new(body.boxed(), None),
-        );
+        return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
     }
     let (parts, body) = resp.into_parts();
-    Response::from_parts(
-        parts,
-        ProxyBody::new(body.boxed(), Some(record)),
-    )
+    Response::from_parts(parts, ProxyBody::new(body.boxed(), Some(record)))
 }
 
 #[cfg(test)]

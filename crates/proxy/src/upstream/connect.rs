@@ -103,7 +103,10 @@ pub async fn open(
         None => Io::Plain(tcp),
     };
     let socket = Socket { io, _slot: slot };
-    if settings.protocol == UpstreamProtocol::Http1 && settings.http1 == Http1Client::Meshless && !hyper {
+    if settings.protocol == UpstreamProtocol::Http1
+        && settings.http1 == Http1Client::Meshless
+        && !hyper
+    {
         return Ok(Sender::Own(super::h1::Conn::new(socket)));
     }
     let io = TokioIo::new(socket);

@@ -13,7 +13,7 @@
 //! - A connection goes back to its pool only when the response body was
 //!   read to its end, the request was written whole, no byte follows the
 //!   response, and neither side said `close`; a body dropped before its
-//!   end closes the connection.
+//!   end closes the connection, unless the rest of it was already read.
 //! - The request body is written while the response is read (an upstream
 //!   may answer before it has read the whole request, and may stream its
 //!   answer while it reads); after an I/O error on the write side the
@@ -95,7 +95,9 @@ impl Conn {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut probe = [0u8; 1];
         let mut rb = ReadBuf::new(&mut probe);
-        Pin::new(&mut self.io).poll_read(&mut cx, &mut rb).is_pending()
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut rb)
+            .is_pending()
     }
 }
 
@@ -160,7 +162,11 @@ impl Sending {
     /// Writes on: `Ready(Ok)` once the whole request is written and
     /// flushed (or writing failed: see `failed`), `Ready(Err)` when the
     /// request body broke.
-    fn poll_send(&mut self, io: &mut Socket, cx: &mut Context<'_>) -> Poll<Result<(), ExchangeError>> {
+    fn poll_send(
+        &mut self,
+        io: &mut Socket,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
         if self.done || self.failed.is_some() {
             return Poll::Ready(Ok(()));
         }
@@ -174,7 +180,11 @@ impl Sending {
         }
     }
 
-    fn poll_write_all(&mut self, io: &mut Socket, cx: &mut Context<'_>) -> Poll<Result<(), ExchangeError>> {
+    fn poll_write_all(
+        &mut self,
+        io: &mut Socket,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
         loop {
             let mut waiting = false;
             if let Some(body) = self.body.as_mut()
@@ -251,7 +261,11 @@ impl Sending {
     }
 
     /// Writes out `out` and the big frame after it.
-    fn poll_drain(&mut self, io: &mut Socket, cx: &mut Context<'_>) -> Poll<Result<(), ExchangeError>> {
+    fn poll_drain(
+        &mut self,
+        io: &mut Socket,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
         while !self.out.is_empty() || self.big.is_some() {
             let n = {
                 let big = self.big.as_deref().unwrap_or_default();
@@ -300,7 +314,10 @@ fn frame_request(
             .last()
             .is_some_and(|v| last_is_chunked(v.as_bytes()));
         if !chunked {
-            h.append(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+            h.append(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
         }
         h.remove(header::CONTENT_LENGTH);
         return (Encoding::Chunked, Some(body));
@@ -317,7 +334,10 @@ fn frame_request(
             (Encoding::Length(0), None)
         }
         None => {
-            h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+            h.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
             h.remove(header::CONTENT_LENGTH);
             (Encoding::Chunked, Some(body))
         }
@@ -331,7 +351,9 @@ fn content_length(h: &HeaderMap) -> Option<u64> {
     for v in h.get_all(header::CONTENT_LENGTH) {
         for item in v.to_str().ok()?.split(',') {
             let n: u64 = item.trim().parse().ok()?;
-            if length.is_some_and(|prev| prev != n) || !item.trim().bytes().all(|b| b.is_ascii_digit()) {
+            if length.is_some_and(|prev| prev != n)
+                || !item.trim().bytes().all(|b| b.is_ascii_digit())
+            {
                 return None;
             }
             length = Some(n);
@@ -576,6 +598,23 @@ impl ResponseBody {
                     Ok(fields.map(Frame::trailers))
                 }
             },
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    /// A body dropped before its end still gives its connection back
+    /// when the rest of it is already buffered (as hyper's connection
+    /// task, which reads ahead, does); otherwise the connection closes.
+    fn drop(&mut self) {
+        if matches!(self.kind, Kind::Close) {
+            return;
+        }
+        while self.ex.is_some() {
+            match self.buffered() {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
         }
     }
 }

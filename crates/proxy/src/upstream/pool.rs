@@ -325,7 +325,10 @@ impl EndpointPool {
         self: &Arc<Self>,
         make: impl FnOnce() -> Request<UpstreamBody>,
     ) -> Result<(Response<ResponseBody>, Lease), SendError> {
-        let (conn, _) = self.checkout_http1(false).await.map_err(SendError::Connect)?;
+        let (conn, _) = self
+            .checkout_http1(false)
+            .await
+            .map_err(SendError::Connect)?;
         let lease = Lease {
             pool: Arc::clone(self),
             held: Held::Own,
@@ -378,7 +381,10 @@ impl EndpointPool {
 
     /// An idle HTTP/1.1 connection (unless `fresh_only`) or a new one,
     /// counted as leased, and whether it is new.
-    async fn checkout_http1(self: &Arc<Self>, fresh_only: bool) -> Result<(IdleConn, bool), ConnectError> {
+    async fn checkout_http1(
+        self: &Arc<Self>,
+        fresh_only: bool,
+    ) -> Result<(IdleConn, bool), ConnectError> {
         self.start_sweeper();
         let reused = if fresh_only {
             None
@@ -552,8 +558,13 @@ impl EndpointPool {
             };
             tokio::spawn(async move {
                 let pool = &connecting.pool;
-                let opened =
-                    connect::open(pool.addr, &pool.shared.settings, slot, &pool.streams_hint, false);
+                let opened = connect::open(
+                    pool.addr,
+                    &pool.shared.settings,
+                    slot,
+                    &pool.streams_hint,
+                    false,
+                );
                 match opened.await {
                     Ok(Sender::Http1(s)) => {
                         lock(&pool.conns).push_idle(IdleConn::Hyper(s), &pool.shared);
