@@ -311,7 +311,7 @@ fn frame_request(
         let chunked = h
             .get_all(header::TRANSFER_ENCODING)
             .iter()
-            .last()
+            .next_back()
             .is_some_and(|v| last_is_chunked(v.as_bytes()));
         if !chunked {
             h.append(
@@ -411,11 +411,13 @@ pub async fn exchange(
 ) -> Result<Response<ResponseBody>, ExchangeError> {
     let method = req.method().clone();
     let (sending, keep_alive) = Sending::new(req)?;
-    let mut ex = Exchange {
+    // Boxed once: the response body carries it, and is moved a few
+    // times on its way downstream.
+    let mut ex = Box::new(Exchange {
         conn,
         sending,
         keep_alive,
-    };
+    });
     let limits = ResponseLimits::default();
     let head = std::future::poll_fn(|cx| poll_head(&mut ex, cx, &method, &limits)).await?;
     let (parts, framing) = head;
@@ -523,7 +525,7 @@ enum Kind {
 /// trailers frame.
 pub struct ResponseBody {
     /// `None` once the body ended (the connection pooled or closed).
-    ex: Option<Exchange>,
+    ex: Option<Box<Exchange>>,
     kind: Kind,
     pool: Option<Arc<EndpointPool>>,
 }
