@@ -162,9 +162,9 @@ impl Sending {
     /// Writes on: `Ready(Ok)` once the whole request is written and
     /// flushed (or writing failed: see `failed`), `Ready(Err)` when the
     /// request body broke.
-    fn poll_send(
+    fn poll_send<I: AsyncWrite + Unpin>(
         &mut self,
-        io: &mut Socket,
+        io: &mut I,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ExchangeError>> {
         if self.done || self.failed.is_some() {
@@ -180,9 +180,9 @@ impl Sending {
         }
     }
 
-    fn poll_write_all(
+    fn poll_write_all<I: AsyncWrite + Unpin>(
         &mut self,
-        io: &mut Socket,
+        io: &mut I,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ExchangeError>> {
         loop {
@@ -261,9 +261,9 @@ impl Sending {
     }
 
     /// Writes out `out` and the big frame after it.
-    fn poll_drain(
+    fn poll_drain<I: AsyncWrite + Unpin>(
         &mut self,
-        io: &mut Socket,
+        io: &mut I,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ExchangeError>> {
         while !self.out.is_empty() || self.big.is_some() {
@@ -690,6 +690,163 @@ impl Body for ResponseBody {
             Kind::Done => SizeHint::with_exact(0),
             Kind::Length(n) => SizeHint::with_exact(n),
             _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use proptest::prelude::*;
+
+    fn full(data: &'static [u8]) -> UpstreamBody {
+        Full::new(Bytes::from_static(data))
+            .map_err(|never| match never {})
+            .boxed()
+    }
+
+    /// A body of unknown length, in these frames.
+    fn stream(frames: Vec<Vec<u8>>) -> UpstreamBody {
+        let frames = frames
+            .into_iter()
+            .map(|f| Ok::<_, BoxError>(Frame::data(Bytes::from(f))));
+        StreamBody::new(tokio_stream::iter(frames)).boxed()
+    }
+
+    fn request(
+        method: Method,
+        fields: &[(&'static str, &'static str)],
+        body: UpstreamBody,
+    ) -> Request<UpstreamBody> {
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = http::Uri::from_static("/p?q");
+        for (n, v) in fields {
+            req.headers_mut().append(*n, HeaderValue::from_static(v));
+        }
+        req
+    }
+
+    /// Everything `Sending` writes for `req`.
+    async fn written(req: Request<UpstreamBody>) -> Result<Vec<u8>, ExchangeError> {
+        let (mut sending, _) = Sending::new(req)?;
+        let mut out = Vec::new();
+        std::future::poll_fn(|cx| sending.poll_send(&mut out, cx)).await?;
+        Ok(out)
+    }
+
+    /// The head's fields and the bytes after it.
+    fn split(wire: &[u8]) -> (Vec<(String, String)>, Vec<u8>) {
+        let mut slots = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut slots);
+        let Ok(httparse::Status::Complete(n)) = req.parse(wire) else {
+            panic!("not a request head");
+        };
+        let fields = req
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.to_owned(),
+                    String::from_utf8_lossy(h.value).into_owned(),
+                )
+            })
+            .collect();
+        (fields, wire[n..].to_vec())
+    }
+
+    fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[tokio::test]
+    async fn framing_of_request_bodies_follows_hypers_client() {
+        // No body: no framing field at all.
+        let wire = written(request(Method::GET, &[], full(b"")))
+            .await
+            .expect("written");
+        assert_eq!(wire, b"GET /p?q HTTP/1.1\r\n\r\n");
+        // A known length is sent as Content-Length.
+        let wire = written(request(Method::POST, &[], full(b"abc")))
+            .await
+            .expect("written");
+        let (fields, body) = split(&wire);
+        assert_eq!(
+            (field(&fields, "content-length"), &body[..]),
+            (Some("3"), &b"abc"[..])
+        );
+        // An unknown one: chunked, but none at all for a GET.
+        let wire = written(request(Method::POST, &[], stream(vec![b"ab".to_vec()]))).await;
+        let (fields, body) = split(&wire.expect("written"));
+        assert_eq!(field(&fields, "transfer-encoding"), Some("chunked"));
+        assert_eq!(body, b"2\r\nab\r\n0\r\n\r\n");
+        let wire = written(request(Method::GET, &[], stream(vec![b"ab".to_vec()]))).await;
+        assert_eq!(wire.expect("written"), b"GET /p?q HTTP/1.1\r\n\r\n");
+        // A Transfer-Encoding given is made to end in chunked, and wins
+        // over a Content-Length.
+        let given = [("transfer-encoding", "gzip"), ("content-length", "2")];
+        let wire = written(request(Method::POST, &given, stream(vec![b"ab".to_vec()]))).await;
+        let (fields, _) = split(&wire.expect("written"));
+        assert_eq!(field(&fields, "content-length"), None);
+        let te: Vec<_> = fields
+            .iter()
+            .filter(|(n, _)| n == "transfer-encoding")
+            .collect();
+        assert_eq!(te.len(), 2);
+        assert_eq!(te[1].1, "chunked");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_differs_from_its_length_is_an_error() {
+        let short = request(Method::POST, &[("content-length", "5")], full(b"abc"));
+        assert!(matches!(written(short).await, Err(ExchangeError::Length)));
+        let long = request(Method::POST, &[("content-length", "2")], full(b"abc"));
+        assert!(matches!(written(long).await, Err(ExchangeError::Length)));
+    }
+
+    proptest! {
+        /// RFC 9112 7.1: a body of unknown length written chunked decodes
+        /// (by meshless-h1's decoder) to its frames' data, and ends
+        /// exactly at the end of what was written; large frames (written
+        /// from their own bytes) too.
+        #[test]
+        fn a_streamed_body_is_written_as_chunks_of_its_data(
+            frames in prop::collection::vec(
+                prop_oneof![
+                    prop::collection::vec(any::<u8>(), 0..64),
+                    prop::collection::vec(any::<u8>(), COPY_MAX..COPY_MAX + 100),
+                ],
+                0..6,
+            )
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            let expected: Vec<u8> = frames.concat();
+            let wire = rt
+                .block_on(written(request(Method::PUT, &[], stream(frames))))
+                .expect("written");
+            let (fields, body) = split(&wire);
+            prop_assert_eq!(field(&fields, "transfer-encoding"), Some("chunked"));
+            let mut decoder = Decoder::new(10);
+            let (mut pos, mut data) = (0, Vec::new());
+            loop {
+                match decoder.decode(&body[pos..]).expect("valid chunks") {
+                    Step::Data(r) => {
+                        data.extend_from_slice(&body[pos..][r.clone()]);
+                        pos += r.end;
+                    }
+                    Step::Incomplete { .. } => panic!("the body does not end"),
+                    Step::Done { consumed, .. } => {
+                        pos += consumed;
+                        break;
+                    }
+                }
+            }
+            prop_assert_eq!(pos, body.len());
+            prop_assert_eq!(data, expected);
         }
     }
 }
