@@ -367,3 +367,70 @@ proptest! {
         rt.block_on(async { same(script, method).await });
     }
 }
+
+/// Reads from `s` into `seen` until it holds `want`.
+async fn read_until(s: &mut TcpStream, seen: &mut Vec<u8>, want: &[u8]) {
+    let mut chunk = [0u8; 4096];
+    let wait = async {
+        while !seen.windows(want.len()).any(|w| w == want) {
+            let n = s.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before {:?}", String::from_utf8_lossy(want));
+            seen.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("in time");
+}
+
+/// An upstream that answers at once and echoes the request body as it
+/// comes: each request chunk comes back before the client sends the next,
+/// so the request is written on while its response is read.
+#[tokio::test]
+async fn a_request_body_streams_while_its_response_streams_back() {
+    for engine in ["hyper", "meshless"] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            read_until(&mut s, &mut buf, b"\r\n\r\n").await;
+            let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+            s.write_all(head).await.unwrap();
+            // The request body is chunked: echoed as it is, it is a valid
+            // chunked response body that ends where the request does.
+            let mut rest = buf.split_off(end);
+            let mut chunk = [0u8; 4096];
+            loop {
+                s.write_all(&rest).await.unwrap();
+                if rest.ends_with(b"0\r\n\r\n") {
+                    break;
+                }
+                let n = s.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                rest = chunk[..n].to_vec();
+            }
+        });
+        let cfg = ProxyConfig::parse(&yaml(up, engine), "t.yaml").expect("valid");
+        let p = Proxy::start(cfg).await.expect("proxy");
+        let addr = p.listener_addr("web").await.expect("listener");
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let head = "POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n";
+        c.write_all(head.as_bytes()).await.unwrap();
+        let mut seen = Vec::new();
+        for i in 0..3 {
+            let ping = format!("ping{i}");
+            c.write_all(format!("5\r\n{ping}\r\n").as_bytes())
+                .await
+                .unwrap();
+            read_until(&mut c, &mut seen, ping.as_bytes()).await;
+        }
+        c.write_all(b"0\r\n\r\n").await.unwrap();
+        read_until(&mut c, &mut seen, b"0\r\n\r\n").await;
+        assert!(seen.starts_with(b"HTTP/1.1 200 OK\r\n"), "{engine}");
+        p.shutdown().await;
+    }
+}
