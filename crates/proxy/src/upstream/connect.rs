@@ -223,18 +223,6 @@ pub struct Socket {
     _slot: OpenSlot,
 }
 
-impl Socket {
-    /// Whether the TCP socket may have something to read (bytes, the
-    /// peer's close or an error), from the readiness tokio already holds:
-    /// no system call.
-    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.io {
-            Io::Plain(s) => s.poll_read_ready(cx),
-            Io::Tls(s) => s.get_ref().0.poll_read_ready(cx),
-        }
-    }
-}
-
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Socket").finish_non_exhaustive()

@@ -86,17 +86,13 @@ impl Conn {
     }
 
     /// Whether an idle connection can carry a request: its peer has not
-    /// closed it and sent nothing unasked. Told by the readiness tokio
-    /// holds (no system call) unless the socket turned readable; then by
-    /// a read that must wait. Registers no waker of ours.
+    /// closed it and sent nothing unasked (a read that would wait). The
+    /// probe registers no waker of ours.
     pub fn reusable(&mut self) -> bool {
         if !self.buf.is_empty() {
             return false;
         }
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        if self.io.poll_read_ready(&mut cx).is_pending() {
-            return true;
-        }
         let mut probe = [0u8; 1];
         let mut rb = ReadBuf::new(&mut probe);
         Pin::new(&mut self.io)
