@@ -14,6 +14,7 @@ The counts cover every thread of the process (runtime, access log).
                                    # than `listeners[].max_connections`
   KEEP=/tmp/cg python3 bench/callgrind.py          # keep the dumps there
   HTTP1=meshless python3 bench/callgrind.py        # listeners[].http1: meshless
+  UPSTREAM_HTTP1=meshless python3 bench/callgrind.py   # clusters[].http1: meshless
   CACHE_SIM=1 SCENARIOS=ka256 python3 bench/callgrind.py  # also L1/LL misses
 
 Scenarios: ka32 and ka256 (HTTP/1.1 keep-alive, 32 or 256 connections,
@@ -46,6 +47,9 @@ SCENARIOS = os.environ.get("SCENARIOS", "ka32,close,h2").split(",")
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 # `listeners[].http1`: hyper (the default) or meshless.
 HTTP1 = os.environ.get("HTTP1", "hyper")
+# `clusters[].http1`: hyper (the default) or meshless; the field is only
+# written when asked (older binaries refuse it).
+UPSTREAM_HTTP1 = os.environ.get("UPSTREAM_HTTP1")
 BACKEND, PROXY, ADMIN, BACKEND_H2 = 18100, 18103, 18104, 18110
 
 BACKEND_CONF = """
@@ -160,6 +164,9 @@ def main():
     workdir = tempfile.mkdtemp(prefix="meshless-cg-")
     open(f"{workdir}/backend.conf", "w").write(BACKEND_CONF.format(dir=workdir, port=BACKEND))
     conf = MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND, http1=HTTP1)
+    if UPSTREAM_HTTP1:
+        conf = conf.replace("  - name: backend\n",
+                            f"  - name: backend\n    http1: {UPSTREAM_HTTP1}\n")
     if os.environ.get("OLD") == "1":
         conf = conf.replace("    max_connections: 20000\n", "")
         conf = conf.replace("    http1: hyper\n", "")

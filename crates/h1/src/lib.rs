@@ -13,7 +13,8 @@
 //! cases listed there where the codec is stricter on purpose.
 //!
 //! In the serving path on listeners with `http1: meshless`
-//! (`crates/proxy/src/h1serve/`); the upstream side still uses hyper.
+//! (`crates/proxy/src/h1serve/`), and upstream on clusters with `http1:
+//! meshless` (`crates/proxy/src/upstream/h1.rs`).
 
 pub mod check;
 pub mod chunked;

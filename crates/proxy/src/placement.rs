@@ -111,6 +111,7 @@ impl Default for Placements {
             .store(MAX_PEER_CONNECTIONS, Ordering::Relaxed);
         let settings = Settings {
             protocol: UpstreamProtocol::Http1,
+            http1: crate::config::Http1Client::Hyper,
             connect: PEER_CONNECT_TIMEOUT,
             idle: Duration::from_secs(60),
             max_idle: 16,

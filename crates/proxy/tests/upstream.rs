@@ -224,7 +224,7 @@ async fn a_removed_endpoints_connections_are_closed() {
     }
     assert_eq!((a.open(), b.open()), (1, 1));
     let cfg = ProxyConfig::parse(&yaml(&[b.addr], extra), "test.yaml").unwrap();
-    p.reload(cfg).await.unwrap();
+    p.reload(common::on_test_http1(cfg)).await.unwrap();
     eventually("a's connection closed", || async { a.open() == 0 }).await;
     assert_eq!(get(&c, addr, "/", &[]).await.0, 200);
     assert_eq!((b.accepted(), b.open()), (1, 1), "b's connection kept");

@@ -15,7 +15,8 @@ use super::activation::{Activation, Fallback};
 use super::balancer::{BalancerYaml, HashKey, LocalityYaml};
 use super::pool::{ConnectionPool, UpstreamTls};
 use super::upstream::{
-    CircuitBreakers, HealthCheck, OutlierDetection, Retries, Timeouts, UpstreamProtocol,
+    CircuitBreakers, HealthCheck, Http1Client, OutlierDetection, Retries, Timeouts,
+    UpstreamProtocol,
 };
 
 /// A cluster of endpoints and how to reach and balance them.
@@ -43,6 +44,9 @@ pub struct ClusterConfig {
     /// Protocol to the endpoints.
     #[serde(default)]
     pub upstream_protocol: UpstreamProtocol,
+    /// The HTTP/1.1 client to the endpoints: `hyper` (default) or `meshless`.
+    #[serde(default)]
+    pub http1: Http1Client,
     /// Timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,

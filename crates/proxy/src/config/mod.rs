@@ -32,8 +32,8 @@ pub use listener::ListenerConfig;
 pub use pool::{ConnectionPool, UpstreamTls};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{
-    CircuitBreakers, GrpcHealthCheck, HealthCheck, OutlierDetection, Retries, RetryOn, Timeouts,
-    UpstreamProtocol,
+    CircuitBreakers, GrpcHealthCheck, HealthCheck, Http1Client, OutlierDetection, Retries, RetryOn,
+    Timeouts, UpstreamProtocol,
 };
 
 /// The whole proxy configuration file.

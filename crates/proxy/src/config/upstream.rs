@@ -18,6 +18,21 @@ pub enum UpstreamProtocol {
     Http2,
 }
 
+/// `clusters[].http1`: which HTTP/1.1 client speaks to the endpoints
+/// (with `upstream_protocol: http1`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http1Client {
+    /// hyper's client connection, driven by a task of its own per
+    /// connection (a channel and a oneshot per request).
+    #[default]
+    Hyper,
+    /// meshless's own (`crate::upstream::h1`): the request's task writes
+    /// the request and reads the response itself. Requests that ask to
+    /// upgrade still go through hyper.
+    Meshless,
+}
+
 /// `timeouts:` block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use crate::upstream::ResponseBody;
 use http::{Response, StatusCode};
-use hyper::body::Incoming;
 use meshless_balance::{InFlight, Outcome, PickContext};
 
 use crate::config::{Retries, RetryOn};
@@ -176,7 +176,7 @@ impl Failure {
 /// retry condition it matches: a 5xx, or for a gRPC request a
 /// `grpc-status` in the headers (a trailers-only answer), taken as the HTTP
 /// status Envoy maps it to (UNAVAILABLE is a 503).
-pub fn judge(resp: &Response<Incoming>, grpc: bool) -> (Outcome, Option<RetryOn>) {
+pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<RetryOn>) {
     let code = if grpc {
         crate::request::grpc::status(resp.headers())
     } else {
@@ -200,7 +200,7 @@ pub async fn send(
     req: http::Request<UpstreamBody>,
     timeout: Option<Duration>,
     fault: &ClientFault,
-) -> Result<(Response<Incoming>, Lease), Failure> {
+) -> Result<(Response<ResponseBody>, Lease), Failure> {
     // Pinned in place: moved into `timeout` by value, the exchange would
     // take room in this future twice.
     let exchange = std::pin::pin!(cluster.endpoint_pools[index].send(req));
@@ -215,7 +215,7 @@ pub async fn send(
         Ok(Err(SendError::Connect(ConnectError::Limit))) => Err(Failure::ConnectionLimit),
         Ok(Err(SendError::Connect(ConnectError::Connect))) => Err(Failure::ConnectFailed),
         Ok(Err(SendError::Connect(ConnectError::Tls(f)))) => Err(Failure::Tls(f)),
-        Ok(Err(SendError::Http(_))) => Err(Failure::Reset),
+        Ok(Err(SendError::Http(_) | SendError::Exchange(_))) => Err(Failure::Reset),
         Err(_) if fault.is_set() => Err(Failure::ClientBody),
         Err(_) => Err(Failure::Timeout),
     }

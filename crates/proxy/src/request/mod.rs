@@ -37,9 +37,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::upstream::ResponseBody;
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use meshless_balance::{InFlight, PickContext};
 use meshless_model::probe_backoff::ProbeBackoff;
 
@@ -319,7 +319,7 @@ enum Waited {
     /// The cluster (as of then) can take the request.
     Ready(Arc<UpstreamCluster>),
     /// A peer proxy answered it.
-    Answered(Response<Incoming>, Lease),
+    Answered(Response<ResponseBody>, Lease),
 }
 
 impl Exchange<'_> {
@@ -332,7 +332,7 @@ impl Exchange<'_> {
         body: Source,
         headers: http::HeaderMap,
         record: &mut Completion,
-    ) -> Result<(Response<Incoming>, Option<InFlight>, Lease), LocalReply> {
+    ) -> Result<(Response<ResponseBody>, Option<InFlight>, Lease), LocalReply> {
         let mut headers = Some(headers);
         let base = &routed.cluster;
         let node = &self.snapshot.config.node;
@@ -561,7 +561,7 @@ impl Exchange<'_> {
         body: Option<UpstreamBody>,
         headers: Option<http::HeaderMap>,
         record: &Completion,
-    ) -> Result<(Response<Incoming>, Lease), attempt::Failure> {
+    ) -> Result<(Response<ResponseBody>, Lease), attempt::Failure> {
         let _pending =
             admit::pending(self.state, cluster).map_err(|_| attempt::Failure::Pending)?;
         // `None` only if the body could not be kept for this retry.

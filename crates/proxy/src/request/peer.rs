@@ -20,10 +20,10 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::upstream::ResponseBody;
 use http::header::HOST;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use crate::placement::{FORWARDED_BY, Marker, Target};
 use crate::request::admit::{Gauge, Slot};
@@ -37,7 +37,7 @@ use crate::upstream::{ConnectError, Lease, SendError, UpstreamBody};
 #[derive(Debug)]
 pub enum Forwarded {
     /// The chosen proxy answered (whatever the status).
-    Answered(Response<Incoming>, Lease),
+    Answered(Response<ResponseBody>, Lease),
     /// No connection: nothing was sent; hold the request here.
     Unreachable,
     /// Sent, then failed: the reply to give.

@@ -1,11 +1,11 @@
 //! Stage 5, respond: stream the upstream response downstream, or build the
 //! proxy's own answer. Every local status goes through [`LocalReply`].
 
+use crate::upstream::ResponseBody;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use crate::config::Fallback;
 use crate::request::Downstream;
@@ -136,7 +136,7 @@ impl LocalReply {
 /// `101 Switching Protocols` the two upgraded connections are spliced in a
 /// tunnel that keeps `record` (and so its slot and guard) until it closes.
 pub fn proxied(
-    mut resp: Response<Incoming>,
+    mut resp: Response<ResponseBody>,
     upgrade: Option<hyper::upgrade::OnUpgrade>,
     mut record: Completion,
     downstream: &Downstream,
@@ -151,16 +151,10 @@ pub fn proxied(
         let idle = downstream.settings().timeouts.stream_idle;
         crate::request::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
         let (parts, body) = resp.into_parts();
-        return Response::from_parts(
-            parts,
-            ProxyBody::new(body.map_err(Into::into).boxed(), None),
-        );
+        return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
     }
     let (parts, body) = resp.into_parts();
-    Response::from_parts(
-        parts,
-        ProxyBody::new(body.map_err(Into::into).boxed(), Some(record)),
-    )
+    Response::from_parts(parts, ProxyBody::new(body.boxed(), Some(record)))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tokio_rustls::client::TlsStream;
 use super::pool::Settings;
 use super::tls::TlsFault;
 use super::{ClusterCounters, UpstreamBody};
-use crate::config::UpstreamProtocol;
+use crate::config::{Http1Client, UpstreamProtocol};
 
 /// Why no connection could be opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +68,14 @@ pub enum Sender {
     Http1(http1::SendRequest<UpstreamBody>),
     /// With the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`.
     Http2(http2::SendRequest<UpstreamBody>, StreamLimit),
+    /// An HTTP/1.1 connection of meshless's own (`clusters[].http1:
+    /// meshless`): no task, the exchange drives it.
+    Own(super::h1::Conn),
 }
 
-/// Opens a connection to `addr` in `slot` and spawns its task.
-/// `streams_hint` is the endpoint's last known HTTP/2 stream limit (0:
+/// Opens a connection to `addr` in `slot` and spawns its task (none for
+/// a connection of meshless's own, unless `hyper` asks for hyper's, as an
+/// upgrading request does). `streams_hint` is the endpoint's last known HTTP/2 stream limit (0:
 /// none yet): a new connection is taken to allow no more until its peer's
 /// SETTINGS say otherwise (before them hyper assumes 100).
 pub async fn open(
@@ -79,6 +83,7 @@ pub async fn open(
     settings: &Settings,
     slot: OpenSlot,
     streams_hint: &Arc<AtomicUsize>,
+    hyper: bool,
 ) -> Result<Sender, ConnectError> {
     let tcp = tokio::time::timeout(settings.connect, TcpStream::connect(addr))
         .await
@@ -97,7 +102,14 @@ pub async fn open(
         }
         None => Io::Plain(tcp),
     };
-    let io = TokioIo::new(Socket { io, _slot: slot });
+    let socket = Socket { io, _slot: slot };
+    if settings.protocol == UpstreamProtocol::Http1
+        && settings.http1 == Http1Client::Meshless
+        && !hyper
+    {
+        return Ok(Sender::Own(super::h1::Conn::new(socket)));
+    }
+    let io = TokioIo::new(socket);
     match settings.protocol {
         UpstreamProtocol::Http1 => {
             let (sender, conn) = http1::handshake(io)
@@ -206,9 +218,15 @@ impl StreamLimit {
 }
 
 /// The socket under a connection, with its `max_connections` slot.
-struct Socket {
+pub struct Socket {
     io: Io,
     _slot: OpenSlot,
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Socket").finish_non_exhaustive()
+    }
 }
 
 enum Io {

@@ -4,9 +4,12 @@
 //!
 //! - `pool.rs`: per-endpoint pools, idle reuse, HTTP/2 sharing, pre-connect;
 //! - `connect.rs`: opening one connection within `max_connections`;
+//! - `h1.rs`: an HTTP/1.1 connection of meshless's own (`clusters[].http1:
+//!   meshless`), driven by the request's task: no task, no channel;
 //! - `tls.rs`: TLS to endpoints (rustls, aws-lc-rs).
 
 mod connect;
+pub mod h1;
 mod pool;
 mod tls;
 
@@ -17,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 
-use crate::config::{ClusterConfig, UpstreamProtocol, UpstreamTls};
+use crate::config::{ClusterConfig, Http1Client, UpstreamProtocol, UpstreamTls};
 pub use connect::ConnectError;
 pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
 pub use tls::{TlsConfigError, TlsFault};
@@ -64,6 +67,7 @@ pub struct ClusterCounters {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolKey {
     protocol: UpstreamProtocol,
+    http1: Http1Client,
     connect: Duration,
     idle: Duration,
     max_idle: u32,
@@ -78,6 +82,7 @@ impl PoolKey {
         let preconnect_milli = (c.connection_pool.preconnect_ratio * 1000.0).round() as u32;
         Self {
             protocol: c.upstream_protocol,
+            http1: c.http1,
             connect: c.timeouts.connect,
             idle: c.timeouts.idle,
             max_idle: c.connection_pool.max_idle_per_endpoint,
@@ -96,6 +101,7 @@ pub fn pool(key: &PoolKey, counters: Arc<ClusterCounters>) -> Result<Pool, TlsCo
         .transpose()?;
     let settings = Settings {
         protocol: key.protocol,
+        http1: key.http1,
         connect: key.connect,
         idle: key.idle,
         max_idle: key.max_idle as usize,
@@ -103,4 +109,41 @@ pub fn pool(key: &PoolKey, counters: Arc<ClusterCounters>) -> Result<Pool, TlsCo
         tls,
     };
     Ok(Pool::new(settings, counters))
+}
+
+/// A response body from upstream: hyper's, or one read by meshless's own
+/// HTTP/1.1 connection ([`h1::ResponseBody`]).
+#[derive(Debug)]
+pub enum ResponseBody {
+    Hyper(hyper::body::Incoming),
+    Own(h1::ResponseBody),
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = h1::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, h1::BoxError>>> {
+        match self.get_mut() {
+            ResponseBody::Hyper(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            ResponseBody::Own(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Hyper(b) => b.is_end_stream(),
+            ResponseBody::Own(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            ResponseBody::Hyper(b) => b.size_hint(),
+            ResponseBody::Own(b) => b.size_hint(),
+        }
+    }
 }

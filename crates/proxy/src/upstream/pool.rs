@@ -21,19 +21,21 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use tokio::sync::Notify;
 
 use super::connect::{self, ConnectError, OpenSlot, Sender, StreamLimit};
+use super::h1::{self, ExchangeError};
 use super::tls::TlsClient;
-use super::{ClusterCounters, UpstreamBody};
-use crate::config::UpstreamProtocol;
+use super::{ClusterCounters, ResponseBody, UpstreamBody};
+use crate::config::{Http1Client, UpstreamProtocol};
 
 /// The settings every connection of a pool is opened and kept with.
 #[derive(Debug)]
 pub struct Settings {
     pub protocol: UpstreamProtocol,
+    /// The HTTP/1.1 client (`clusters[].http1`).
+    pub http1: Http1Client,
     /// TCP connect and TLS handshake, each.
     pub connect: Duration,
     /// Idle connections are closed after this.
@@ -52,6 +54,8 @@ pub enum SendError {
     Connect(ConnectError),
     /// The connection failed after the request was handed to it.
     Http(hyper::Error),
+    /// meshless's own HTTP/1.1 exchange failed before the response head.
+    Exchange(ExchangeError),
 }
 
 /// A cluster's pools, by endpoint address.
@@ -138,9 +142,26 @@ struct Conns {
 
 #[derive(Debug)]
 struct Idle {
-    sender: http1::SendRequest<UpstreamBody>,
+    conn: IdleConn,
     since: Instant,
     _gauge: IdleGauge,
+}
+
+/// An idle HTTP/1.1 connection: hyper's, or meshless's own.
+#[derive(Debug)]
+enum IdleConn {
+    Hyper(http1::SendRequest<UpstreamBody>),
+    Own(h1::Conn),
+}
+
+impl IdleConn {
+    /// Whether it can take a request now.
+    fn usable(&mut self) -> bool {
+        match self {
+            IdleConn::Hyper(s) => s.is_ready(),
+            IdleConn::Own(c) => c.reusable(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -181,6 +202,9 @@ pub struct Lease {
 #[derive(Debug)]
 enum Held {
     Http1(Option<http1::SendRequest<UpstreamBody>>),
+    /// A connection of meshless's own: the response body holds it (and
+    /// gives it back); the lease counts it as leased until it drops.
+    Own,
     /// A stream of a shared connection: its count of open streams.
     Http2(http2::SendRequest<UpstreamBody>, Arc<AtomicUsize>),
 }
@@ -189,6 +213,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         match &mut self.held {
             Held::Http1(sender) => self.pool.checkin(sender.take()),
+            Held::Own => lock(&self.pool.conns).busy -= 1,
             Held::Http2(_, streams) => {
                 streams.fetch_sub(1, Ordering::AcqRel);
             }
@@ -201,10 +226,15 @@ impl Lease {
     async fn send(
         &mut self,
         req: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<UpstreamBody>>> {
+    ) -> Result<
+        Response<hyper::body::Incoming>,
+        hyper::client::conn::TrySendError<Request<UpstreamBody>>,
+    > {
         match &mut self.held {
             Held::Http1(Some(s)) => s.try_send_request(req).await,
-            Held::Http1(None) => unreachable!("a lease's sender is taken only on drop"),
+            Held::Http1(None) | Held::Own => {
+                unreachable!("a lease's sender is taken only on drop; own leases never send")
+            }
             Held::Http2(s, _) => s.try_send_request(req).await,
         }
     }
@@ -218,6 +248,7 @@ impl Lease {
             Held::Http1(s) => {
                 s.take();
             }
+            Held::Own => {}
             Held::Http2(_, streams) => {
                 lock(&self.pool.conns)
                     .h2
@@ -234,7 +265,7 @@ impl EndpointPool {
     pub async fn send(
         self: &Arc<Self>,
         req: Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Lease), SendError> {
+    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
         self.send_once_connected(|| req).await
     }
 
@@ -244,12 +275,34 @@ impl EndpointPool {
     pub async fn send_once_connected(
         self: &Arc<Self>,
         make: impl FnOnce() -> Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Lease), SendError> {
-        let (mut lease, mut fresh) = self.checkout().await.map_err(SendError::Connect)?;
+    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
+        if self.own() {
+            return self.send_own(make).await;
+        }
+        self.send_hyper(make, false).await
+    }
+
+    /// Whether HTTP/1.1 exchanges go over meshless's own connections.
+    fn own(&self) -> bool {
+        let s = &self.shared.settings;
+        s.protocol == UpstreamProtocol::Http1 && s.http1 == Http1Client::Meshless
+    }
+
+    /// Through hyper's client connection; on a new one when `fresh` (an
+    /// upgrade in a pool of meshless's own connections).
+    async fn send_hyper(
+        self: &Arc<Self>,
+        make: impl FnOnce() -> Request<UpstreamBody>,
+        fresh_only: bool,
+    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
+        let (mut lease, mut fresh) = self
+            .checkout(fresh_only)
+            .await
+            .map_err(SendError::Connect)?;
         let mut req = make();
         loop {
             match lease.send(req).await {
-                Ok(resp) => return Ok((resp, lease)),
+                Ok(resp) => return Ok((resp.map(ResponseBody::Hyper), lease)),
                 Err(mut e) => {
                     lease.discard();
                     match e.take_message() {
@@ -258,26 +311,89 @@ impl EndpointPool {
                     }
                 }
             }
-            (lease, fresh) = self.checkout().await.map_err(SendError::Connect)?;
+            (lease, fresh) = self
+                .checkout(fresh_only)
+                .await
+                .map_err(SendError::Connect)?;
         }
     }
 
-    /// A connection for one exchange, and whether it is new.
-    async fn checkout(self: &Arc<Self>) -> Result<(Lease, bool), ConnectError> {
+    /// Over a connection of meshless's own, driven by this task; the
+    /// response body gives the connection back when it may be reused. A
+    /// request that asks to upgrade goes through hyper instead.
+    async fn send_own(
+        self: &Arc<Self>,
+        make: impl FnOnce() -> Request<UpstreamBody>,
+    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
+        let (conn, _) = self
+            .checkout_http1(false)
+            .await
+            .map_err(SendError::Connect)?;
+        let lease = Lease {
+            pool: Arc::clone(self),
+            held: Held::Own,
+        };
+        let req = make();
+        let upgrading = req.method() == http::Method::CONNECT
+            || req.headers().contains_key(http::header::UPGRADE);
+        let conn = match conn {
+            IdleConn::Own(c) if !upgrading => c,
+            other => {
+                // Unused: back to the pool as it was.
+                lock(&self.conns).push_idle(other, &self.shared);
+                drop(lease);
+                return self.send_hyper(|| req, true).await;
+            }
+        };
+        match h1::exchange(conn, req, Arc::clone(self)).await {
+            Ok(resp) => Ok((resp.map(ResponseBody::Own), lease)),
+            Err(e) => Err(SendError::Exchange(e)),
+        }
+    }
+
+    /// Gives back a connection of meshless's own whose exchange ended
+    /// cleanly (its lease still counts it until it drops).
+    pub(super) fn checkin_own(&self, conn: h1::Conn) {
+        lock(&self.conns).push_idle(IdleConn::Own(conn), &self.shared);
+    }
+
+    /// A hyper connection for one exchange, and whether it is new
+    /// (`fresh_only`: always a new one).
+    async fn checkout(self: &Arc<Self>, fresh_only: bool) -> Result<(Lease, bool), ConnectError> {
         self.start_sweeper();
         match self.shared.settings.protocol {
-            UpstreamProtocol::Http1 => self.checkout_http1().await,
+            UpstreamProtocol::Http1 => {
+                let (conn, fresh) = self.checkout_http1(fresh_only).await?;
+                match conn {
+                    IdleConn::Hyper(s) => Ok((self.lease1(s), fresh)),
+                    // Only a pool of meshless's own connections opens
+                    // these, and it sends hyper nothing but upgrades on
+                    // new connections (`fresh_only`).
+                    IdleConn::Own(_) => {
+                        lock(&self.conns).busy -= 1;
+                        Err(ConnectError::Connect)
+                    }
+                }
+            }
             UpstreamProtocol::Http2 => self.checkout_http2().await,
         }
     }
 
-    async fn checkout_http1(self: &Arc<Self>) -> Result<(Lease, bool), ConnectError> {
-        let reused = {
+    /// An idle HTTP/1.1 connection (unless `fresh_only`) or a new one,
+    /// counted as leased, and whether it is new.
+    async fn checkout_http1(
+        self: &Arc<Self>,
+        fresh_only: bool,
+    ) -> Result<(IdleConn, bool), ConnectError> {
+        self.start_sweeper();
+        let reused = if fresh_only {
+            None
+        } else {
             let mut c = lock(&self.conns);
             let mut found = None;
-            while let Some(i) = c.idle.pop() {
-                if i.sender.is_ready() {
-                    found = Some(i.sender);
+            while let Some(mut i) = c.idle.pop() {
+                if i.conn.usable() {
+                    found = Some(i.conn);
                     break;
                 }
             }
@@ -286,9 +402,9 @@ impl EndpointPool {
             }
             found
         };
-        if let Some(s) = reused {
+        if let Some(conn) = reused {
             self.preconnect();
-            return Ok((self.lease1(s), false));
+            return Ok((conn, false));
         }
         let connecting = Connecting::start(self);
         // Boxed: opening is the rare path, and the connect's state would
@@ -298,15 +414,19 @@ impl EndpointPool {
             &self.shared.settings,
             connecting.slot()?,
             &self.streams_hint,
+            fresh_only,
         ))
         .await;
         drop(connecting);
-        let Ok(Sender::Http1(sender)) = opened else {
-            return Err(opened.err().unwrap_or(ConnectError::Connect));
+        let conn = match opened {
+            Ok(Sender::Http1(s)) => IdleConn::Hyper(s),
+            Ok(Sender::Own(c)) => IdleConn::Own(c),
+            Ok(Sender::Http2(..)) => return Err(ConnectError::Connect),
+            Err(e) => return Err(e),
         };
         lock(&self.conns).busy += 1;
         self.preconnect();
-        Ok((self.lease1(sender), true))
+        Ok((conn, true))
     }
 
     fn lease1(self: &Arc<Self>, s: http1::SendRequest<UpstreamBody>) -> Lease {
@@ -357,6 +477,7 @@ impl EndpointPool {
             &self.shared.settings,
             connecting.slot()?,
             &self.streams_hint,
+            false,
         ))
         .await;
         let Ok(Sender::Http2(sender, max)) = opened else {
@@ -383,17 +504,20 @@ impl EndpointPool {
     /// Ends a lease of an HTTP/1.1 connection and puts the connection
     /// back: at once when it is ready for another request, else when it
     /// becomes so (its response is still being read off the socket);
-    /// closed ones, and those over `max_idle_per_endpoint`, are dropped.
+    /// closed ones, and those over `max_idle_per_endpoint`, are dropped
+    /// (and in a pool of meshless's own connections, hyper's, which only
+    /// upgrades use).
     fn checkin(self: &Arc<Self>, sender: Option<http1::SendRequest<UpstreamBody>>) {
+        let own = self.own();
         let waiting = {
             let mut c = lock(&self.conns);
             c.busy -= 1;
             match sender {
-                Some(s) if s.is_ready() => {
-                    c.push_idle(s, &self.shared);
+                Some(s) if s.is_ready() && !own => {
+                    c.push_idle(IdleConn::Hyper(s), &self.shared);
                     None
                 }
-                Some(s) if !s.is_closed() => Some(s),
+                Some(s) if !s.is_closed() && !own => Some(s),
                 _ => None,
             }
         };
@@ -404,7 +528,7 @@ impl EndpointPool {
         let pool = Arc::clone(self);
         rt.spawn(async move {
             if sender.ready().await.is_ok() {
-                lock(&pool.conns).push_idle(sender, &pool.shared);
+                lock(&pool.conns).push_idle(IdleConn::Hyper(sender), &pool.shared);
             }
         });
     }
@@ -434,10 +558,20 @@ impl EndpointPool {
             };
             tokio::spawn(async move {
                 let pool = &connecting.pool;
-                match connect::open(pool.addr, &pool.shared.settings, slot, &pool.streams_hint)
-                    .await
-                {
-                    Ok(Sender::Http1(s)) => lock(&pool.conns).push_idle(s, &pool.shared),
+                let opened = connect::open(
+                    pool.addr,
+                    &pool.shared.settings,
+                    slot,
+                    &pool.streams_hint,
+                    false,
+                );
+                match opened.await {
+                    Ok(Sender::Http1(s)) => {
+                        lock(&pool.conns).push_idle(IdleConn::Hyper(s), &pool.shared);
+                    }
+                    Ok(Sender::Own(c)) => {
+                        lock(&pool.conns).push_idle(IdleConn::Own(c), &pool.shared);
+                    }
                     Ok(Sender::Http2(sender, max)) => lock(&pool.conns).h2.push(H2 {
                         sender,
                         streams: Arc::default(),
@@ -457,7 +591,7 @@ impl EndpointPool {
         let idle = self.shared.settings.idle;
         let mut c = lock(&self.conns);
         c.idle
-            .retain(|i| !i.sender.is_closed() && now.duration_since(i.since) < idle);
+            .retain_mut(|i| now.duration_since(i.since) < idle && i.conn.usable());
         c.h2.retain(|h| {
             !h.sender.is_closed()
                 && (h.streams.load(Ordering::Acquire) > 0 || now.duration_since(h.used) < idle)
@@ -496,10 +630,10 @@ impl EndpointPool {
 }
 
 impl Conns {
-    fn push_idle(&mut self, sender: http1::SendRequest<UpstreamBody>, shared: &Shared) {
+    fn push_idle(&mut self, conn: IdleConn, shared: &Shared) {
         if self.idle.len() < shared.settings.max_idle {
             self.idle.push(Idle {
-                sender,
+                conn,
                 since: Instant::now(),
                 _gauge: IdleGauge::new(&shared.counters),
             });

@@ -65,13 +65,31 @@ pub fn test_http1() -> meshless_proxy::h1serve::Http1Server {
     }
 }
 
-/// `cfg` with every listener on [`test_http1`] (unless its YAML chose
-/// the other one).
+/// The HTTP/1.1 client the suites' clusters use: the default (`hyper`)
+/// unless the environment says `MESHLESS_TEST_UPSTREAM_HTTP1=meshless`
+/// (or `=hyper`).
+pub fn test_upstream_http1() -> meshless_proxy::config::Http1Client {
+    use meshless_proxy::config::Http1Client;
+    match std::env::var("MESHLESS_TEST_UPSTREAM_HTTP1").as_deref() {
+        Ok("meshless") => Http1Client::Meshless,
+        Ok("hyper") => Http1Client::Hyper,
+        _ => Http1Client::default(),
+    }
+}
+
+/// `cfg` with every listener on [`test_http1`] and every cluster on
+/// [`test_upstream_http1`] (unless its YAML chose the other one).
 pub fn on_test_http1(mut cfg: ProxyConfig) -> ProxyConfig {
     let engine = test_http1();
     for l in &mut cfg.listeners {
         if l.http1 == meshless_proxy::h1serve::Http1Server::default() {
             l.http1 = engine;
+        }
+    }
+    let client = test_upstream_http1();
+    for c in &mut cfg.clusters {
+        if c.http1 == meshless_proxy::config::Http1Client::default() {
+            c.http1 = client;
         }
     }
     cfg

@@ -1,0 +1,852 @@
+//! An upstream HTTP/1.1 connection of meshless's own (`clusters[].http1:
+//! meshless`): the request's task writes the request and reads the
+//! response itself — no task per connection, no channel or oneshot per
+//! request. The codec is meshless-h1's (heads by `httparse`, framing as
+//! hyper's client decides it, chunk sizes by `httparse::parse_chunk_size`).
+//!
+//! Invariants:
+//! - Framing per RFC 9112 6.3 as `meshless_h1::framing::response` decides
+//!   it: no body for `HEAD`, `1xx`, `204`, `304`; chunked; one agreed
+//!   `Content-Length` (conflicting or invalid ones are an error, never a
+//!   guess); else to the close. Interim `1xx` heads are skipped; a `101`
+//!   (upgrades go through hyper, `pool.rs`) ends the connection.
+//! - A connection goes back to its pool only when the response body was
+//!   read to its end, the request was written whole, no byte follows the
+//!   response, and neither side said `close`; a body dropped before its
+//!   end closes the connection, unless the rest of it was already read.
+//! - The request body is written while the response is read (an upstream
+//!   may answer before it has read the whole request, and may stream its
+//!   answer while it reads); after an I/O error on the write side the
+//!   response already sent can still be read, but the connection is not
+//!   reused.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, Version};
+use http_body::{Body, Frame, SizeHint};
+use meshless_h1::chunked::{self, Decoder, Step};
+use meshless_h1::response::{self, ResponseLimits, Unwritable};
+use meshless_h1::{Parsed, framing};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::UpstreamBody;
+use super::connect::Socket;
+use super::pool::EndpointPool;
+
+/// Bytes read at a time (the read buffer grows to a head's size).
+const READ_SIZE: usize = 8 * 1024;
+
+/// Request data frames up to this size are copied behind the head.
+const COPY_MAX: usize = 16 * 1024;
+
+/// Buffered request bytes are written out once there are this many.
+const FLUSH_AT: usize = 64 * 1024;
+
+/// Header slots parsed on the stack (hyper's client's limit).
+const SLOTS: usize = 100;
+
+/// The error of the response body's frames.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("upstream connection: {0}")]
+    Io(#[from] io::Error),
+    #[error("upstream closed the connection before the response ended")]
+    Closed,
+    #[error("upstream response refused: {0}")]
+    Protocol(#[from] meshless_h1::Error),
+    #[error("request body: {0}")]
+    Body(BoxError),
+    #[error("request body longer or shorter than its content-length")]
+    Length,
+    #[error(transparent)]
+    Head(#[from] Unwritable),
+}
+
+/// An open connection with its read buffer (bytes read and not used).
+#[derive(Debug)]
+pub struct Conn {
+    io: Socket,
+    buf: BytesMut,
+}
+
+impl Conn {
+    pub(super) fn new(io: Socket) -> Self {
+        Self {
+            io,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Whether an idle connection can carry a request: its peer has not
+    /// closed it and sent nothing unasked (a read that would wait). The
+    /// probe registers no waker of ours.
+    pub fn reusable(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut probe = [0u8; 1];
+        let mut rb = ReadBuf::new(&mut probe);
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut rb)
+            .is_pending()
+    }
+}
+
+/// How the request body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    /// Exactly this many bytes still to write.
+    Length(u64),
+    Chunked,
+}
+
+/// The request side of an exchange: bytes to write and the body to come.
+struct Sending {
+    out: BytesMut,
+    /// A large data frame, written from its own bytes after `out`.
+    big: Option<Bytes>,
+    body: Option<UpstreamBody>,
+    encoding: Encoding,
+    /// Everything was written and flushed.
+    done: bool,
+    /// Writing failed: nothing more is written, the connection is not reused.
+    failed: Option<io::Error>,
+}
+
+impl Sending {
+    /// Encodes the head of `req` (hyper's client's framing rules for a
+    /// request body) and keeps its body to write.
+    fn new(req: Request<UpstreamBody>) -> Result<(Self, bool), ExchangeError> {
+        let (mut parts, body) = req.into_parts();
+        let h = &mut parts.headers;
+        let (encoding, body) = frame_request(&parts.method, h, body);
+        let keep_alive = !h
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_token(v.as_bytes(), "close"));
+        let target = match parts.uri.authority() {
+            Some(_) => parts.uri.to_string(),
+            None => parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+        };
+        let mut out = BytesMut::with_capacity(512);
+        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
+        let sending = Self {
+            out,
+            big: None,
+            done: false,
+            body,
+            encoding,
+            failed: None,
+        };
+        Ok((sending, keep_alive))
+    }
+
+    /// Whether the request was written whole.
+    fn complete(&self) -> bool {
+        self.done && self.failed.is_none()
+    }
+
+    /// Writes on: `Ready(Ok)` once the whole request is written and
+    /// flushed (or writing failed: see `failed`), `Ready(Err)` when the
+    /// request body broke.
+    fn poll_send<I: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut I,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
+        if self.done || self.failed.is_some() {
+            return Poll::Ready(Ok(()));
+        }
+        match self.poll_write_all(io, cx) {
+            Poll::Ready(Err(ExchangeError::Io(e))) => {
+                self.body = None;
+                self.failed = Some(e);
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+
+    fn poll_write_all<I: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut I,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
+        loop {
+            let mut waiting = false;
+            if let Some(body) = self.body.as_mut()
+                && self.big.is_none()
+                && self.out.len() < FLUSH_AT
+            {
+                match Pin::new(body).poll_frame(cx) {
+                    Poll::Pending => waiting = true,
+                    Poll::Ready(Some(Ok(frame))) => {
+                        // Trailers are not sent upstream (see docs/config.md).
+                        if let Ok(data) = frame.into_data() {
+                            self.data(data)?;
+                        }
+                        continue;
+                    }
+                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ExchangeError::Body(e))),
+                    Poll::Ready(None) => {
+                        self.body = None;
+                        self.end()?;
+                        continue;
+                    }
+                }
+            }
+            ready!(self.poll_drain(io, cx))?;
+            if self.body.is_none() || waiting {
+                ready!(Pin::new(&mut *io).poll_flush(cx))?;
+                if self.body.is_some() {
+                    return Poll::Pending;
+                }
+                self.done = true;
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+
+    fn data(&mut self, data: Bytes) -> Result<(), ExchangeError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &mut self.encoding {
+            Encoding::Length(left) => {
+                let n = data.len() as u64;
+                if n > *left {
+                    return Err(ExchangeError::Length);
+                }
+                *left -= n;
+            }
+            Encoding::Chunked => {
+                let _ = std::fmt::Write::write_fmt(
+                    &mut Text(&mut self.out),
+                    format_args!("{:X}\r\n", data.len()),
+                );
+            }
+        }
+        if data.len() <= COPY_MAX {
+            self.out.put_slice(&data);
+            if self.encoding == Encoding::Chunked {
+                self.out.put_slice(b"\r\n");
+            }
+        } else {
+            // The chunk's CRLF follows it once written (`poll_drain`).
+            self.big = Some(data);
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> Result<(), ExchangeError> {
+        match self.encoding {
+            Encoding::Chunked => self.out.put_slice(b"0\r\n\r\n"),
+            Encoding::Length(left) if left > 0 => return Err(ExchangeError::Length),
+            Encoding::Length(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Writes out `out` and the big frame after it.
+    fn poll_drain<I: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut I,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
+        while !self.out.is_empty() || self.big.is_some() {
+            let n = {
+                let big = self.big.as_deref().unwrap_or_default();
+                let slices = [io::IoSlice::new(&self.out), io::IoSlice::new(big)];
+                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
+            }
+            let from_out = n.min(self.out.len());
+            self.out.advance(from_out);
+            if let Some(big) = self.big.as_mut() {
+                big.advance(n - from_out);
+                if big.is_empty() {
+                    self.big = None;
+                    if self.encoding == Encoding::Chunked {
+                        self.out.put_slice(b"\r\n");
+                    }
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// hyper's client's `set_length` for an HTTP/1.1 request: no body when
+/// the body is already at its end (no `Transfer-Encoding` sent); a
+/// `Transfer-Encoding` given is kept, made to end in `chunked`; else a
+/// valid `Content-Length` given; else, for a body of unknown length,
+/// none for `GET`/`HEAD`/`CONNECT` and chunked for the others; else the
+/// body's exact length as `Content-Length`. The body is `None` when none
+/// is written.
+fn frame_request(
+    method: &Method,
+    h: &mut HeaderMap,
+    body: UpstreamBody,
+) -> (Encoding, Option<UpstreamBody>) {
+    if body.is_end_stream() {
+        h.remove(header::TRANSFER_ENCODING);
+        return (Encoding::Length(0), None);
+    }
+    if h.contains_key(header::TRANSFER_ENCODING) {
+        let chunked = h
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .is_some_and(|v| last_is_chunked(v.as_bytes()));
+        if !chunked {
+            h.append(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+        h.remove(header::CONTENT_LENGTH);
+        return (Encoding::Chunked, Some(body));
+    }
+    if let Some(n) = content_length(h) {
+        return (Encoding::Length(n), Some(body));
+    }
+    match body.size_hint().exact() {
+        Some(n) => {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            (Encoding::Length(n), Some(body))
+        }
+        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
+            (Encoding::Length(0), None)
+        }
+        None => {
+            h.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+            h.remove(header::CONTENT_LENGTH);
+            (Encoding::Chunked, Some(body))
+        }
+    }
+}
+
+/// The `Content-Length` of a request's fields when every line (a comma
+/// list of digits) agrees, as hyper's `content_length_parse_all`.
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    let mut length = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        for item in v.to_str().ok()?.split(',') {
+            let n: u64 = item.trim().parse().ok()?;
+            if length.is_some_and(|prev| prev != n)
+                || !item.trim().bytes().all(|b| b.is_ascii_digit())
+            {
+                return None;
+            }
+            length = Some(n);
+        }
+    }
+    length
+}
+
+fn has_token(value: &[u8], token: &str) -> bool {
+    std::str::from_utf8(value)
+        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+fn last_is_chunked(value: &[u8]) -> bool {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.rsplit(',').next())
+        .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// Writes formatted text into a `BytesMut`.
+struct Text<'a>(&'a mut BytesMut);
+
+impl std::fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.put_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// One exchange on a connection.
+struct Exchange {
+    conn: Conn,
+    sending: Sending,
+    /// The request allows another one after it.
+    keep_alive: bool,
+}
+
+impl Exchange {
+    /// Reads more bytes into the buffer: `Ready(Ok(0))` at the end of
+    /// the stream.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.conn.buf.reserve(READ_SIZE);
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.conn.io), cx, &mut self.conn.buf)
+    }
+}
+
+/// Sends `req` on `conn` and reads the response head; the response body
+/// reads the rest, and puts the connection back in `pool` when it may be
+/// reused.
+pub async fn exchange(
+    conn: Conn,
+    req: Request<UpstreamBody>,
+    pool: Arc<EndpointPool>,
+) -> Result<Response<ResponseBody>, ExchangeError> {
+    let method = req.method().clone();
+    let (sending, keep_alive) = Sending::new(req)?;
+    // Boxed once: the response body carries it, and is moved a few
+    // times on its way downstream.
+    let mut ex = Box::new(Exchange {
+        conn,
+        sending,
+        keep_alive,
+    });
+    let limits = ResponseLimits::default();
+    let head = std::future::poll_fn(|cx| poll_head(&mut ex, cx, &method, &limits)).await?;
+    let (parts, framing) = head;
+    let kind = match framing.body {
+        _ if framing.upgrade => Kind::Done,
+        framing::Body::Empty => Kind::Done,
+        framing::Body::Length(n) => Kind::Length(n),
+        framing::Body::Chunked => Kind::Chunked(Decoder::new(limits.max_headers)),
+        framing::Body::CloseDelimited => Kind::Close,
+    };
+    ex.keep_alive &= framing.keep_alive && !framing.upgrade;
+    let mut body = ResponseBody {
+        ex: Some(ex),
+        kind,
+        pool: Some(pool),
+    };
+    if matches!(body.kind, Kind::Done) {
+        body.finish();
+    }
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Writes the request on while reading, until a final response head.
+fn poll_head(
+    ex: &mut Exchange,
+    cx: &mut Context<'_>,
+    method: &Method,
+    limits: &ResponseLimits,
+) -> Poll<Result<(http::response::Parts, meshless_h1::Framing), ExchangeError>> {
+    loop {
+        if let Poll::Ready(Err(e)) = ex.sending.poll_send(&mut ex.conn.io, cx) {
+            return Poll::Ready(Err(e));
+        }
+        while !ex.conn.buf.is_empty() {
+            match take_head(&mut ex.conn.buf, method, limits)? {
+                None => break,
+                Some((_, f)) if f.informational => continue,
+                Some(head) => return Poll::Ready(Ok(head)),
+            }
+        }
+        let n = match ready!(ex.poll_read(cx)) {
+            Ok(n) => n,
+            Err(e) => return Poll::Ready(Err(ex.sending.failed.take().unwrap_or(e).into())),
+        };
+        if n == 0 {
+            return Poll::Ready(Err(match ex.sending.failed.take() {
+                Some(e) => e.into(),
+                None => ExchangeError::Closed,
+            }));
+        }
+    }
+}
+
+/// Where the name and value of one field lie in the head's bytes.
+type Span = (usize, usize, usize, usize);
+
+/// Takes the response head at the start of `buf` out of it, its header
+/// values slices of the head's bytes; `None` until it is whole.
+fn take_head(
+    buf: &mut BytesMut,
+    method: &Method,
+    limits: &ResponseLimits,
+) -> Result<Option<(http::response::Parts, meshless_h1::Framing)>, ExchangeError> {
+    let base = buf.as_ptr() as usize;
+    let mut slots = [httparse::EMPTY_HEADER; SLOTS];
+    let Parsed::Complete { head, consumed } = response::parse(buf, &mut slots, method, limits)?
+    else {
+        return Ok(None);
+    };
+    let (status, version, framing) = (head.status, head.version, head.framing);
+    let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
+    for h in framing.forwarded(head.headers) {
+        let name = h.name.as_ptr() as usize - base;
+        let value = h.value.as_ptr() as usize - base;
+        spans.push((name, h.name.len(), value, h.value.len()));
+    }
+    let raw = buf.split_to(consumed).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for (n, nl, v, vl) in spans {
+        let name = HeaderName::from_bytes(&raw[n..n + nl])
+            .map_err(|_| meshless_h1::Error::Head("header name"))?;
+        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
+            .map_err(|_| meshless_h1::Error::Head("header value"))?;
+        headers.append(name, value);
+    }
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = status;
+    parts.version = version;
+    parts.headers = headers;
+    Ok(Some((parts, framing)))
+}
+
+/// Where the response body is.
+#[derive(Debug)]
+enum Kind {
+    Length(u64),
+    Chunked(Decoder),
+    Close,
+    /// Read to its end.
+    Done,
+}
+
+/// The body of a response read by [`exchange`]: data frames are slices
+/// of the read buffer (no copy); trailers of a chunked body come as a
+/// trailers frame.
+pub struct ResponseBody {
+    /// `None` once the body ended (the connection pooled or closed).
+    ex: Option<Box<Exchange>>,
+    kind: Kind,
+    pool: Option<Arc<EndpointPool>>,
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResponseBody {
+    /// The body is over: the connection goes back to the pool if it may
+    /// carry another request, else it closes.
+    fn finish(&mut self) {
+        self.kind = Kind::Done;
+        let Some(mut ex) = self.ex.take() else {
+            return;
+        };
+        let reusable = ex.keep_alive && ex.sending.complete() && ex.conn.buf.is_empty();
+        if reusable && let Some(pool) = self.pool.take() {
+            // Keep the buffer's memory only while it is not shared with
+            // data sent on.
+            if !ex.conn.buf.try_reclaim(READ_SIZE) {
+                ex.conn.buf = BytesMut::new();
+            }
+            pool.checkin_own(ex.conn);
+        }
+    }
+
+    /// The next frame from the bytes buffered, or `None` when more must
+    /// be read.
+    fn buffered(&mut self) -> Result<Option<Frame<Bytes>>, ExchangeError> {
+        let Some(ex) = self.ex.as_mut() else {
+            return Ok(None);
+        };
+        let buf = &mut ex.conn.buf;
+        match &mut self.kind {
+            Kind::Done => Ok(None),
+            Kind::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                let take = usize::try_from(*left).map_or(buf.len(), |l| l.min(buf.len()));
+                let data = buf.split_to(take).freeze();
+                *left -= take as u64;
+                if *left == 0 {
+                    self.finish();
+                }
+                Ok(Some(Frame::data(data)))
+            }
+            Kind::Close => {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(Frame::data(buf.split().freeze())))
+            }
+            Kind::Chunked(decoder) => match decoder.decode(buf)? {
+                Step::Data(r) => {
+                    buf.advance(r.start);
+                    Ok(Some(Frame::data(buf.split_to(r.len()).freeze())))
+                }
+                Step::Incomplete { consumed } => {
+                    buf.advance(consumed);
+                    Ok(None)
+                }
+                Step::Done { consumed, trailers } => {
+                    let fields = trailer_map(&buf[trailers])?;
+                    buf.advance(consumed);
+                    self.finish();
+                    Ok(fields.map(Frame::trailers))
+                }
+            },
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    /// A body dropped before its end still gives its connection back
+    /// when the rest of it is already buffered (as hyper's connection
+    /// task, which reads ahead, does); otherwise the connection closes.
+    fn drop(&mut self) {
+        if matches!(self.kind, Kind::Close) {
+            return;
+        }
+        while self.ex.is_some() {
+            match self.buffered() {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+}
+
+/// A chunked body's trailer section as a header map (`None`: no fields).
+fn trailer_map(section: &[u8]) -> Result<Option<HeaderMap>, ExchangeError> {
+    if section.is_empty() {
+        return Ok(None);
+    }
+    let mut slots = [httparse::EMPTY_HEADER; SLOTS];
+    let fields = chunked::parse_trailers(section, &mut slots)?;
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for f in fields {
+        let name = HeaderName::from_bytes(f.name.as_bytes())
+            .map_err(|_| meshless_h1::Error::Chunked("invalid trailer fields"))?;
+        let value = HeaderValue::from_bytes(f.value)
+            .map_err(|_| meshless_h1::Error::Chunked("invalid trailer fields"))?;
+        map.append(name, value);
+    }
+    Ok((!map.is_empty()).then_some(map))
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            let fail = |this: &mut Self, e: ExchangeError| {
+                this.kind = Kind::Done;
+                this.ex = None;
+                Poll::Ready(Some(Err(Box::new(e) as BoxError)))
+            };
+            match this.buffered() {
+                Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Ok(None) => {}
+                Err(e) => return fail(this, e),
+            }
+            let Some(ex) = this.ex.as_mut() else {
+                return Poll::Ready(None);
+            };
+            // The request is written on while its response is read.
+            if let Poll::Ready(Err(e)) = ex.sending.poll_send(&mut ex.conn.io, cx) {
+                return fail(this, e);
+            }
+            match ready!(ex.poll_read(cx)) {
+                Ok(0) if matches!(this.kind, Kind::Close) => {
+                    // The end of a close-delimited body: the connection
+                    // is not reused.
+                    this.kind = Kind::Done;
+                    this.ex = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return fail(this, ExchangeError::Closed),
+                Ok(_) => {}
+                Err(e) => return fail(this, e.into()),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.kind, Kind::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.kind {
+            Kind::Done => SizeHint::with_exact(0),
+            Kind::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use proptest::prelude::*;
+
+    fn full(data: &'static [u8]) -> UpstreamBody {
+        Full::new(Bytes::from_static(data))
+            .map_err(|never| match never {})
+            .boxed()
+    }
+
+    /// A body of unknown length, in these frames.
+    fn stream(frames: Vec<Vec<u8>>) -> UpstreamBody {
+        let frames = frames
+            .into_iter()
+            .map(|f| Ok::<_, BoxError>(Frame::data(Bytes::from(f))));
+        StreamBody::new(tokio_stream::iter(frames)).boxed()
+    }
+
+    fn request(
+        method: Method,
+        fields: &[(&'static str, &'static str)],
+        body: UpstreamBody,
+    ) -> Request<UpstreamBody> {
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = http::Uri::from_static("/p?q");
+        for (n, v) in fields {
+            req.headers_mut().append(*n, HeaderValue::from_static(v));
+        }
+        req
+    }
+
+    /// Everything `Sending` writes for `req`.
+    async fn written(req: Request<UpstreamBody>) -> Result<Vec<u8>, ExchangeError> {
+        let (mut sending, _) = Sending::new(req)?;
+        let mut out = Vec::new();
+        std::future::poll_fn(|cx| sending.poll_send(&mut out, cx)).await?;
+        Ok(out)
+    }
+
+    /// The head's fields and the bytes after it.
+    fn split(wire: &[u8]) -> (Vec<(String, String)>, Vec<u8>) {
+        let mut slots = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut slots);
+        let Ok(httparse::Status::Complete(n)) = req.parse(wire) else {
+            panic!("not a request head");
+        };
+        let fields = req
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.to_owned(),
+                    String::from_utf8_lossy(h.value).into_owned(),
+                )
+            })
+            .collect();
+        (fields, wire[n..].to_vec())
+    }
+
+    fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[tokio::test]
+    async fn framing_of_request_bodies_follows_hypers_client() {
+        // No body: no framing field at all.
+        let wire = written(request(Method::GET, &[], full(b"")))
+            .await
+            .expect("written");
+        assert_eq!(wire, b"GET /p?q HTTP/1.1\r\n\r\n");
+        // A known length is sent as Content-Length.
+        let wire = written(request(Method::POST, &[], full(b"abc")))
+            .await
+            .expect("written");
+        let (fields, body) = split(&wire);
+        assert_eq!(
+            (field(&fields, "content-length"), &body[..]),
+            (Some("3"), &b"abc"[..])
+        );
+        // An unknown one: chunked, but none at all for a GET.
+        let wire = written(request(Method::POST, &[], stream(vec![b"ab".to_vec()]))).await;
+        let (fields, body) = split(&wire.expect("written"));
+        assert_eq!(field(&fields, "transfer-encoding"), Some("chunked"));
+        assert_eq!(body, b"2\r\nab\r\n0\r\n\r\n");
+        let wire = written(request(Method::GET, &[], stream(vec![b"ab".to_vec()]))).await;
+        assert_eq!(wire.expect("written"), b"GET /p?q HTTP/1.1\r\n\r\n");
+        // A Transfer-Encoding given is made to end in chunked, and wins
+        // over a Content-Length.
+        let given = [("transfer-encoding", "gzip"), ("content-length", "2")];
+        let wire = written(request(Method::POST, &given, stream(vec![b"ab".to_vec()]))).await;
+        let (fields, _) = split(&wire.expect("written"));
+        assert_eq!(field(&fields, "content-length"), None);
+        let te: Vec<_> = fields
+            .iter()
+            .filter(|(n, _)| n == "transfer-encoding")
+            .collect();
+        assert_eq!(te.len(), 2);
+        assert_eq!(te[1].1, "chunked");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_differs_from_its_length_is_an_error() {
+        let short = request(Method::POST, &[("content-length", "5")], full(b"abc"));
+        assert!(matches!(written(short).await, Err(ExchangeError::Length)));
+        let long = request(Method::POST, &[("content-length", "2")], full(b"abc"));
+        assert!(matches!(written(long).await, Err(ExchangeError::Length)));
+    }
+
+    proptest! {
+        /// RFC 9112 7.1: a body of unknown length written chunked decodes
+        /// (by meshless-h1's decoder) to its frames' data, and ends
+        /// exactly at the end of what was written; large frames (written
+        /// from their own bytes) too.
+        #[test]
+        fn a_streamed_body_is_written_as_chunks_of_its_data(
+            frames in prop::collection::vec(
+                prop_oneof![
+                    prop::collection::vec(any::<u8>(), 0..64),
+                    prop::collection::vec(any::<u8>(), COPY_MAX..COPY_MAX + 100),
+                ],
+                0..6,
+            )
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            let expected: Vec<u8> = frames.concat();
+            let wire = rt
+                .block_on(written(request(Method::PUT, &[], stream(frames))))
+                .expect("written");
+            let (fields, body) = split(&wire);
+            prop_assert_eq!(field(&fields, "transfer-encoding"), Some("chunked"));
+            let mut decoder = Decoder::new(10);
+            let (mut pos, mut data) = (0, Vec::new());
+            loop {
+                match decoder.decode(&body[pos..]).expect("valid chunks") {
+                    Step::Data(r) => {
+                        data.extend_from_slice(&body[pos..][r.clone()]);
+                        pos += r.end;
+                    }
+                    Step::Incomplete { .. } => panic!("the body does not end"),
+                    Step::Done { consumed, .. } => {
+                        pos += consumed;
+                        break;
+                    }
+                }
+            }
+            prop_assert_eq!(pos, body.len());
+            prop_assert_eq!(data, expected);
+        }
+    }
+}
