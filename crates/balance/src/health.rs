@@ -28,8 +28,13 @@ impl Default for HealthConfig {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OutlierConfig {
     /// Consecutive 5xx (including gateway errors) that eject; 0 disables.
+    /// Envoy `consecutive_5xx` (enforced: `enforcing_consecutive_5xx` 100%).
     pub consecutive_5xx: u32,
-    /// Consecutive 502/503/504, connect errors, resets or timeouts that eject; 0 disables.
+    /// Consecutive 502/503/504, connect errors, resets or timeouts that
+    /// eject; 0 disables, the default: Envoy tracks
+    /// `consecutive_gateway_failure` (5) but does not enforce it
+    /// (`enforcing_consecutive_gateway_failure` 0%). Gateway errors still
+    /// count towards `consecutive_5xx`.
     pub consecutive_gateway_errors: u32,
     /// How often [`crate::Cluster::tick`] is expected to run (Envoy `interval`).
     pub interval: Duration,
@@ -48,7 +53,7 @@ impl Default for OutlierConfig {
     fn default() -> Self {
         Self {
             consecutive_5xx: 5,
-            consecutive_gateway_errors: 5,
+            consecutive_gateway_errors: 0,
             interval: Duration::from_secs(10),
             base_ejection_time: Duration::from_secs(30),
             max_ejection_time: Duration::from_secs(300),

@@ -92,6 +92,34 @@ fn gateway_errors_eject_on_their_own_threshold() {
     assert!(c.stats(2).expect("stats").ejected);
 }
 
+/// Envoy's default: gateway failures are tracked, not enforced
+/// (`enforcing_consecutive_gateway_failure` 0%). With `consecutive_5xx`
+/// off, any number of gateway errors in a row ejects nothing; with the
+/// default `consecutive_5xx` (5), five of them eject as 5xx.
+#[test]
+fn gateway_errors_alone_do_not_eject_by_default() {
+    assert_eq!(OutlierConfig::default().consecutive_gateway_errors, 0);
+    let mut cfg = with_outlier(PolicyKind::RoundRobin);
+    cfg.outlier.consecutive_5xx = 0;
+    let (c, _) = manual(&endpoints(4), cfg);
+    for outcome in [
+        Outcome::Status(502),
+        Outcome::Status(503),
+        Outcome::Status(504),
+        Outcome::ConnectFailed,
+        Outcome::Reset,
+        Outcome::Timeout,
+    ] {
+        fail(&c, 0, 20, outcome);
+    }
+    assert!(!c.stats(0).expect("stats").ejected, "not enforced");
+    let (c, _) = manual(&endpoints(4), with_outlier(PolicyKind::RoundRobin));
+    fail(&c, 0, 4, Outcome::ConnectFailed);
+    assert!(!c.stats(0).expect("stats").ejected, "4 < consecutive_5xx");
+    fail(&c, 0, 1, Outcome::Status(503));
+    assert!(c.stats(0).expect("stats").ejected, "5 in a row, as 5xx");
+}
+
 /// A long TCP flow's success is its connection: reported at once, it
 /// breaks a run of gateway errors that happen while it is open.
 #[test]

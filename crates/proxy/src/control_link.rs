@@ -446,7 +446,7 @@ fn rebuild(state: &ProxyState, table: &Table, service: &str) {
     match current.with_service(service, &services) {
         Ok(next) => {
             state.snapshot.store(Arc::new(next));
-            state.endpoints_changed.notify_waiters();
+            state.endpoints_swapped();
         }
         Err(e) => {
             tracing::error!(service = %service, error = %e, "cannot apply endpoints; keeping the previous ones");

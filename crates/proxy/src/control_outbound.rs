@@ -171,6 +171,7 @@ mod tests {
             services: Default::default(),
             activate: tx,
             endpoints_changed: tokio::sync::Notify::new(),
+            flows: Default::default(),
             activation_errors: Default::default(),
             probing: Default::default(),
             tracer: None,

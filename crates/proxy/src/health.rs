@@ -16,7 +16,6 @@ use prost::Message as _;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
 
-use crate::metrics::EndpointLabels;
 use crate::state::ProxyState;
 
 /// Runs until `stop` changes: every 100 ms, checks each cluster's endpoints
@@ -80,18 +79,9 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                         .await
                         .unwrap_or(false);
                     cluster.lb.record_health_check(i, passed);
-                    let labels = EndpointLabels {
-                        cluster: cluster.name.to_string(),
-                        endpoint: cluster.lb.endpoints()[i].id.to_string(),
-                    };
-                    state.metrics.health_checks.get_or_create(&labels).inc();
-                    if !passed {
-                        state
-                            .metrics
-                            .health_check_failures
-                            .get_or_create(&labels)
-                            .inc();
-                    }
+                    cluster
+                        .series(i, &state.metrics.endpoint_series)
+                        .health_check(passed);
                 });
             }
         }

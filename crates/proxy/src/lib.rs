@@ -10,6 +10,7 @@ pub mod connection;
 pub mod deny;
 pub mod drain;
 pub mod edge_metrics;
+pub mod endpoint_series;
 pub mod h1serve;
 pub mod handoff;
 pub mod health;

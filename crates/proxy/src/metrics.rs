@@ -131,6 +131,9 @@ pub struct Metrics {
     /// Deny rules, PROXY protocol and TCP flows.
     pub edge: crate::edge_metrics::EdgeMetrics,
     pub tls_handshakes: Family<HandshakeLabels, Counter>,
+    /// Every series labelled by endpoint is made through this table, and
+    /// removed when its endpoint is gone ([`crate::endpoint_series`]).
+    pub endpoint_series: crate::endpoint_series::SeriesTable,
 }
 
 impl Default for Metrics {
@@ -287,8 +290,16 @@ impl Metrics {
             "Spans in export requests that failed",
             trace.failed.clone(),
         );
+        let endpoint_series =
+            crate::endpoint_series::SeriesTable::new(crate::endpoint_series::EndpointFamilies {
+                requests: requests.clone(),
+                health_checks: health_checks.clone(),
+                health_check_failures: health_check_failures.clone(),
+                connect_failures: edge.connect_failures.clone(),
+            });
         Self {
             registry,
+            endpoint_series,
             edge,
             tls_handshakes,
             trace,

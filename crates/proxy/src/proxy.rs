@@ -112,6 +112,7 @@ impl Proxy {
             services: std::sync::Mutex::new(Default::default()),
             activate: activate_tx,
             endpoints_changed: tokio::sync::Notify::new(),
+            flows: Default::default(),
             activation_errors: std::sync::Mutex::new(Default::default()),
             probing: Default::default(),
             tracer,
@@ -366,8 +367,8 @@ impl Proxy {
                 h.update_tls(tls);
             }
         }
-        // TCP flows re-check that their endpoints are still in.
-        self.state.endpoints_changed.notify_waiters();
+        // TCP flows whose endpoint left start draining.
+        self.state.endpoints_swapped();
         self.watched.send_if_modified(|w| {
             let changed = *w != watched;
             *w = watched;

@@ -3,14 +3,15 @@
 //! reload; requests finish on the snapshot they started with.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use http::uri::Authority;
 use meshless_balance::{Cluster, Tiers};
 use meshless_model::FieldError;
 
 use crate::config::{ClusterConfig, NodeConfig, ProxyConfig, SubsetConfig};
+use crate::endpoint_series::{EndpointSeries, SeriesTable};
 use crate::router::RouteTable;
 use crate::upstream::{self, ClusterCounters, EndpointPool, Pool, PoolKey};
 
@@ -58,6 +59,11 @@ pub struct UpstreamCluster {
     pub authorities: Vec<Authority>,
     /// Endpoint ids as shared strings (metric labels), by balancer index.
     pub endpoint_labels: Vec<Arc<str>>,
+    /// Each endpoint's metric series handle, by balancer index: made at
+    /// first use, carried over by rebuilds while the endpoint stays, so its
+    /// series are removed once no snapshot (nor anything begun on one)
+    /// holds it ([`crate::endpoint_series`]).
+    series: Vec<OnceLock<Arc<EndpointSeries>>>,
     /// The cluster's connections.
     pub pool: Pool,
     /// Each endpoint's connections, by balancer index.
@@ -122,11 +128,12 @@ impl UpstreamCluster {
             .iter()
             .map(|a| Authority::try_from(a.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
-        let endpoint_labels = lb
+        let endpoint_labels: Vec<Arc<str>> = lb
             .endpoints()
             .iter()
             .map(|e| Arc::from(e.id.as_str()))
             .collect();
+        let series = carried_series(previous, &endpoint_labels);
         let counters = previous.map_or_else(Default::default, |p| Arc::clone(&p.counters));
         counters
             .max_connections
@@ -144,12 +151,46 @@ impl UpstreamCluster {
             lb,
             authorities,
             endpoint_labels,
+            series,
             pool,
             endpoint_pools,
             pool_key,
             counters,
         })
     }
+}
+
+impl UpstreamCluster {
+    /// The metric series handle of the endpoint at `index`.
+    pub fn series(&self, index: usize, table: &SeriesTable) -> Arc<EndpointSeries> {
+        let handle =
+            self.series[index].get_or_init(|| table.get(&self.name, &self.endpoint_labels[index]));
+        Arc::clone(handle)
+    }
+}
+
+/// The series handles `previous` made for endpoints still in the cluster,
+/// by their new index (the others are made at first use).
+fn carried_series(
+    previous: Option<&UpstreamCluster>,
+    labels: &[Arc<str>],
+) -> Vec<OnceLock<Arc<EndpointSeries>>> {
+    let made: HashMap<&str, &Arc<EndpointSeries>> = previous
+        .map(|p| {
+            p.endpoint_labels
+                .iter()
+                .zip(&p.series)
+                .filter_map(|(label, s)| Some((&**label, s.get()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    labels
+        .iter()
+        .map(|label| match made.get(&**label) {
+            Some(s) => OnceLock::from(Arc::clone(s)),
+            None => OnceLock::new(),
+        })
+        .collect()
 }
 
 /// The declared cluster with the service's settings applied, if they

@@ -26,6 +26,8 @@ pub struct ProxyState {
     pub activate: tokio::sync::mpsc::UnboundedSender<String>,
     /// Notified whenever endpoints from the control plane change.
     pub endpoints_changed: tokio::sync::Notify,
+    /// Open TCP flows by endpoint, woken when theirs leaves or comes back.
+    pub flows: crate::l4::tracking::Flows,
     /// Per service: the last reason its instances failed to start, and when.
     pub activation_errors:
         std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
@@ -41,6 +43,13 @@ pub struct ProxyState {
 }
 
 impl ProxyState {
+    /// After the running snapshot was swapped: wakes the TCP flows whose
+    /// endpoint left or came back, and what waits for endpoints to change.
+    pub fn endpoints_swapped(&self) {
+        self.flows.update(self);
+        self.endpoints_changed.notify_waiters();
+    }
+
     /// A copy of the service endpoints (for building a snapshot).
     pub fn service_feeds(&self) -> ServiceFeeds {
         self.services

@@ -482,3 +482,70 @@ async fn an_untrusted_peer_of_a_server_first_protocol_is_greeted() {
     assert_eq!(name, "e0");
     assert_eq!(round_trip(&mut r, "hello").await, "hello");
 }
+
+/// A change of other endpoints wakes no flow: 20 flows to endpoint A stay
+/// asleep while B is added, and when B leaves only B's flow wakes (its
+/// drain starts); when A leaves, each of A's flows wakes once and drains.
+/// Wake-ups are counted by the proxy (`Flows::wakeups`), so the cost of a
+/// delta follows the flows of the endpoints it moves, not every flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_wakes_only_the_flows_of_endpoints_that_left() {
+    let es = echoes(3).await;
+    let (a, b, c) = (es[0].addr, es[1].addr, es[2].addr);
+    let (p, addr) = start(&l4_yaml(&[a], "60s", "", "")).await;
+    let reload = |addrs: Vec<SocketAddr>, drain: &'static str| {
+        let cfg = ProxyConfig::parse(&l4_yaml(&addrs, drain, "", ""), "l4.yaml").unwrap();
+        let p = &p;
+        async move { p.reload(cfg).await.unwrap() }
+    };
+    // Every flow from one source address has the same key: all to A.
+    let mut to_a = Vec::new();
+    for i in 0..20 {
+        let (name, mut r) = flow(2, addr).await;
+        assert_eq!(name, es[0].name);
+        assert_eq!(round_trip(&mut r, &format!("a{i}")).await, format!("a{i}"));
+        to_a.push(r);
+    }
+    let flows = &p.state().flows;
+    assert_eq!(flows.tracked(), 1, "one entry for A's flows");
+    reload(vec![a, b], "60s").await;
+    // A flow to B (some source address hashes there).
+    let mut to_b = None;
+    for from in 3..200u8 {
+        let (name, r) = flow(from, addr).await;
+        if name == es[1].name {
+            to_b = Some(r);
+            break;
+        }
+    }
+    let mut to_b = to_b.expect("a source address whose flow goes to B");
+    assert_eq!(round_trip(&mut to_b, "b").await, "b");
+    assert_eq!(flows.wakeups(), 0, "adding B woke no flow");
+    // B leaves: its flow wakes (to start its drain), A's do not.
+    reload(vec![a], "60s").await;
+    eventually("B's flow woken", || async { flows.wakeups() == 1 }).await;
+    for (i, r) in to_a.iter_mut().enumerate() {
+        assert_eq!(round_trip(r, &format!("x{i}")).await, format!("x{i}"));
+    }
+    assert_eq!(round_trip(&mut to_b, "draining").await, "draining");
+    assert_eq!(flows.wakeups(), 1, "B's departure woke B's flow only");
+    // A leaves and the drain is cut to 0: every flow wakes once and closes.
+    reload(vec![c], "0s").await;
+    for mut r in to_a.into_iter().chain([to_b]) {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(DEADLINE, r.read_to_end(&mut rest)).await;
+        assert!(read.expect("closed within the deadline").is_ok());
+    }
+    eventually("21 drained flows counted", || async {
+        proxy_metric(
+            &p,
+            "meshless_proxy_tcp_flows_ended_total{listener=\"l4\",cluster=\"c\",end=\"endpoint_drained\"}",
+        )
+        .await
+            == 21.0
+    })
+    .await;
+    assert_eq!(flows.wakeups(), 22, "20 of A's, B's twice");
+    eventually("no endpoint tracked", || async { flows.tracked() == 0 }).await;
+    p.shutdown().await;
+}

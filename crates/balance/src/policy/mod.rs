@@ -139,6 +139,9 @@ pub(crate) enum Ties {
     Uniform,
     /// In proportion to the tied candidates' weights.
     Weighted,
+    /// To the first tied candidate (candidates in draw order, the first
+    /// drawn in proportion to weight).
+    First,
 }
 
 /// A consistent-hash table: positions that map to endpoints.
@@ -230,12 +233,14 @@ pub(crate) fn least_loaded(
         let w = match ties {
             Ties::Uniform => 1,
             Ties::Weighted => u64::from(view.weight(m).max(1)),
+            Ties::First => 0,
         };
         match best.map(|b| compare_load_per_weight(view, m, b)) {
             None | Some(std::cmp::Ordering::Less) => {
                 best = Some(m);
                 tied = w;
             }
+            Some(std::cmp::Ordering::Equal) if ties == Ties::First => {}
             Some(std::cmp::Ordering::Equal) => {
                 tied += w;
                 if (rng.below(tied as usize) as u64) < w {

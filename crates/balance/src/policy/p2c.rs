@@ -13,24 +13,35 @@ const REDRAWS: usize = 8;
 
 /// Weighted power of k choices (P2C when k = 2).
 ///
-/// Draws `k` candidates among the *eligible* members (an ineligible draw is
-/// redrawn, up to `REDRAWS` times) and returns the one with the fewest
-/// requests in flight per unit of weight (`in_flight / weight`, compared
-/// exactly; ties to a random candidate).
+/// Draws `k` distinct candidates among the *eligible* members and returns
+/// the one with the fewest requests in flight per unit of weight
+/// (`in_flight / weight`, compared exactly), so it is never more loaded per
+/// weight than another candidate.
 ///
-/// - Equal weights: the draws are uniform and distinct (Floyd's sampling,
-///   then redraws for ineligible ones), as HAProxy's `random(2)` after its
-///   fix; the result is never more loaded than another candidate.
-/// - Unequal weights: each draw is independent and in proportion to weight
-///   (Vose alias table), so at equal loads per weight the chosen endpoint is
-///   distributed exactly by weight (a heavy endpoint drawn twice is simply
-///   chosen), and under concurrency loads settle in proportion to weight.
-///   A uniform draw would cap any endpoint at `k / N` of traffic.
+/// - Equal weights: the draws are uniform (Floyd's sampling, then redraws
+///   for ineligible ones), as HAProxy's `random(2)` after its fix; ties to
+///   a random candidate.
+/// - Unequal weights: successive sampling in proportion to weight (Vose
+///   alias table; a draw already taken or ineligible is redrawn), ties to
+///   the first draw. The first draw is distributed exactly by weight, so at
+///   equal loads per weight (idle, say) shares follow weight, and under
+///   concurrency loads settle in proportion to weight. A uniform draw would
+///   cap any endpoint at `k / N` of traffic.
+/// - Why distinct: independent weighted draws land every candidate on a
+///   heavy endpoint of weight share `p` with probability `p^k`, and it is
+///   then chosen however loaded: with weights 10, 1, 1 and k = 2, at least
+///   69% of requests, even while it is slow and far above its share. Envoy's
+///   weighted least request (`weight / (active + 1)^bias`, EDF) has no such
+///   floor: its share falls as its load rises. With distinct draws, an
+///   endpoint carrying more per weight than every other eligible one gets
+///   nothing while another is eligible, which is at most Envoy's share
+///   (property-tested below).
 ///
 /// Down endpoints are never candidates, so their share goes to live ones in
 /// proportion to weight and P2C keeps its load awareness while they are
-/// down. O(k) per pick; a weighted scan only if `REDRAWS` draws in a row hit
-/// ineligible members.
+/// down. O(k) per pick; a weighted scan (O(N)) for a candidate only if
+/// `REDRAWS` draws in a row hit ineligible or taken members (an endpoint
+/// holding most of the weight: with share `p`, probability `p^REDRAWS`).
 #[derive(Debug)]
 pub struct PowerOfChoices {
     members: Vec<u32>,
@@ -81,20 +92,62 @@ impl PowerOfChoices {
             }
         } else {
             for _ in 0..k {
+                let fresh = |e: u32, taken: &[u32]| view.eligible(e) && !taken.contains(&e);
                 let mut e = self.draws.draw(rng);
                 let mut tries = 0;
-                while !view.eligible(e) && tries < REDRAWS {
+                while !fresh(e, &out[..len]) && tries < REDRAWS {
                     e = self.draws.draw(rng);
                     tries += 1;
                 }
-                if view.eligible(e) {
-                    out[len] = e;
-                    len += 1;
-                }
+                let drawn = if fresh(e, &out[..len]) {
+                    Some(e)
+                } else {
+                    weighted_excluding(view, &self.members, &out[..len], rng)
+                };
+                let Some(e) = drawn else { break };
+                out[len] = e;
+                len += 1;
             }
         }
         len
     }
+
+    /// How the candidates' ties are broken.
+    fn ties(&self) -> Ties {
+        if self.draws.is_uniform() {
+            Ties::Uniform
+        } else {
+            Ties::First
+        }
+    }
+}
+
+/// A weighted random choice among the eligible `members` not in `taken`,
+/// by scanning.
+fn weighted_excluding(
+    view: &View<'_>,
+    members: &[u32],
+    taken: &[u32],
+    rng: &mut SplitMix64,
+) -> Option<u32> {
+    let open = |m: &&u32| view.eligible(**m) && !taken.contains(*m);
+    let total: u64 = members
+        .iter()
+        .filter(open)
+        .map(|&m| u64::from(view.weight(m)))
+        .sum();
+    if total == 0 {
+        return None;
+    }
+    let mut x = rng.next_u64() % total;
+    for m in members.iter().filter(open) {
+        let w = u64::from(view.weight(*m));
+        if x < w {
+            return Some(*m);
+        }
+        x -= w;
+    }
+    None
 }
 
 impl Balancer for PowerOfChoices {
@@ -105,7 +158,7 @@ impl Balancer for PowerOfChoices {
         let mut rng = SplitMix64::new(ctx.entropy);
         let mut drawn = [0u32; MAX_CHOICES];
         let len = self.draw(view, &mut rng, &mut drawn);
-        least_loaded(view, drawn[..len].iter().copied(), Ties::Uniform, &mut rng)
+        least_loaded(view, drawn[..len].iter().copied(), self.ties(), &mut rng)
             .or_else(|| pick_eligible_weighted(view, &self.members, &mut rng))
     }
 }
@@ -148,6 +201,62 @@ mod tests {
             seen.dedup();
             prop_assert_eq!(seen.len(), len);
             prop_assert!(out[..len].iter().all(|&d| (d as usize) < n));
+        }
+
+        /// Envoy's weighted least request picks endpoint `i` with
+        /// probability `(w_i / (a_i + 1)) / sum_j (w_j / (a_j + 1))`
+        /// (`active_request_bias` 1): a loaded endpoint's share falls with
+        /// its load. A heavy endpoint held at ten times the `(a + 1) / w`
+        /// of every other gets at most that share of P2C's picks (within 6
+        /// sigma). Independent weighted draws gave it `(w_H / W)^2` at least.
+        #[test]
+        fn a_heavy_endpoint_far_above_its_share_gets_at_most_envoys_share(
+            light in prop::collection::vec((1u32..4, 0u32..4), 1..8),
+            heavy in 4u32..30,
+            k in 2usize..4,
+            seed in any::<u64>(),
+        ) {
+            let max_light = light.iter().map(|&(_, a)| a + 1).max().unwrap_or(1);
+            // (a_H + 1) / w_H = 10 x max (a_j + 1) >= 10 x (a_j + 1) / w_j.
+            let heavy_load = 10 * heavy * max_light - 1;
+            let mut spec = vec![(heavy, heavy_load)];
+            spec.extend(light.iter().copied());
+            let eps: Vec<Endpoint> = spec
+                .iter()
+                .enumerate()
+                .map(|(i, &(w, _))| {
+                    Endpoint::new(
+                        format!("ep-{i}"),
+                        format!("127.0.0.1:{}", 1000 + i).parse().expect("address"),
+                    )
+                    .with_weight(w)
+                })
+                .collect();
+            let mut cfg = ClusterConfig::new(PolicyKind::PowerOfChoices);
+            cfg.outlier = crate::OutlierConfig::disabled();
+            cfg.balancer.choices = k;
+            let c = Cluster::new(&eps, cfg).expect("valid");
+            let mut guards = Vec::new();
+            for (i, &(_, a)) in spec.iter().enumerate() {
+                for _ in 0..a {
+                    guards.push(c.start(i).expect("in range"));
+                }
+            }
+            let effective = |&(w, a): &(u32, u32)| f64::from(w) / f64::from(a + 1);
+            let envoy = effective(&spec[0]) / spec.iter().map(effective).sum::<f64>();
+            let picks = 4_000u64;
+            let mut rng = SplitMix64::new(seed);
+            let heavy_picks = (0..picks)
+                .filter(|_| {
+                    let ctx = crate::PickContext::new().with_entropy(rng.next_u64());
+                    c.pick_index(&ctx) == Some(0)
+                })
+                .count() as f64;
+            let n = picks as f64;
+            let bound = envoy * n + 6.0 * (n * envoy * (1.0 - envoy)).sqrt() + 1.0;
+            prop_assert!(heavy_picks <= bound,
+                "heavy (w {}, load {}) got {} of {} picks; Envoy's share {:.4} allows {:.0}; light {:?}",
+                heavy, heavy_load, heavy_picks, picks, envoy, bound, light);
         }
 
         /// P2C never returns the more loaded of its two draws.

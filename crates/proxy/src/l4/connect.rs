@@ -8,7 +8,6 @@ use meshless_balance::{InFlight, Outcome, PickContext, hash_key};
 use tokio::net::TcpStream;
 
 use crate::config::NodeConfig;
-use crate::edge_metrics::ConnectLabels;
 use crate::snapshot::UpstreamCluster;
 use crate::state::ProxyState;
 
@@ -74,15 +73,9 @@ pub async fn open(
             Ok(stream) => return Some((stream, guard)),
             Err(error) => {
                 tracing::debug!(cluster = %cluster.name, endpoint = %endpoint.id, %error, "connect failed");
-                state
-                    .metrics
-                    .edge
-                    .connect_failures
-                    .get_or_create(&ConnectLabels {
-                        cluster: cluster.name.to_string(),
-                        endpoint: endpoint.id.to_string(),
-                    })
-                    .inc();
+                cluster
+                    .series(index, &state.metrics.endpoint_series)
+                    .connect_failure();
                 guard.finish(Outcome::ConnectFailed);
             }
         }

@@ -241,7 +241,7 @@ fn promote(state: &ProxyState, service: &str, id: &meshless_model::EndpointId) {
         state.snapshot.store(Arc::new(next));
     }
     drop(services);
-    state.endpoints_changed.notify_waiters();
+    state.endpoints_swapped();
 }
 
 /// Probes the starting endpoints of `service` once; true if one accepted.

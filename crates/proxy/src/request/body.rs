@@ -53,6 +53,9 @@ pub struct Completion {
     pub route: Arc<str>,
     pub cluster: Arc<str>,
     pub endpoint: Arc<str>,
+    /// The metric series of the endpoint last tried, held to the end so
+    /// they outlive the request even when the endpoint left meanwhile.
+    pub series: Option<Arc<crate::endpoint_series::EndpointSeries>>,
     pub method: http::Method,
     /// The target as received (its path is logged); shares the bytes.
     pub uri: http::Uri,
@@ -99,6 +102,7 @@ impl Completion {
             route: unknown(),
             cluster: unknown(),
             endpoint: unknown(),
+            series: None,
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             status: 0,
@@ -193,15 +197,23 @@ impl Drop for Completion {
             self.trace.request(&self.state, self.started, attributes);
         }
         let metrics = &self.state.metrics;
-        metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                listener: Arc::clone(&self.listener),
-                cluster: Arc::clone(&self.cluster),
-                endpoint: Arc::clone(&self.endpoint),
-                class: self.class(),
-            })
-            .inc();
+        match &self.series {
+            // Series of an endpoint only through its handle (removed with it).
+            Some(s) if *s.endpoint() == self.endpoint && *s.cluster() == self.cluster => {
+                s.request(&self.listener, self.class());
+            }
+            _ => {
+                metrics
+                    .requests
+                    .get_or_create(&RequestLabels {
+                        listener: Arc::clone(&self.listener),
+                        cluster: Arc::clone(&self.cluster),
+                        endpoint: Arc::clone(&self.endpoint),
+                        class: self.class(),
+                    })
+                    .inc();
+            }
+        }
         metrics
             .request_duration
             .get_or_create(&RouteLabels {

@@ -236,6 +236,7 @@ fn begin(
     policy.record(index);
     record.attempts = policy.attempts();
     record.endpoint = Arc::clone(&cluster.endpoint_labels[index]);
+    record.series = Some(cluster.series(index, &record.state.metrics.endpoint_series));
     if policy.last() && !keep {
         headers.take()
     } else {
