@@ -162,6 +162,7 @@ mod tests {
                         terminating,
                         slice,
                         packed_addresses: Vec::new(),
+                        starting: false,
                     }
                 },
             )

@@ -88,6 +88,7 @@ pub fn endpoint_to_wire(e: &ModelEndpoint, slice: &str) -> v1::Endpoint {
         ready: e.conditions.ready,
         serving: e.conditions.serving,
         terminating: e.conditions.terminating,
+        starting: e.starting,
         slice: slice.to_owned(),
         packed_addresses: Vec::new(),
     }
@@ -123,6 +124,7 @@ pub fn endpoint_from_wire(w: &v1::Endpoint) -> Result<ModelEndpoint, WireError> 
             serving: w.serving,
             terminating: w.terminating,
         },
+        starting: w.starting,
     })
 }
 

@@ -73,6 +73,7 @@ fn input(writer: usize, k: usize) -> EndpointInput {
     let ip = Ipv4Addr::new(10, 200 + (n >> 16) as u8, (n >> 8) as u8, n as u8);
     EndpointInput {
         ttl_seconds: Some(600),
+        starting: false,
         ..EndpointInput::new(format!("w{writer}-{k}"), IpAddr::V4(ip), 8080)
     }
 }

@@ -89,6 +89,11 @@ pub struct EndpointInput {
     /// Seconds until the endpoint is removed unless renewed (as Consul's TTL checks).
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// Not ready only because it is still starting: proxies holding
+    /// requests may probe it ([`meshless_model::Endpoint::starting`]);
+    /// ignored for a ready or terminating endpoint.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub starting: bool,
 }
 
 fn default_weight() -> u32 {
@@ -107,6 +112,7 @@ impl EndpointInput {
             node: None,
             conditions: Conditions::READY,
             ttl_seconds: None,
+            starting: false,
         }
     }
 }

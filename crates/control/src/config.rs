@@ -120,9 +120,14 @@ pub struct ServiceScaling {
 pub enum ScalerConfig {
     /// One local process per instance.
     Process(ProcessSpec),
-    /// POST `{"service": ..., "desired": N}` to `url` on every change;
-    /// instances register themselves through the API.
-    Webhook { url: String },
+    /// POST `{"service": ..., "desired": N}` to `url` on every change
+    /// (each call bounded by `timeout`, retried every tick until it
+    /// succeeds); instances register themselves through the API.
+    Webhook {
+        url: String,
+        #[serde(default = "default_webhook_timeout", with = "duration")]
+        timeout: Duration,
+    },
     /// Set a Deployment's (or StatefulSet's) replicas through its `scale`
     /// subresource; its pods arrive through the Kubernetes source.
     Kubernetes(ScaleTarget),
@@ -140,9 +145,12 @@ impl ServiceScaling {
                 "scaler.process.command",
                 "must not be empty",
             )),
-            ScalerConfig::Webhook { url } if !url.starts_with("http://") => Err(FieldError::new(
-                "scaler.webhook.url",
-                "must be an http:// URL",
+            ScalerConfig::Webhook { url, .. } if !url.starts_with("http://") => Err(
+                FieldError::new("scaler.webhook.url", "must be an http:// URL"),
+            ),
+            ScalerConfig::Webhook { timeout, .. } if timeout.is_zero() => Err(FieldError::new(
+                "scaler.webhook.timeout",
+                "must be above 0s",
             )),
             ScalerConfig::Kubernetes(t) => t.validate().at("scaler.kubernetes"),
             _ => Ok(()),
@@ -180,6 +188,10 @@ fn default_max_body_bytes() -> usize {
 fn default_tick() -> Duration {
     Duration::from_secs(2)
 }
+fn default_webhook_timeout() -> Duration {
+    crate::webhook::DEFAULT_TIMEOUT
+}
+
 fn default_drain_period() -> Duration {
     Duration::from_secs(10)
 }

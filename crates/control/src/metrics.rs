@@ -43,6 +43,8 @@ pub struct ControlMetrics {
     pub expired: Counter,
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
+    /// Scaler webhook calls that failed: refused, unreachable or timed out.
+    pub webhook_failures: Counter,
     pub activation_to_spawn: Histogram,
     /// `Activate` messages received from proxies.
     pub activation_requests: Counter,
@@ -161,6 +163,12 @@ impl ControlMetrics {
             "Cold start, control side: from spawning an instance to its port accepting",
             instance_start.clone(),
         );
+        let webhook_failures = Counter::default();
+        registry.register(
+            "scaler_webhook_failures",
+            "Scaler webhook calls that failed: refused, unreachable or timed out",
+            webhook_failures.clone(),
+        );
         let instance_start_failures = Counter::default();
         registry.register(
             "instance_start_failures",
@@ -205,6 +213,7 @@ impl ControlMetrics {
             kubernetes,
             instance_start,
             instance_start_failures,
+            webhook_failures,
             activation_to_spawn,
             activation_requests,
             subscribers,

@@ -4,7 +4,9 @@
 //! (`NOTIFY_SOCKET`, [`crate::notify`]) or, for one that never notifies,
 //! when its port accepts a connection (probed with a backoff from 200 µs to
 //! `probe_interval`), whichever comes first; stops instances with SIGTERM,
-//! then SIGKILL after a grace period.
+//! then SIGKILL after a grace period. Each instance leads its own process
+//! group, and signals go to the whole group ([`crate::process_group`]):
+//! what a wrapper forks stops with it.
 //!
 //! Driven by [`crate::scaling`], which registers the instances as endpoints
 //! and replaces those that exit on their own, with backoff.
@@ -19,7 +21,10 @@ use meshless_model::probe_backoff::ProbeBackoff;
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
+use rustix::process::Signal;
+
 use crate::notify::{NotifyCounters, NotifySocket};
+use crate::process_group::{self, Group};
 
 /// How to run one instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,8 +108,19 @@ pub struct Instance {
     pub address: SocketAddr,
     pub started: Instant,
     child: Child,
+    /// Its process group (its pid at spawn), SIGKILLed on drop unless
+    /// [`stop`] saw it gone: nothing it started outlives it.
+    group: Option<Group>,
     /// Its notification socket, kept for the instance's life.
     notify: Option<NotifySocket>,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(g) = self.group.take() {
+            g.signal(Signal::KILL);
+        }
+    }
 }
 
 /// How an instance was seen ready.
@@ -189,6 +205,7 @@ pub fn spawn(
         .envs(&spec.env)
         .env(&spec.port_env, port.to_string())
         .stdin(Stdio::null())
+        .process_group(0)
         .kill_on_drop(true);
     if let Some(dir) = &spec.working_dir {
         cmd.current_dir(dir);
@@ -202,11 +219,13 @@ pub fn spawn(
         program: program.clone(),
         source,
     })?;
+    let group = child.id().and_then(Group::led_by);
     Ok(Instance {
         id: id.to_owned(),
         address: SocketAddr::new(host, port),
         started: Instant::now(),
         child,
+        group,
         notify,
     })
 }
@@ -266,24 +285,28 @@ pub async fn wait_ready(
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace` if the process is still running.
-/// Returns true when it stopped within the grace period.
+/// SIGTERM to the instance's process group, then SIGKILL to the group
+/// after `grace` if any process of it still runs (the leader, or anything
+/// it started). Returns true when the whole group stopped within `grace`.
 pub async fn stop(mut instance: Instance, grace: Duration) -> bool {
-    let Some(pid) = instance.pid() else {
+    let deadline = tokio::time::Instant::now() + grace;
+    let Some(group) = instance.group else {
+        // No pid at spawn: it was already reaped.
         return true;
     };
-    // `kill -TERM` avoids unsafe code for the signal.
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await;
-    match tokio::time::timeout(grace, instance.child.wait()).await {
-        Ok(_) => true,
-        Err(_) => {
-            let _ = instance.child.kill().await;
-            false
-        }
+    group.signal(Signal::TERM);
+    let leader = tokio::time::timeout_at(deadline, instance.child.wait())
+        .await
+        .is_ok();
+    let stopped = leader && process_group::wait_gone(group, deadline).await;
+    if !stopped {
+        tracing::warn!(instance = %instance.id, pgid = group.id(), ?grace, "instance still running after SIGTERM; SIGKILL");
+        group.signal(Signal::KILL);
+        let _ = instance.child.wait().await;
     }
+    // Signalled with SIGKILL if needed: nothing left for the drop to do.
+    instance.group = None;
+    stopped
 }
 
 #[cfg(test)]
@@ -342,6 +365,66 @@ mod tests {
             !stop(inst, Duration::from_millis(300)).await,
             "needed SIGKILL"
         );
+    }
+
+    /// `sh` running the server of [`server_spec`] as its child (forked, not
+    /// exec'd: `&` then `wait`), as wrappers do.
+    fn wrapped_spec(extra: &str) -> ProcessSpec {
+        let mut spec = server_spec(extra);
+        let code = spec.command.pop().expect("the python code");
+        spec.env.insert("SERVER".into(), code);
+        spec.command = vec![
+            "sh".into(),
+            "-c".into(),
+            "python3 -c \"$SERVER\" & wait".into(),
+        ];
+        spec
+    }
+
+    /// Polls until nothing accepts on `addr` (up to 20 s).
+    async fn closes(addr: SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            assert!(Instant::now() < deadline, "{addr} still accepts");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn stop_stops_what_the_instance_started() {
+        let spec = wrapped_spec("");
+        let mut inst = spawn(&spec, "svc-6", &NotifyCounters::default()).expect("spawn");
+        wait_ready(&spec, &mut inst).await.expect("ready");
+        let addr = inst.address;
+        assert!(
+            stop(inst, Duration::from_secs(10)).await,
+            "the whole group stopped on SIGTERM"
+        );
+        closes(addr).await;
+    }
+
+    #[tokio::test]
+    async fn a_dropped_instance_takes_its_children_along() {
+        let spec = wrapped_spec("");
+        let mut inst = spawn(&spec, "svc-7", &NotifyCounters::default()).expect("spawn");
+        wait_ready(&spec, &mut inst).await.expect("ready");
+        let addr = inst.address;
+        // What a runtime dropped at shutdown or a task aborted does.
+        drop(inst);
+        closes(addr).await;
+    }
+
+    #[tokio::test]
+    async fn sigkill_reaches_a_child_that_ignores_sigterm() {
+        let spec = wrapped_spec("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)");
+        let mut inst = spawn(&spec, "svc-8", &NotifyCounters::default()).expect("spawn");
+        wait_ready(&spec, &mut inst).await.expect("ready");
+        let addr = inst.address;
+        assert!(
+            !stop(inst, Duration::from_millis(300)).await,
+            "needed SIGKILL"
+        );
+        closes(addr).await;
     }
 
     /// Sends `datagrams` (Python bytes literals) to `NOTIFY_SOCKET`, then

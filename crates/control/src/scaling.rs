@@ -5,17 +5,19 @@
 //! accepts, marked terminating and drained before it is stopped, and
 //! replaced with backoff when it exits on its own. A start failure is
 //! announced to proxies so requests held for the service fail at once.
+//!
+//! A process instance cannot outlive its control plane: on shutdown every
+//! instance's endpoint is removed (stored) before its process is stopped,
+//! and on start the loop removes the stored endpoints of instances it does
+//! not run (left by a crash: ids `NS-NAME-N`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use meshless_model::{Conditions, EndpointId};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::api::EndpointInput;
 use crate::autoscaler::Autoscaler;
@@ -25,11 +27,27 @@ use crate::metrics::ReadyLabels;
 use crate::process_scaler::{self, ProcessSpec};
 use crate::starts::InstanceStart;
 use crate::state::PlaneState;
+use crate::webhook::Webhook;
 
 /// How long a drained instance keeps running after its endpoint is
 /// removed, so the removal reaches proxies before the process stops
 /// (capped by the service's drain period).
 const DEREGISTER_GRACE: Duration = Duration::from_secs(1);
+
+/// What the scaling loop tells an instance's task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Run,
+    /// Scaled down: terminating, drained, then stopped.
+    ScaleDown,
+    /// The control plane stops: endpoint removed at once, then stopped.
+    Shutdown,
+}
+
+/// How often the Kubernetes scaler sets its target's replicas again when
+/// its decision did not change (every tick while requests are held and no
+/// instance runs).
+const REASSERT_EVERY: Duration = Duration::from_secs(30);
 
 /// One instance run by the process scaler.
 #[derive(Debug)]
@@ -38,7 +56,8 @@ struct Managed {
     ready: Arc<AtomicBool>,
     /// Set when the instance is gone (exited, failed, or stopped).
     gone: Arc<AtomicBool>,
-    stop: watch::Sender<bool>,
+    order: watch::Sender<Order>,
+    task: JoinHandle<()>,
 }
 
 fn conditions(ready: bool, terminating: bool) -> Conditions {
@@ -66,6 +85,8 @@ fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions) 
         node: at.node.clone(),
         conditions: c,
         ttl_seconds: None,
+        // Not ready only while starting: proxies may probe it.
+        starting: !c.ready && !c.terminating,
     };
     if let Err(e) = state.write(|r| r.put_endpoints(service, vec![input])) {
         tracing::error!(service, instance = id, error = %e, "cannot register instance");
@@ -74,7 +95,59 @@ fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions) 
 
 fn remove(state: &PlaneState, service: &str, id: &str) {
     let ids = [EndpointId::new(id)];
-    let _ = state.write(|r| r.delete_endpoints(service, &ids, false));
+    if let Err(e) = state.write(|r| r.delete_endpoints(service, &ids, false)) {
+        tracing::error!(service, instance = id, error = %e, "cannot remove instance");
+    }
+}
+
+/// Whether `id` names an instance of `service` run by the process scaler
+/// (`NS-NAME-N`, as [`run`] names them).
+fn is_instance_id(service: &str, id: &str) -> bool {
+    id.strip_prefix(&service.replace('/', "-"))
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes the endpoints of process instances of `service` that this
+/// control plane does not run: restored from the store after a crash (or a
+/// shutdown whose removal did not complete). Their processes died with the
+/// plane or run unmanaged; either way proxies must not use them, and with
+/// them gone a request at zero activates a fresh instance.
+fn forget_stale_instances(state: &PlaneState, service: &str) {
+    let stale: Vec<EndpointId> = state.lock().view(service).map_or_else(Vec::new, |v| {
+        v.endpoints
+            .iter()
+            .filter(|e| is_instance_id(service, &e.id))
+            .map(|e| EndpointId::new(e.id.as_str()))
+            .collect()
+    });
+    if stale.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        service,
+        count = stale.len(),
+        "removing stored endpoints of instances this control plane does not run"
+    );
+    if let Err(e) = state.write(|r| r.delete_endpoints(service, &stale, false)) {
+        tracing::error!(service, error = %e, "cannot remove stale instances");
+    }
+}
+
+/// Sleeps `d`, or less when the control plane shuts down; returns whether
+/// it does.
+async fn sleep_unless_shutdown(order: &mut watch::Receiver<Order>, d: Duration) -> bool {
+    let sleep = tokio::time::sleep(d);
+    tokio::pin!(sleep);
+    loop {
+        if *order.borrow_and_update() == Order::Shutdown {
+            return true;
+        }
+        tokio::select! {
+            () = &mut sleep => return false,
+            r = order.changed() => if r.is_err() { return true },
+        }
+    }
 }
 
 /// What one instance's task needs.
@@ -96,7 +169,7 @@ struct InstanceJob {
 }
 
 /// Runs one process instance for its whole life.
-async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
+async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
     let InstanceJob {
         state,
         service,
@@ -164,15 +237,22 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<bool>) {
             remove(&state, &service, &id);
         }
         _ = stop.changed() => {
-            // Terminating: no new requests; in-flight ones get the drain period.
-            put(&state, &service, &id, &at, conditions(false, true));
-            tokio::time::sleep(drain).await;
-            remove(&state, &service, &id);
-            // The delete takes a moment to reach every proxy, and one with
-            // no ready endpoint still uses a terminating one as its
-            // fallback: the instance outlives its registration a little
-            // (Kubernetes users get the same from a preStop sleep).
-            tokio::time::sleep(DEREGISTER_GRACE.min(drain)).await;
+            // On shutdown, the removal is stored before the store closes.
+            if *stop.borrow_and_update() != Order::Shutdown {
+                // Terminating: no new requests; in-flight ones get the drain period.
+                put(&state, &service, &id, &at, conditions(false, true));
+                let shutdown = sleep_unless_shutdown(&mut stop, drain).await;
+                remove(&state, &service, &id);
+                // The delete takes a moment to reach every proxy, and one with
+                // no ready endpoint still uses a terminating one as its
+                // fallback: the instance outlives its registration a little
+                // (Kubernetes users get the same from a preStop sleep).
+                if !shutdown {
+                    sleep_unless_shutdown(&mut stop, DEREGISTER_GRACE.min(drain)).await;
+                }
+            } else {
+                remove(&state, &service, &id);
+            }
             process_scaler::stop(inst, spec.stop_grace).await;
         }
     }
@@ -243,13 +323,29 @@ pub async fn run(
     let mut autoscaler = Autoscaler::new(cfg.autoscale.clone());
     let started = Instant::now();
     let activation = state.distributor.activation(&service);
+    if matches!(cfg.scaler, ScalerConfig::Process(_)) {
+        forget_stale_instances(&state, &service);
+    }
     let mut instances: Vec<Managed> = Vec::new();
+    // Scaled down, still draining: stopped at once on shutdown.
+    let mut draining: Vec<Managed> = Vec::new();
     let mut serial = 0u64;
     let mut backoff = Duration::from_millis(100);
     let mut last_failure: Option<Instant> = None;
-    let mut webhook_desired: Option<u32> = None;
     let mut external_desired: Option<u32> = None;
-    let http: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    // When the Kubernetes scaler last set the replicas.
+    let mut asserted: Option<Instant> = None;
+    // Its calls run beside the loop: a hung webhook never holds it up.
+    let webhook = match &cfg.scaler {
+        ScalerConfig::Webhook { url, timeout } => Some(Webhook::start(
+            service.clone(),
+            url.clone(),
+            *timeout,
+            cfg.tick,
+            state.metrics.webhook_failures.clone(),
+        )),
+        _ => None,
+    };
     let mut tick = tokio::time::interval(cfg.tick);
     // When a proxy last asked for activation, until an instance is spawned for it.
     let mut woken: Option<Instant> = None;
@@ -273,6 +369,7 @@ pub async fn run(
         if instances.len() < before {
             last_failure = Some(Instant::now());
         }
+        draining.retain(|m| !m.gone.load(Ordering::Relaxed));
         let (in_flight, queued) = state.distributor.load(&service);
         let now = started.elapsed();
         autoscaler.record(now, (in_flight + queued) as f64);
@@ -285,32 +382,25 @@ pub async fn run(
             d.desired = 1;
         }
         match &cfg.scaler {
-            ScalerConfig::Webhook { url } => {
-                if webhook_desired != Some(d.desired) {
-                    let body =
-                        serde_json::json!({ "service": service, "desired": d.desired }).to_string();
-                    let req = http::Request::post(url.as_str())
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(body)));
-                    match req {
-                        Ok(req) => match http.request(req).await {
-                            Ok(r) if r.status().is_success() => webhook_desired = Some(d.desired),
-                            Ok(r) => {
-                                tracing::warn!(service, status = %r.status(), "scaler webhook refused")
-                            }
-                            Err(e) => {
-                                tracing::warn!(service, error = %e, "scaler webhook unreachable")
-                            }
-                        },
-                        Err(e) => tracing::error!(service, error = %e, "scaler webhook url"),
-                    }
+            ScalerConfig::Webhook { .. } => {
+                if let Some(w) = &webhook {
+                    w.set(d.desired);
                 }
             }
             ScalerConfig::Kubernetes(target) => {
                 if let Some(n) = state.distributor.take_activation_node(&service) {
                     asking_node = Some(n);
                 }
-                if external_desired != Some(d.desired) {
+                // Set again although unchanged once due: a change made
+                // behind its back (`kubectl scale`, a GitOps sync, the
+                // leader while this replica was not) is undone.
+                let every = if queued > 0 && running == 0 {
+                    cfg.tick
+                } else {
+                    REASSERT_EVERY
+                };
+                let due = asserted.is_none_or(|t| t.elapsed() >= every);
+                if external_desired != Some(d.desired) || due {
                     // The node matters only for the first instance.
                     let node = asking_node
                         .as_deref()
@@ -318,6 +408,7 @@ pub async fn run(
                     external_desired =
                         scale_kubernetes(&state, &service, target, d.desired, node).await;
                     if external_desired.is_some() {
+                        asserted = Some(Instant::now());
                         asking_node = None;
                     }
                 }
@@ -331,26 +422,28 @@ pub async fn run(
                     while (instances.len() as u32) < d.desired {
                         serial += 1;
                         let id = format!("{}-{serial}", service.replace('/', "-"));
-                        let (tx, rx) = watch::channel(false);
-                        let m = Managed {
-                            id: id.clone(),
-                            ready: Arc::new(AtomicBool::new(false)),
-                            gone: Arc::new(AtomicBool::new(false)),
-                            stop: tx,
-                        };
+                        let (tx, rx) = watch::channel(Order::Run);
+                        let ready = Arc::new(AtomicBool::new(false));
+                        let gone = Arc::new(AtomicBool::new(false));
                         let job = InstanceJob {
                             state: Arc::clone(&state),
                             service: service.clone(),
                             spec: spec.clone(),
-                            id,
-                            ready: Arc::clone(&m.ready),
-                            gone: Arc::clone(&m.gone),
+                            id: id.clone(),
+                            ready: Arc::clone(&ready),
+                            gone: Arc::clone(&gone),
                             drain: cfg.drain_period,
                             node: state.distributor.take_activation_node(&service),
                             read: read.take(),
                             asked: woken,
                         };
-                        tokio::spawn(run_instance(job, rx));
+                        let m = Managed {
+                            id,
+                            ready,
+                            gone,
+                            order: tx,
+                            task: tokio::spawn(run_instance(job, rx)),
+                        };
                         if let Some(t) = woken.take() {
                             state
                                 .metrics
@@ -367,7 +460,8 @@ pub async fn run(
                     // Stop the newest (least warmed-up) first.
                     if let Some(m) = instances.pop() {
                         tracing::info!(service, instance = %m.id, ready = m.ready.load(Ordering::Relaxed), "scaling down");
-                        let _ = m.stop.send(true);
+                        let _ = m.order.send(Order::ScaleDown);
+                        draining.push(m);
                     }
                 }
             }
@@ -385,7 +479,13 @@ pub async fn run(
         state.distributor.placements.set_at_zero(&service, at_zero);
     }
     state.distributor.placements.forget(&service);
-    for m in instances {
-        let _ = m.stop.send(true);
+    // Every instance's endpoint is removed before its process is stopped;
+    // the plane waits for this task before it closes the store.
+    let all: Vec<Managed> = instances.into_iter().chain(draining).collect();
+    for m in &all {
+        let _ = m.order.send(Order::Shutdown);
+    }
+    for m in all {
+        let _ = m.task.await;
     }
 }

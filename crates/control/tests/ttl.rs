@@ -24,6 +24,7 @@ fn registry() -> Registry {
 fn with_ttl(id: &str, ttl: Option<u64>) -> EndpointInput {
     EndpointInput {
         ttl_seconds: ttl,
+        starting: false,
         ..EndpointInput::new(id, [10, 0, 0, 1].into(), 80)
     }
 }

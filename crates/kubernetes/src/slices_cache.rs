@@ -370,6 +370,13 @@ fn endpoint_input(e: &SliceEndpoint, port: u16) -> Option<EndpointInput> {
         node: e.node_name.clone(),
         conditions: conditions(e),
         ttl_seconds: None,
+        // A pod not ready, not serving, not terminating is how a starting
+        // pod looks (and, alas, one failing its readiness probe): probed
+        // by proxies holding requests, as the cold-start path expects.
+        starting: {
+            let c = conditions(e);
+            !c.ready && !c.serving && !c.terminating
+        },
     })
 }
 

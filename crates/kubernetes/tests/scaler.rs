@@ -207,3 +207,72 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
     .await;
     drop(a);
 }
+
+/// A Deployment scaled to zero behind the scaler's back (`kubectl scale`,
+/// a GitOps sync) while its decision stays 1: the next held request makes
+/// it set the replicas again, although its decision did not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_changed_behind_the_scalers_back_are_set_again() {
+    let fake = fake_with_lazy().await;
+    let dir = temp_dir("reassert");
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig).unwrap();
+    let (stop_pods, pods_stopped) = watch::channel(false);
+    let workload = Workload {
+        namespace: "shop".into(),
+        deployment: "lazy".into(),
+        service: "lazy".into(),
+        start_after: Duration::ZERO,
+        ready_after: Duration::from_millis(200),
+        drain: Duration::from_millis(200),
+    };
+    let follower = tokio::spawn(workloads::follow(Arc::clone(&fake), workload, pods_stopped));
+    let (plane, stop, _tasks) = plane(&control_yaml(&kubeconfig, "cp-1")).await;
+    eventually("this replica leads", || async { is_leader(&plane) }).await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\n\
+         listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\n\
+         clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n",
+        plane.grpc_addr()
+    );
+    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
+        .await
+        .unwrap();
+    let addr = proxy.listener_addr("web").await.unwrap();
+    eventually("the service reaches the registry", || async {
+        plane.state.lock().view("shop/lazy").is_some()
+    })
+    .await;
+    assert!(routed(&client(), addr).await.is_some(), "scaled from zero");
+    let replicas = || {
+        fake.get::<Deployment>("shop", "lazy")
+            .and_then(|d| d.spec?.replicas)
+    };
+    assert_eq!(replicas(), Some(1));
+    // Scaled to zero behind its back; its pod goes.
+    assert!(fake.update::<Deployment>("shop", "lazy", |d| {
+        if let Some(s) = d.spec.as_mut() {
+            s.replicas = Some(0);
+        }
+    }));
+    eventually("the pod is gone, for the proxy too", || async {
+        let gone = plane
+            .state
+            .lock()
+            .view("shop/lazy")
+            .is_some_and(|v| v.endpoints.is_empty());
+        gone && proxy
+            .state()
+            .service_feeds()
+            .get("shop/lazy")
+            .is_none_or(|f| f.endpoints.is_empty())
+    })
+    .await;
+    assert!(routed(&client(), addr).await.is_some(), "set to 1 again");
+    assert_eq!(replicas(), Some(1));
+    let _ = stop.send(true);
+    let _ = stop_pods.send(true);
+    follower.await.unwrap();
+    proxy.shutdown().await;
+    plane.shutdown().await;
+}

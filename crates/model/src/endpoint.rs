@@ -122,6 +122,15 @@ pub struct Endpoint {
     /// Readiness as reported by the source of the endpoint.
     #[serde(default)]
     pub conditions: Conditions,
+    /// Announced not ready by the scaler that runs it, only because it is
+    /// still starting (the control plane's process scaler, or an instance
+    /// registered so through the API): a proxy holding requests for it may
+    /// probe it and send to it once it accepts, before the ready update
+    /// arrives. Never set for endpoints whose readiness their source checks
+    /// (Kubernetes pods, the API by default): those are used only once
+    /// ready.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub starting: bool,
 }
 
 fn default_weight() -> u32 {
@@ -162,6 +171,7 @@ impl Endpoint {
             zone: None,
             node: None,
             conditions: Conditions::READY,
+            starting: false,
         }
     }
 

@@ -120,10 +120,9 @@ pub async fn run(
     merge_window: Duration,
     node: NodeConfig,
     mut watched: watch::Receiver<Watched>,
-    activate: mpsc::UnboundedReceiver<String>,
+    activations: Activations,
     mut stop: watch::Receiver<bool>,
 ) {
-    let activations: Activations = Arc::new(std::sync::Mutex::new(activate));
     let uri = if address.contains("://") {
         address.clone()
     } else {

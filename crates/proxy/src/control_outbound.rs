@@ -15,16 +15,20 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use meshless_api::v1::{self, ClientMessage, client_message};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 
+use crate::activation_queue::ActivationQueue;
 use crate::state::ProxyState;
 
 /// Requests in flight and held, per watched service, over its clusters.
+/// Each request counts once: a held request is active (admitted) *and*
+/// queued, so it is reported as queued only (the control plane's
+/// autoscaler adds the two); a forwarded one is the chosen node's load.
 pub(crate) fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
     use std::sync::atomic::Ordering;
     let snap = state.snapshot.load();
@@ -34,12 +38,14 @@ pub(crate) fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
             let e = per.entry(s.as_str()).or_default();
             // Forwarded requests are the chosen node's proxy's load.
             let forwarded = c.counters.forwarded.load(Ordering::Relaxed);
+            let queued = c.counters.queued.load(Ordering::Relaxed);
             e.0 += c
                 .counters
                 .active_requests
                 .load(Ordering::Relaxed)
-                .saturating_sub(forwarded);
-            e.1 += c.counters.queued.load(Ordering::Relaxed);
+                .saturating_sub(forwarded)
+                .saturating_sub(queued);
+            e.1 += queued;
         }
     }
     per.into_iter()
@@ -51,9 +57,9 @@ pub(crate) fn loads(state: &ProxyState) -> Vec<v1::ServiceLoad> {
         .collect()
 }
 
-/// The activation requests of held requests (service names), shared by
-/// the streams of successive sessions.
-pub(crate) type Activations = Arc<Mutex<mpsc::UnboundedReceiver<String>>>;
+/// The activation requests of held requests (service names, each pending
+/// once), shared by the streams of successive sessions.
+pub(crate) type Activations = Arc<ActivationQueue>;
 
 /// One session's outgoing stream.
 pub(crate) struct Outbound {
@@ -86,23 +92,10 @@ impl Outbound {
     /// The services asked for since the last read, each once (registers
     /// for a wake-up when there are none).
     fn asked(&self, cx: &mut Context<'_>) -> Vec<String> {
-        let mut rx = self
-            .activations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // `Ready(None)`: the proxy is gone; the session's channel ends the
-        // stream.
-        let Poll::Ready(Some(first)) = rx.poll_recv(cx) else {
-            return Vec::new();
-        };
-        let mut services = vec![first];
-        // The rest of a burst at once (`try_recv` spends no task budget).
-        while let Ok(service) = rx.try_recv() {
-            if !services.contains(&service) {
-                services.push(service);
-            }
+        match self.activations.poll_take(cx) {
+            Poll::Ready(services) => services,
+            Poll::Pending => Vec::new(),
         }
-        services
     }
 }
 
@@ -162,14 +155,14 @@ mod tests {
         let cfg = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
         let snapshot =
             crate::snapshot::Snapshot::build(cfg, None, &Default::default()).expect("snapshot");
-        let (tx, rx) = mpsc::unbounded_channel();
+        let activations = Activations::default();
         let state = ProxyState {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics: crate::metrics::Metrics::new(),
             access_log: ArcSwap::from_pointee(AccessLogger::open(&AccessLog::Off).expect("off")),
             ready: AtomicBool::new(false),
             services: Default::default(),
-            activate: tx,
+            activate: Arc::clone(&activations),
             endpoints_changed: tokio::sync::Notify::new(),
             flows: Default::default(),
             activation_errors: Default::default(),
@@ -178,7 +171,7 @@ mod tests {
             placements: Default::default(),
             peer_address: Default::default(),
         };
-        (Arc::new(state), Arc::new(Mutex::new(rx)))
+        (Arc::new(state), activations)
     }
 
     fn hello() -> ClientMessage {
@@ -219,9 +212,9 @@ mod tests {
         let (tx, rx) = mpsc::channel(16);
         tx.send(hello()).await.unwrap();
         for _ in 0..1000 {
-            state.activate.send("ns/a".into()).unwrap();
+            state.activate.send("ns/a".into());
         }
-        state.activate.send("ns/b".into()).unwrap();
+        state.activate.send("ns/b".into());
         let mut out = Outbound::new(rx, activations, Arc::clone(&state), "n1".into());
         assert_eq!(next(&mut out).await.as_deref(), Some("hello"));
         assert_eq!(next(&mut out).await.as_deref(), Some("load"));
@@ -233,6 +226,24 @@ mod tests {
         tokio::spawn(async move { asker.activate.send("ns/a".into()) });
         assert_eq!(next(&mut out).await.as_deref(), Some("load"));
         assert_eq!(next(&mut out).await.as_deref(), Some("activate ns/a n1"));
+    }
+
+    /// A held request is admitted (active) and queued: it counts once, as
+    /// queued, so a burst held at zero is not seen as twice its size.
+    #[test]
+    fn a_held_request_counts_once_in_the_load() {
+        use std::sync::atomic::Ordering;
+        let (state, _) = state();
+        let snap = state.snapshot.load();
+        let c = &snap.clusters.values().next().unwrap().counters;
+        // Three admitted: two held, one sent.
+        c.active_requests.store(3, Ordering::Relaxed);
+        c.queued.store(2, Ordering::Relaxed);
+        let l = loads(&state);
+        assert_eq!((l.len(), l[0].in_flight, l[0].queued), (1, 1, 2));
+        // Counters read one by one may be momentarily inconsistent.
+        c.active_requests.store(1, Ordering::Relaxed);
+        assert_eq!(loads(&state)[0].in_flight, 0);
     }
 
     /// Requests held while no session is up are asked for on the next
@@ -249,7 +260,7 @@ mod tests {
         );
         assert!(idle(&mut old));
         drop(tx1);
-        state.activate.send("ns/a".into()).unwrap();
+        state.activate.send("ns/a".into());
         assert_eq!(next(&mut old).await, None, "its session ended");
         let (tx2, rx2) = mpsc::channel(16);
         tx2.send(hello()).await.unwrap();
@@ -258,7 +269,7 @@ mod tests {
         assert_eq!(next(&mut new).await.as_deref(), Some("load"));
         assert_eq!(next(&mut new).await.as_deref(), Some("activate ns/a n1"));
         // The old stream polled again still takes nothing (and is over).
-        state.activate.send("ns/a".into()).unwrap();
+        state.activate.send("ns/a".into());
         assert_eq!(next(&mut old).await, None);
         assert_eq!(next(&mut new).await.as_deref(), Some("load"));
         drop(tx2);

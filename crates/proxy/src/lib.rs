@@ -3,6 +3,7 @@
 
 pub mod accept;
 pub mod access_log;
+pub mod activation_queue;
 pub mod admin;
 pub mod cidr;
 pub mod config;

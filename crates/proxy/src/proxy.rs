@@ -103,14 +103,14 @@ impl Proxy {
         });
         let snapshot = Snapshot::build(config, None, &Default::default())?;
         let watched = snapshot.watched();
-        let (activate_tx, activate_rx) = tokio::sync::mpsc::unbounded_channel();
+        let activations: Arc<crate::activation_queue::ActivationQueue> = Arc::default();
         let state = Arc::new(ProxyState {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             access_log: ArcSwap::from_pointee(access_log),
             ready: AtomicBool::new(false),
             services: std::sync::Mutex::new(Default::default()),
-            activate: activate_tx,
+            activate: Arc::clone(&activations),
             endpoints_changed: tokio::sync::Notify::new(),
             flows: Default::default(),
             activation_errors: std::sync::Mutex::new(Default::default()),
@@ -177,7 +177,7 @@ impl Proxy {
                 link.update_merge_window,
                 node,
                 watch_rx,
-                activate_rx,
+                activations,
                 stopped,
             )));
         }

@@ -22,8 +22,9 @@ pub struct ProxyState {
     /// Endpoints of `service:` clusters as last received from the control
     /// plane; kept while it is unreachable (static stability).
     pub services: std::sync::Mutex<ServiceFeeds>,
-    /// Services a held request asks the control plane to start (sent on the stream).
-    pub activate: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Services a held request asks the control plane to start (sent on
+    /// the stream), each pending at most once.
+    pub activate: std::sync::Arc<crate::activation_queue::ActivationQueue>,
     /// Notified whenever endpoints from the control plane change.
     pub endpoints_changed: tokio::sync::Notify,
     /// Open TCP flows by endpoint, woken when theirs leaves or comes back.

@@ -362,3 +362,68 @@ async fn the_instance_starts_on_the_node_that_asked_and_the_other_proxy_follows(
     b.shutdown().await;
     plane.shutdown().await;
 }
+
+/// An endpoint registered not ready (as a pod failing its readiness probe
+/// arrives) is never probed into use, even when its port accepts: only
+/// instances announced as starting are. The held request times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_ready_endpoint_that_is_not_starting_gets_no_traffic() {
+    let plane = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let unready = backend("unready").await;
+    register_cart(api, &[]).await;
+    let mut e = endpoint_json("unready-pod", unready.local_addr());
+    e["conditions"] = serde_json::json!({ "ready": false, "serving": false, "terminating": false });
+    put_cart_endpoints(api, vec![e]).await;
+    let yaml = cart_proxy_yaml(
+        plane.grpc_addr(),
+        "    activation: { queue_timeout: 1s, probe_interval: 1ms }\n",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    subscribed(api).await;
+    eventually("the proxy has the not-ready endpoint", || async {
+        p.state()
+            .service_feeds()
+            .get("shop/cart")
+            .is_some_and(|f| f.endpoints.iter().any(|e| e.id.as_str() == "unready-pod"))
+    })
+    .await;
+    let (status, _, body) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert_eq!(
+        unready.requests(),
+        0,
+        "the not-ready endpoint got a request"
+    );
+    p.shutdown().await;
+    plane.shutdown().await;
+}
+
+/// With the control plane unreachable, every request held for a service
+/// at zero asks for an instance, but the pending requests stay one per
+/// service: memory does not grow with the requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activation_requests_stay_bounded_while_the_control_plane_is_away() {
+    // Accepts connections (the backlog) and never answers: no stream.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - {{ match: {{ path_prefix: /a }}, cluster: a }}\n      - {{ cluster: b }}\nclusters:\n  - name: a\n    service: demo/a\n    activation: {{ queue_timeout: 1ms }}\n  - name: b\n    service: demo/b\n    activation: {{ queue_timeout: 1ms }}\n",
+        silent.local_addr().expect("addr")
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    for i in 0..200 {
+        let path = if i % 2 == 0 { "/a" } else { "/b" };
+        let (status, _, body) = get(&c, addr, path, &[]).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+        assert!(p.state().activate.len() <= 2, "pending: one per service");
+    }
+    assert_eq!(p.state().activate.len(), 2);
+    let sent = proxy_metric(&p, "meshless_proxy_activations_total{result=\"timeout\"}").await;
+    assert_eq!(sent, 200.0, "every request was held");
+    p.shutdown().await;
+}

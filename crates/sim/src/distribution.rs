@@ -163,6 +163,7 @@ fn wire_endpoint(p: &Pod, slice: u64) -> v1::Endpoint {
         terminating: false,
         slice: format!("cart-{slice:05}"),
         packed_addresses: Vec::new(),
+        starting: false,
     }
 }
 

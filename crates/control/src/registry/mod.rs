@@ -29,6 +29,7 @@ fn into_stored(input: EndpointInput) -> StoredEndpoint {
             zone: input.zone,
             node: input.node,
             conditions: input.conditions,
+            starting: input.starting && !input.conditions.ready && !input.conditions.terminating,
         },
         ttl_seconds: input.ttl_seconds,
     }

@@ -4,7 +4,7 @@
 //! The proxy asks for one at once, and sends the request the moment an
 //! instance is ready: announced ready on the stream (the control plane
 //! forwards the instance's own `READY=1` at once), or accepting the
-//! proxy's own probe of an announced-but-not-ready address (waits from
+//! proxy's own probe of an address announced as starting (waits from
 //! 200 µs doubling to `probe_interval`, [`ProbeBackoff`]) — no extra hop,
 //! no wait for a readiness cycle.
 //!
@@ -204,7 +204,11 @@ impl Drop for CapacityNotice {
     }
 }
 
-/// Endpoints of `service` that are announced but not ready yet.
+/// Endpoints of `service` announced as starting (not ready only because
+/// they are still starting: [`Endpoint::starting`], set by the scaler that
+/// runs them). An endpoint not ready for another reason (a pod failing its
+/// readiness probe, one registered not ready) is never probed nor
+/// promoted: only its source makes it ready.
 fn starting(state: &ProxyState, service: &str) -> Vec<Endpoint> {
     let services = state
         .services
@@ -215,7 +219,7 @@ fn starting(state: &ProxyState, service: &str) -> Vec<Endpoint> {
         .map(|eps| {
             eps.endpoints
                 .iter()
-                .filter(|e| !e.conditions.ready && !e.conditions.terminating)
+                .filter(|e| e.starting && !e.conditions.ready && !e.conditions.terminating)
                 .cloned()
                 .collect()
         })
