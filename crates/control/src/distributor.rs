@@ -101,6 +101,11 @@ pub struct Distributor {
     pub(crate) tx: broadcast::Sender<Arc<EncodedDelta>>,
     /// Set on shutdown: every subscriber stream ends.
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
+    /// False until every source of the registry (the Kubernetes source's
+    /// first lists) has written what it holds: until then no snapshot is
+    /// sent, so a restarted plane never streams an empty reset for a
+    /// service it simply has not listed yet (static stability).
+    synced: tokio::sync::watch::Sender<bool>,
     /// The last reset (snapshot) encoding per service and the version it
     /// reflects: subscribers connecting together share one encoding.
     resets: Mutex<std::collections::HashMap<String, (u64, EncodedPair)>>,
@@ -131,6 +136,27 @@ impl Distributor {
         let _ = self.closing.send(true);
     }
 
+    /// Holds every snapshot back until [`Distributor::mark_synced`]: for a
+    /// source whose first list is still to come.
+    pub fn hold_until_synced(&self) {
+        self.synced.send_replace(false);
+    }
+
+    /// Every source has listed what it serves: snapshots may go out.
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// Whether snapshots may go out (the plane is Ready).
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// A receiver of the synced flag.
+    pub(crate) fn synced(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+
     /// A distributor keeping the last `history_len` deltas for resumption;
     /// the broadcast ring holds as many.
     pub fn new(
@@ -154,6 +180,7 @@ impl Distributor {
             history_len: history_len.max(16),
             tx,
             closing: tokio::sync::watch::channel(false).0,
+            synced: tokio::sync::watch::channel(true).0,
             resets: Mutex::new(std::collections::HashMap::new()),
             loads: Mutex::new(std::collections::HashMap::new()),
             activations: Mutex::new(std::collections::HashMap::new()),

@@ -166,7 +166,16 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
     match (&method, parts.as_slice()) {
         (&Method::GET, ["metrics"]) => return Ok(metrics(state)),
         (&Method::GET, ["ready"]) => {
-            return Ok(json(StatusCode::OK, &serde_json::json!({"ready": true})));
+            // Not Ready before the Kubernetes source's first lists: a
+            // snapshot served now would miss every service not yet listed.
+            return Ok(if state.distributor.is_synced() {
+                json(StatusCode::OK, &serde_json::json!({"ready": true}))
+            } else {
+                json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &serde_json::json!({"ready": false, "reason": "kubernetes source not listed yet"}),
+                )
+            });
         }
         _ => {}
     }

@@ -201,6 +201,12 @@ pub trait ReplicaScaler: Send + Sync + std::fmt::Debug {
     /// Sets the target's replicas (and, with `node_local`, starts the
     /// first instance on the asking node).
     fn scale<'a>(&'a self, request: ScaleRequest<'a>) -> ScaleFuture<'a>;
+
+    /// Whether this replica decides the scale now (holds the Lease): a
+    /// replica that does not observes afresh once it does.
+    fn leads(&self) -> bool {
+        true
+    }
 }
 
 /// Labels of `meshless_control_kubernetes_node_local_pods`.

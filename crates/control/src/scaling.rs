@@ -310,7 +310,15 @@ pub async fn run(
                 if let Some(n) = state.distributor.take_activation_node(&service) {
                     asking_node = Some(n);
                 }
-                if external_desired != Some(d.desired) {
+                if !state.replica_scaler.get().is_some_and(|s| s.leads()) {
+                    // Not deciding here: once this replica leads, it
+                    // observes a full window before any scale-down.
+                    autoscaler.restart_observation();
+                }
+                // Warming up, only a demand above what runs is written:
+                // the workload may run more than the registry shows yet.
+                let demand = in_flight + queued > 0 && d.desired > running;
+                if external_desired != Some(d.desired) && (!d.warming || demand) {
                     // The node matters only for the first instance.
                     let node = asking_node
                         .as_deref()

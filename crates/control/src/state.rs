@@ -73,6 +73,10 @@ impl PlaneState {
             Arc::clone(&metrics),
             config.history,
         ));
+        if config.kubernetes.is_some() {
+            // Nothing is served from a snapshot before the first lists.
+            distributor.hold_until_synced();
+        }
         let committer = Committer::start(
             Arc::clone(&registry),
             Arc::clone(&distributor),

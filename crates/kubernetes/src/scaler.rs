@@ -104,4 +104,8 @@ impl ReplicaScaler for KubeScaler {
             Ok(ScaleOutcome::Scaled)
         })
     }
+
+    fn leads(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
 }

@@ -100,6 +100,11 @@ pub struct Source {
     /// Objects listed since `Init`, per (resource, namespace scope).
     service_lists: BTreeMap<Option<String>, Vec<Service>>,
     slice_lists: BTreeMap<Option<String>, Vec<EndpointSlice>>,
+    /// The (resource, scope) watches whose first list is written; once
+    /// every watch's is, the plane is synced (Ready, snapshots go out).
+    listed: std::collections::BTreeSet<(&'static str, Option<String>)>,
+    /// How many watches there are (two per namespace scope).
+    watches: usize,
 }
 
 impl std::fmt::Debug for Source {
@@ -120,6 +125,8 @@ impl Source {
             bad_annotations: BTreeMap::new(),
             service_lists: BTreeMap::new(),
             slice_lists: BTreeMap::new(),
+            listed: std::collections::BTreeSet::new(),
+            watches: usize::MAX,
         }
     }
 
@@ -135,6 +142,7 @@ impl Source {
         mut stop: watch::Receiver<bool>,
     ) {
         let mut updates = streams(&client, &cfg);
+        self.watches = updates.len();
         loop {
             tokio::select! {
                 _ = crate::stopped(&mut stop) => return,
@@ -175,6 +183,13 @@ impl Source {
             self.sync(&key);
         }
         self.metrics().services.set(self.written.len() as i64);
+        if self.listed.len() == self.watches && !self.state.distributor.is_synced() {
+            tracing::info!(
+                services = self.written.len(),
+                "kubernetes source listed; serving snapshots"
+            );
+            self.state.distributor.mark_synced();
+        }
     }
 
     fn error(&self, e: &watcher::Error) -> Vec<ServiceKey> {
@@ -196,6 +211,7 @@ impl Source {
             }
             Event::InitDone => {
                 self.count("service", "relist");
+                self.listed.insert(("service", scope.clone()));
                 let listed = self.service_lists.remove(&scope).unwrap_or_default();
                 self.cache.replace_services(scope.as_deref(), listed)
             }
@@ -223,6 +239,7 @@ impl Source {
             }
             Event::InitDone => {
                 self.count("endpointslice", "relist");
+                self.listed.insert(("endpointslice", scope.clone()));
                 let listed = self.slice_lists.remove(&scope).unwrap_or_default();
                 self.cache.replace_slices(scope.as_deref(), listed)
             }

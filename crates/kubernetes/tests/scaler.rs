@@ -207,3 +207,76 @@ async fn only_the_lease_holder_scales_and_the_other_takes_over_when_it_dies() {
     .await;
     drop(a);
 }
+
+/// K8: a control plane that starts (or restarts) while a Deployment runs
+/// 3 replicas has no sample of its load: unknown, not idle. It writes no
+/// scale-down before a full stable window and scale-to-zero grace of
+/// samples (4 s here), then, still without load, scales it to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_plane_scales_nothing_down_before_a_full_window() {
+    let fake = Arc::new(
+        FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap(),
+    );
+    fake.apply(&service("shop", "web", &[("http", 80)]));
+    fake.apply(&deployment("shop", "web", 3));
+    let dir = temp_dir("warm");
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig).unwrap();
+    let (stop_pods, pods_stopped) = watch::channel(false);
+    let workload = Workload {
+        namespace: "shop".into(),
+        deployment: "web".into(),
+        service: "web".into(),
+        start_after: Duration::ZERO,
+        ready_after: Duration::ZERO,
+        drain: Duration::from_millis(100),
+    };
+    let follower = tokio::spawn(workloads::follow(Arc::clone(&fake), workload, pods_stopped));
+    eventually("three pods run", || async {
+        fake.list::<k8s_openapi::api::discovery::v1::EndpointSlice>("shop")
+            .len()
+            == 3
+    })
+    .await;
+    let window = Duration::from_secs(4);
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\n\
+         kubernetes:\n  kubeconfig: \"{}\"\n  namespaces: [shop]\n  leader_election:\n    namespace: shop\n    identity: cp-w\n    lease_duration: 4s\n    retry_period: 200ms\n\
+         services:\n  - namespace: shop\n    name: web\n    autoscaling:\n      min_instances: 0\n      max_instances: 5\n      target_concurrency: 10\n      stable_window: 4s\n      panic_window: 1s\n      scale_to_zero_after: 2s\n      tick: 100ms\n      scaler:\n        kubernetes: {{ name: web }}\n",
+        kubeconfig.display()
+    );
+    let replicas = || {
+        fake.get::<Deployment>("shop", "web")
+            .and_then(|d| d.spec?.replicas)
+    };
+    let started = std::time::Instant::now();
+    let (plane, stop, _tasks) = plane(&yaml).await;
+    let first_write = loop {
+        if replicas() != Some(3) {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < window + DEADLINE,
+            "never scaled down"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    // The plane started after `started`, and the change was seen after it
+    // was written: this is at least the time the plane had observed.
+    assert!(
+        first_write >= window,
+        "scaled to {:?} after {first_write:?}, before a full window of samples",
+        replicas()
+    );
+    assert!(is_leader(&plane));
+    eventually("scaled to zero without load", || async {
+        replicas() == Some(0)
+    })
+    .await;
+    let _ = stop.send(true);
+    let _ = stop_pods.send(true);
+    follower.await.unwrap();
+    plane.shutdown().await;
+}

@@ -1,0 +1,128 @@
+//! A control plane that restarts: what it serves before, while and after
+//! its Kubernetes source lists again. The fake API server, real control
+//! planes (the second one on the first one's gRPC address, as a restarted
+//! pod behind a Service would be) and a real proxy; all on 127.0.0.1.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use common::*;
+use http::{Method, StatusCode};
+use meshless_control::config::ControlConfig;
+use meshless_control::kubernetes::KubernetesSource;
+use meshless_control::plane::{ControlPlane, PlaneError};
+use meshless_kubernetes::fake_api::FakeApiServer;
+use meshless_kubernetes::objects::{PodState, service};
+use tokio::sync::watch;
+
+/// A control plane watching the fake through `kubeconfig`, with its gRPC
+/// server on `grpc` (retried while the last plane's port is still held).
+async fn start_plane(
+    kubeconfig: &Path,
+    grpc: SocketAddr,
+    data_dir: Option<PathBuf>,
+) -> (ControlPlane, watch::Sender<bool>) {
+    let source = KubernetesSource {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        ..KubernetesSource::default()
+    };
+    let config = ControlConfig {
+        api_address: "127.0.0.1:0".parse().unwrap(),
+        grpc_address: grpc,
+        kubernetes: Some(source.clone()),
+        data_dir,
+        ..ControlConfig::default()
+    };
+    let started = Instant::now();
+    let plane = loop {
+        match ControlPlane::start(config.clone()).await {
+            Ok(p) => break p,
+            Err(PlaneError::Bind { .. }) if started.elapsed() < DEADLINE => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("control plane: {e}"),
+        }
+    };
+    let (stop, stopped) = watch::channel(false);
+    meshless_kubernetes::start(plane.state.clone(), source, stopped)
+        .await
+        .unwrap();
+    (plane, stop)
+}
+
+async fn stop_plane(plane: ControlPlane, stop: watch::Sender<bool>) {
+    let _ = stop.send(true);
+    plane.shutdown().await;
+}
+
+/// `/ready`'s status.
+async fn ready(plane: &ControlPlane) -> StatusCode {
+    let url = format!("http://{}/ready", plane.api_addr());
+    send(&client(), Method::GET, &url, "").await.0
+}
+
+async fn fake_with_kubeconfig(name: &str) -> (FakeApiServer, tempfile::TempDir, PathBuf) {
+    let fake = FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = temp_dir(name);
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig).unwrap();
+    (fake, dir, kubeconfig)
+}
+
+/// K3: a plane restarted while the API server is unreachable has listed
+/// nothing; it is not Ready and sends no snapshot (which would be an empty
+/// reset of `shop/cart`), so the proxy keeps routing to the pod it knew.
+/// Once the API server is back it lists, becomes Ready, and the stream
+/// carries what changed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_plane_serves_no_snapshot_before_it_has_listed() {
+    let (a, b) = (pod("a").await, pod("b").await);
+    let (fake, _dir, kubeconfig) = fake_with_kubeconfig("restart").await;
+    fake.apply(&service("shop", "cart", &[("http", 80)]));
+    fake.apply(&pod_slice("cart", &a, PodState::Ready));
+    let (plane, stop) = start_plane(&kubeconfig, "127.0.0.1:0".parse().unwrap(), None).await;
+    let grpc = plane.grpc_addr();
+    eventually("the first plane is ready", || async {
+        ready(&plane).await == StatusCode::OK
+    })
+    .await;
+    let (proxy, addr) = proxy(grpc).await;
+    wait_holds(&proxy, &[&a], "the first plane's list").await;
+
+    fake.set_down(true);
+    stop_plane(plane, stop).await;
+    let (plane, stop) = start_plane(&kubeconfig, grpc, None).await;
+    eventually("the proxy's stream reaches the new plane", || async {
+        plane.state.metrics.subscribers.get() >= 1
+    })
+    .await;
+    eventually("the new plane fails to list", || async {
+        metric(
+            &plane.state.metrics.encode(),
+            "meshless_control_kubernetes_errors_total",
+        ) >= 1.0
+    })
+    .await;
+    assert_eq!(ready(&plane).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answering(&client(), addr, 20).await,
+        Some(vec!["a".to_owned()]),
+        "static stability: the proxy keeps its endpoints"
+    );
+    assert_eq!(plane.state.metrics.snapshots.get(), 0, "no snapshot yet");
+
+    fake.apply(&pod_slice("cart", &b, PodState::Ready));
+    fake.set_down(false);
+    eventually("the new plane is ready once listed", || async {
+        ready(&plane).await == StatusCode::OK
+    })
+    .await;
+    wait_holds(&proxy, &[&a, &b], "the new plane's snapshot").await;
+    stop_plane(plane, stop).await;
+}
