@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{
-    BulkInput, EndpointInput, ErrorReply, RenewReply, ServiceInput, ServiceList, ServiceListItem,
+    BulkInput, EndpointInput, ErrorReply, RemoteLoad, RenewReply, ServiceInput, ServiceList, ServiceListItem,
     ServiceSpec, VersionReply,
 };
 use crate::registry::RegistryError;
@@ -188,6 +188,13 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
     }
     match (&method, parts.as_slice()) {
         (&Method::GET, ["v1", "services"]) => list(state).await,
+        (&Method::POST, ["v1", "services", ns, name, "load"]) => {
+            let report: RemoteLoad = read_json(req.into_body(), state.config.max_body_bytes).await?;
+            state
+                .distributor
+                .record_remote_load(&format!("{ns}/{name}"), &report);
+            Ok(json(StatusCode::OK, &serde_json::json!({})))
+        }
         (&Method::GET, ["v1", "services", ns, name]) => view(state, format!("{ns}/{name}")).await,
         (_, ["v1", "services", ns, name, rest @ ..]) => {
             let (ns, name) = ((*ns).to_owned(), (*name).to_owned());

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use meshless_model::{Conditions, EndpointId};
 use tokio::sync::watch;
 
-use crate::api::EndpointInput;
+use crate::api::{EndpointInput, RemoteLoad};
 use crate::autoscaler::Autoscaler;
 use crate::config::{ScalerConfig, ServiceScaling};
 use crate::kubernetes::{ScaleOutcome, ScaleRequest, ScaleTarget};
@@ -233,6 +233,49 @@ async fn scale_kubernetes(
     }
 }
 
+/// Sends `report` (this follower's load of `service`) to the leader's API
+/// at `leader`; whether it was taken. Bounded: a leader that does not
+/// answer within [`FORWARD_TIMEOUT`] misses this report, not the loop.
+async fn forward_load(
+    http: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    state: &PlaneState,
+    leader: &str,
+    service: &str,
+    report: &RemoteLoad,
+) -> bool {
+    let body = match serde_json::to_vec(report) {
+        Ok(b) => b,
+        Err(_) => return false,
+    };
+    let mut req = http::Request::post(format!("http://{leader}/v1/services/{service}/load"))
+        .header("content-type", "application/json");
+    if let Some(auth) = state.auth.header() {
+        req = req.header("authorization", auth);
+    }
+    let Ok(req) = req.body(Full::new(Bytes::from(body))) else {
+        tracing::warn!(service, leader, "leader address is not usable in a URL");
+        return false;
+    };
+    match tokio::time::timeout(FORWARD_TIMEOUT, http.request(req)).await {
+        Ok(Ok(r)) if r.status().is_success() => true,
+        Ok(Ok(r)) => {
+            tracing::warn!(service, leader, status = %r.status(), "leader refused the forwarded load");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(service, leader, error = %e, "cannot forward load to the leader");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(service, leader, "leader did not take the forwarded load in time");
+            false
+        }
+    }
+}
+
+/// How long a follower waits for the leader to take one load report.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The scaling loop of one service, until `stop` changes.
 pub async fn run(
     state: Arc<PlaneState>,
@@ -310,10 +353,25 @@ pub async fn run(
                 if let Some(n) = state.distributor.take_activation_node(&service) {
                     asking_node = Some(n);
                 }
-                if !state.replica_scaler.get().is_some_and(|s| s.leads()) {
+                let scaler = state.replica_scaler.get();
+                if !scaler.is_some_and(|s| s.leads()) {
                     // Not deciding here: once this replica leads, it
                     // observes a full window before any scale-down.
                     autoscaler.restart_observation();
+                    // The leader decides: it gets this replica's load.
+                    if let Some((leader, me)) = scaler.and_then(|s| s.leader_api()) {
+                        let (in_flight, queued) = state.distributor.local_load(&service);
+                        let report = RemoteLoad {
+                            replica: me,
+                            in_flight,
+                            queued,
+                            activate: woken.is_some(),
+                            node: asking_node.clone().unwrap_or_default(),
+                        };
+                        if forward_load(&http, &state, &leader, &service, &report).await {
+                            woken = None;
+                        }
+                    }
                 }
                 // Warming up, only a demand above what runs is written:
                 // the workload may run more than the registry shows yet.
