@@ -280,3 +280,80 @@ async fn a_starting_plane_scales_nothing_down_before_a_full_window() {
     follower.await.unwrap();
     plane.shutdown().await;
 }
+
+/// A proxy on `grpc`'s control plane routing to `shop/lazy`, holding
+/// requests while it has no instance.
+async fn lazy_proxy(grpc: std::net::SocketAddr) -> (Proxy, std::net::SocketAddr) {
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{grpc}\" }}\n\
+         listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\n\
+         clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n"
+    );
+    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
+        .await
+        .unwrap();
+    let addr = proxy.listener_addr("web").await.unwrap();
+    (proxy, addr)
+}
+
+/// K7: two replicas, the proxy connected to the follower. Its activation
+/// request and load reach the leader (the follower forwards them to the
+/// address the leader wrote in the Lease), which scales the Deployment
+/// from zero: the held request is answered by the new pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_on_the_follower_scales_from_zero_through_the_leader() {
+    let fake = fake_with_lazy().await;
+    let dir = temp_dir("follower");
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig).unwrap();
+    let (stop_pods, pods_stopped) = watch::channel(false);
+    let workload = Workload {
+        namespace: "shop".into(),
+        deployment: "lazy".into(),
+        service: "lazy".into(),
+        start_after: Duration::ZERO,
+        ready_after: Duration::from_secs(30),
+        drain: Duration::from_millis(200),
+    };
+    let follower = tokio::spawn(workloads::follow(Arc::clone(&fake), workload, pods_stopped));
+    let (a, stop_a, _tasks_a) = plane(&control_yaml(&kubeconfig, "cp-a")).await;
+    eventually("cp-a leads", || async { is_leader(&a) }).await;
+    let (b, stop_b, _tasks_b) = plane(&control_yaml(&kubeconfig, "cp-b")).await;
+    let b_scaler = Arc::clone(b.state.replica_scaler.get().unwrap());
+    eventually("cp-b reads the leader's address", || async {
+        b_scaler.leader_api().is_some()
+    })
+    .await;
+    assert_eq!(
+        b_scaler.leader_api().map(|(addr, me)| (addr, me)),
+        Some((a.api_addr().to_string(), "cp-b".to_owned()))
+    );
+    assert!(!is_leader(&b));
+
+    let (proxy, addr) = lazy_proxy(b.grpc_addr()).await;
+    eventually("the service reaches cp-b's registry", || async {
+        b.state.lock().view("shop/lazy").is_some()
+    })
+    .await;
+    assert_eq!(routed(&client(), addr).await.as_deref(), Some("lazy-1"));
+    assert_eq!(
+        fake.get::<Deployment>("shop", "lazy")
+            .and_then(|d| d.spec?.replicas),
+        Some(1)
+    );
+    let writes = |p: &ControlPlane| {
+        metric(
+            &p.state.metrics.encode(),
+            "meshless_control_kubernetes_scale_writes_total",
+        )
+    };
+    assert!(writes(&a) >= 1.0, "the leader scaled");
+    assert_eq!(writes(&b), 0.0, "the follower did not");
+    let _ = stop_a.send(true);
+    let _ = stop_b.send(true);
+    let _ = stop_pods.send(true);
+    follower.await.unwrap();
+    proxy.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
