@@ -94,9 +94,9 @@ pub struct Source {
     state: Arc<PlaneState>,
     cache: SliceCache,
     written: BTreeMap<ServiceKey, Written>,
-    /// Per service with bad settings annotations: the error last reported
-    /// (each new one is logged and counted once).
-    bad_annotations: BTreeMap<ServiceKey, String>,
+    /// Per service with bad annotations, per annotation: the error last
+    /// reported (each new one is logged and counted once).
+    bad_annotations: BTreeMap<ServiceKey, BTreeMap<String, String>>,
     /// Objects listed since `Init`, per (resource, namespace scope).
     service_lists: BTreeMap<Option<String>, Vec<Service>>,
     slice_lists: BTreeMap<Option<String>, Vec<EndpointSlice>>,
@@ -105,6 +105,10 @@ pub struct Source {
     listed: std::collections::BTreeSet<(&'static str, Option<String>)>,
     /// How many watches there are (two per namespace scope).
     watches: usize,
+    /// Services whose whole endpoint set this process has written once:
+    /// the first write of a service replaces what the registry held
+    /// (restored from `data_dir`, or registered before the Service).
+    replaced: std::collections::BTreeSet<ServiceKey>,
 }
 
 impl std::fmt::Debug for Source {
@@ -127,6 +131,7 @@ impl Source {
             slice_lists: BTreeMap::new(),
             listed: std::collections::BTreeSet::new(),
             watches: usize::MAX,
+            replaced: std::collections::BTreeSet::new(),
         }
     }
 
@@ -264,6 +269,7 @@ impl Source {
 
     fn remove(&mut self, key: &str) {
         self.bad_annotations.remove(key);
+        self.replaced.remove(key);
         if self.written.remove(key).is_none() {
             return;
         }
@@ -279,21 +285,22 @@ impl Source {
         tracing::info!(service = key, "kubernetes service removed");
     }
 
-    /// A bad settings annotation: the service keeps the settings it had;
-    /// each new error is logged (an event-like line) and counted once.
+    /// A bad annotation: the service keeps the settings (or endpoints) it
+    /// had; each new error is logged (an event-like line) and counted once.
     fn reject_annotations(&mut self, key: &str, e: &meshless_model::FieldError) {
         let text = e.to_string();
-        if self.bad_annotations.get(key) == Some(&text) {
+        let seen = self.bad_annotations.entry(key.to_owned()).or_default();
+        if seen.get(&e.path) == Some(&text) {
             return;
         }
+        seen.insert(e.path.clone(), text);
         self.metrics()
             .annotation_errors
             .get_or_create(&AnnotationLabels {
                 annotation: e.path.clone(),
             })
             .inc();
-        tracing::warn!(service = key, annotation = %e.path, reason = %e.reason, "bad annotation on Kubernetes Service; keeping its previous settings");
-        self.bad_annotations.insert(key.to_owned(), text);
+        tracing::warn!(service = key, annotation = %e.path, reason = %e.reason, "bad annotation on Kubernetes Service; keeping its previous settings and endpoints");
     }
 
     fn write(&mut self, key: &str, mut d: Desired) {
@@ -301,19 +308,33 @@ impl Source {
             self.metrics().skipped_endpoints.inc_by(d.skipped);
         }
         let old = self.written.remove(key).unwrap_or_default();
-        match d.settings_error.take() {
-            Some(e) => {
-                d.spec.settings = old
-                    .spec
-                    .as_ref()
-                    .map(|s| s.settings.clone())
-                    .unwrap_or_default();
-                self.reject_annotations(key, &e);
+        let mut errors = Vec::new();
+        if let Some(e) = d.settings_error.take() {
+            d.spec.settings = old
+                .spec
+                .as_ref()
+                .map(|s| s.settings.clone())
+                .unwrap_or_default();
+            errors.push(e);
+        }
+        // Replace the registry's set once, unless the endpoints are unknown.
+        let replace = !self.replaced.contains(key) && d.port_error.is_none();
+        if let Some(e) = d.port_error.take() {
+            // A port annotation naming no port: the endpoints stay as they
+            // were, not all removed.
+            d.endpoints = old.endpoints.values().cloned().collect();
+            errors.push(e);
+        }
+        if errors.is_empty() {
+            if self.bad_annotations.remove(key).is_some() {
+                tracing::info!(service = key, "Kubernetes Service annotations valid again");
             }
-            None => {
-                if self.bad_annotations.remove(key).is_some() {
-                    tracing::info!(service = key, "Kubernetes Service annotations valid again");
-                }
+        } else {
+            if let Some(seen) = self.bad_annotations.get_mut(key) {
+                seen.retain(|path, _| errors.iter().any(|e| e.path == *path));
+            }
+            for e in &errors {
+                self.reject_annotations(key, e);
             }
         }
         let spec_changed = old.spec.as_ref() != Some(&d.spec);
@@ -334,6 +355,10 @@ impl Source {
         let origin = format!("Kubernetes Service {key}");
         let spec = d.spec.clone();
         let result = self.state.write(|r| {
+            let mut deletes = deletes;
+            if replace {
+                deletes.extend(stale_ids(r, key, &wanted, &deletes));
+            }
             if spec_changed || r.owner(key).is_none() {
                 r.put_service(spec)?;
                 r.claim(key, origin);
@@ -348,6 +373,9 @@ impl Source {
         });
         match result {
             Ok(()) => {
+                if replace {
+                    self.replaced.insert(key.to_owned());
+                }
                 self.written.insert(
                     key.to_owned(),
                     Written {
@@ -365,4 +393,22 @@ impl Source {
             }
         }
     }
+}
+
+/// Endpoint ids the registry holds for `key` that are neither wanted nor
+/// already in `deletes`: what this process did not write (restored from
+/// the store, or registered before the Service was listed).
+fn stale_ids(
+    r: &meshless_control::registry::Registry,
+    key: &str,
+    wanted: &BTreeMap<String, EndpointInput>,
+    deletes: &[EndpointId],
+) -> Vec<EndpointId> {
+    r.view(key)
+        .map(|v| v.endpoints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| !wanted.contains_key(&e.id) && !deletes.iter().any(|d| d.as_str() == e.id))
+        .map(|e| EndpointId::new(e.id))
+        .collect()
 }

@@ -126,3 +126,37 @@ async fn a_restarted_plane_serves_no_snapshot_before_it_has_listed() {
     wait_holds(&proxy, &[&a, &b], "the new plane's snapshot").await;
     stop_plane(plane, stop).await;
 }
+
+/// K1: with `data_dir`, a restarted plane starts from its store; the pods
+/// that left while it was down (their slices replaced) must leave the
+/// registry once it has listed, not stay forever beside the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_gone_while_the_plane_was_down_leave_the_registry() {
+    let (a, b) = (pod("a").await, pod("b").await);
+    let (fake, dir, kubeconfig) = fake_with_kubeconfig("data").await;
+    let data = dir.path().join("data");
+    fake.apply(&service("shop", "cart", &[("http", 80)]));
+    fake.apply(&pod_slice("cart", &a, PodState::Ready));
+    let ids = |plane: &ControlPlane| -> Vec<String> {
+        plane
+            .state
+            .lock()
+            .view("shop/cart")
+            .map(|v| v.endpoints.into_iter().map(|e| e.id).collect())
+            .unwrap_or_default()
+    };
+    let any = "127.0.0.1:0".parse().unwrap();
+    let (plane, stop) = start_plane(&kubeconfig, any, Some(data.clone())).await;
+    eventually("pod a is listed", || async { ids(&plane) == ["a"] }).await;
+    stop_plane(plane, stop).await;
+
+    fake.delete::<k8s_openapi::api::discovery::v1::EndpointSlice>("shop", "cart-a");
+    fake.apply(&pod_slice("cart", &b, PodState::Ready));
+    let (plane, stop) = start_plane(&kubeconfig, any, Some(data)).await;
+    eventually("the plane lists again", || async {
+        ready(&plane).await == StatusCode::OK
+    })
+    .await;
+    assert_eq!(ids(&plane), ["b"], "a left Kubernetes while the plane was down");
+    stop_plane(plane, stop).await;
+}
