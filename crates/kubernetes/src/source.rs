@@ -109,7 +109,13 @@ pub struct Source {
     /// the first write of a service replaces what the registry held
     /// (restored from `data_dir`, or registered before the Service).
     replaced: std::collections::BTreeSet<ServiceKey>,
+    /// Services whose last write or removal failed (the store refused
+    /// it): synced again every [`RETRY`] until it succeeds.
+    retry: std::collections::BTreeSet<ServiceKey>,
 }
+
+/// How often services whose write failed are tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,6 +138,7 @@ impl Source {
             listed: std::collections::BTreeSet::new(),
             watches: usize::MAX,
             replaced: std::collections::BTreeSet::new(),
+            retry: std::collections::BTreeSet::new(),
         }
     }
 
@@ -148,6 +155,7 @@ impl Source {
     ) {
         let mut updates = streams(&client, &cfg);
         self.watches = updates.len();
+        let mut retry = tokio::time::interval(RETRY);
         loop {
             tokio::select! {
                 _ = crate::stopped(&mut stop) => return,
@@ -155,6 +163,11 @@ impl Source {
                     Some(u) => self.handle(u),
                     None => return,
                 },
+                _ = retry.tick(), if !self.retry.is_empty() => {
+                    for key in std::mem::take(&mut self.retry) {
+                        self.sync(&key);
+                    }
+                }
             }
         }
     }
@@ -267,22 +280,36 @@ impl Source {
         }
     }
 
+    /// The Service is gone: its service leaves the registry. Until the
+    /// delete is stored the service stays claimed (read-only) and is
+    /// retried ([`RETRY`]).
     fn remove(&mut self, key: &str) {
         self.bad_annotations.remove(key);
         self.replaced.remove(key);
-        if self.written.remove(key).is_none() {
+        if !self.written.contains_key(key) {
             return;
         }
         let committed = Instant::now();
         let mut reg = self.state.lock();
-        reg.release(key);
-        match reg.delete_service(key) {
-            Ok(delta) => self.state.distributor.publish(&delta, committed),
-            Err(e) => {
-                tracing::error!(service = key, error = %e, "cannot remove kubernetes service")
+        let deleted = match reg.delete_service(key) {
+            Ok(delta) => {
+                self.state.distributor.publish(&delta, committed);
+                true
             }
+            Err(meshless_control::registry::RegistryError::UnknownService(_)) => true,
+            Err(e) => {
+                tracing::error!(service = key, error = %e, "cannot remove kubernetes service; retrying");
+                false
+            }
+        };
+        if deleted {
+            reg.release(key);
+            self.written.remove(key);
+            self.retry.remove(key);
+            tracing::info!(service = key, "kubernetes service removed");
+        } else {
+            self.retry.insert(key.to_owned());
         }
-        tracing::info!(service = key, "kubernetes service removed");
     }
 
     /// A bad annotation: the service keeps the settings (or endpoints) it
@@ -373,6 +400,7 @@ impl Source {
         });
         match result {
             Ok(()) => {
+                self.retry.remove(key);
                 if replace {
                     self.replaced.insert(key.to_owned());
                 }
@@ -385,8 +413,9 @@ impl Source {
                 );
             }
             Err(e) => {
-                // Nothing was stored: retry the whole service on its next event.
-                tracing::error!(service = key, error = %e, "cannot write kubernetes service");
+                // Nothing was stored: the whole service is tried again.
+                tracing::error!(service = key, error = %e, "cannot write kubernetes service; retrying");
+                self.retry.insert(key.to_owned());
                 if !old.endpoints.is_empty() || old.spec.is_some() {
                     self.written.insert(key.to_owned(), old);
                 }

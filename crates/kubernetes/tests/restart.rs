@@ -8,6 +8,8 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use common::*;
@@ -15,6 +17,7 @@ use http::{Method, StatusCode};
 use meshless_control::config::ControlConfig;
 use meshless_control::kubernetes::KubernetesSource;
 use meshless_control::plane::{ControlPlane, PlaneError};
+use meshless_control::store::{Loaded, Storage, Store, StoreError, WriteBatch};
 use meshless_kubernetes::fake_api::FakeApiServer;
 use meshless_kubernetes::objects::{PodState, service};
 use tokio::sync::watch;
@@ -37,9 +40,22 @@ async fn start_plane(
         data_dir,
         ..ControlConfig::default()
     };
+    start_plane_on(config, source, || None).await
+}
+
+/// [`start_plane`] with the store `storage` makes (`None`: `data_dir`'s).
+async fn start_plane_on(
+    config: ControlConfig,
+    source: KubernetesSource,
+    storage: impl Fn() -> Option<Box<dyn Storage>>,
+) -> (ControlPlane, watch::Sender<bool>) {
     let started = Instant::now();
     let plane = loop {
-        match ControlPlane::start(config.clone()).await {
+        let started_plane = match storage() {
+            Some(store) => ControlPlane::start_with_storage(config.clone(), Some(store)).await,
+            None => ControlPlane::start(config.clone()).await,
+        };
+        match started_plane {
             Ok(p) => break p,
             Err(PlaneError::Bind { .. }) if started.elapsed() < DEADLINE => {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -158,5 +174,94 @@ async fn endpoints_gone_while_the_plane_was_down_leave_the_registry() {
     })
     .await;
     assert_eq!(ids(&plane), ["b"], "a left Kubernetes while the plane was down");
+    stop_plane(plane, stop).await;
+}
+
+/// A real store that refuses every write while `fail` is set.
+#[derive(Debug)]
+struct Flaky {
+    inner: Store,
+    fail: Arc<AtomicBool>,
+}
+
+impl Storage for Flaky {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("injected: no space left on device".into()));
+        }
+        self.inner.apply_group(batches)
+    }
+}
+
+/// K6: writes the store refused are retried without waiting for another
+/// event of the service: a slice change, then the Service's deletion, each
+/// made while the store fails, reach the registry once it works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_the_store_refused_are_retried_without_a_new_event() {
+    let (a, b) = (pod("a").await, pod("b").await);
+    let (fake, dir, kubeconfig) = fake_with_kubeconfig("retry").await;
+    fake.apply(&service("shop", "cart", &[("http", 80)]));
+    fake.apply(&pod_slice("cart", &a, PodState::Ready));
+    let source = KubernetesSource {
+        kubeconfig: Some(kubeconfig),
+        ..KubernetesSource::default()
+    };
+    let config = ControlConfig {
+        api_address: "127.0.0.1:0".parse().unwrap(),
+        grpc_address: "127.0.0.1:0".parse().unwrap(),
+        kubernetes: Some(source.clone()),
+        ..ControlConfig::default()
+    };
+    let fail = Arc::new(AtomicBool::new(false));
+    let data = dir.path().join("data");
+    let (plane, stop) = start_plane_on(config, source, || {
+        Some(Box::new(Flaky {
+            inner: Store::open(&data).unwrap(),
+            fail: Arc::clone(&fail),
+        }))
+    })
+    .await;
+    let ids = || -> Option<Vec<String>> {
+        plane
+            .state
+            .lock()
+            .view("shop/cart")
+            .map(|v| v.endpoints.into_iter().map(|e| e.id).collect())
+    };
+    eventually("pod a is listed", || async { ids() == Some(vec!["a".into()]) }).await;
+
+    fail.store(true, Ordering::SeqCst);
+    let refused = plane.state.metrics.rejected_writes.get();
+    fake.apply(&pod_slice("cart", &b, PodState::Ready));
+    eventually("the store refuses the write", || async {
+        plane.state.metrics.rejected_writes.get() > refused
+    })
+    .await;
+    assert_eq!(ids(), Some(vec!["a".into()]), "nothing written");
+    fail.store(false, Ordering::SeqCst);
+    eventually("the write is retried", || async {
+        ids() == Some(vec!["a".into(), "b".into()])
+    })
+    .await;
+
+    fail.store(true, Ordering::SeqCst);
+    fake.delete::<k8s_openapi::api::core::v1::Service>("shop", "cart");
+    let owner = || plane.state.lock().owner("shop/cart").map(str::to_owned);
+    // The delete fails: the service stays, still read-only (claimed).
+    let deletes = fake.requests().len();
+    eventually("the deletion is seen", || async {
+        metric(
+            &plane.state.metrics.encode(),
+            "meshless_control_kubernetes_events_total{resource=\"service\",event=\"delete\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert!(ids().is_some() && owner().is_some(), "{:?}", fake.requests().get(deletes..));
+    fail.store(false, Ordering::SeqCst);
+    eventually("the removal is retried", || async { ids().is_none() }).await;
     stop_plane(plane, stop).await;
 }
