@@ -357,3 +357,80 @@ async fn a_proxy_on_the_follower_scales_from_zero_through_the_leader() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A TCP relay to `to` that stops forwarding, both ways, once `frozen` is
+/// set, keeping every socket open: an API server whose answers stop (a
+/// partition, a blackholed load balancer) without any error.
+async fn freezable_relay(
+    to: std::net::SocketAddr,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((down, _)) = listener.accept().await {
+            let frozen = Arc::clone(&frozen);
+            tokio::spawn(async move {
+                let Ok(up) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let (dr, dw) = down.into_split();
+                let (ur, uw) = up.into_split();
+                tokio::join!(pipe(dr, uw, Arc::clone(&frozen)), pipe(ur, dw, frozen));
+            });
+        }
+    });
+    addr
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// K4: the leader's path to the API server stalls (requests sent, never
+/// answered). Its round is bounded by the renew deadline, so it stops
+/// leading, while the other replica takes the Lease over: never two
+/// leaders for long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_api_calls_hang_stops_leading() {
+    let fake = fake_with_lazy().await;
+    let dir = temp_dir("hang");
+    let direct = dir.path().join("kubeconfig");
+    fake.write_kubeconfig(&direct).unwrap();
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let to = fake.url().trim_start_matches("http://").parse().unwrap();
+    let via = freezable_relay(to, Arc::clone(&frozen)).await;
+    let relayed = dir.path().join("kubeconfig-relayed");
+    let text = std::fs::read_to_string(&direct).unwrap();
+    std::fs::write(&relayed, text.replace(&fake.url(), &format!("http://{via}"))).unwrap();
+    let (a, _stop_a, _tasks_a) = plane(&control_yaml(&relayed, "cp-a")).await;
+    eventually("cp-a leads", || async { is_leader(&a) }).await;
+    let (b, stop_b, _tasks_b) = plane(&control_yaml(&direct, "cp-b")).await;
+
+    frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    eventually("cp-b takes over", || async { is_leader(&b) }).await;
+    eventually("cp-a stops leading", || async { !is_leader(&a) }).await;
+    let holder = fake
+        .get::<Lease>("shop", "meshless-control")
+        .and_then(|l| l.spec?.holder_identity);
+    assert_eq!(holder.as_deref(), Some("cp-b"));
+    let _ = stop_b.send(true);
+    drop(a);
+}
