@@ -233,6 +233,30 @@ async fn scale_kubernetes(
     }
 }
 
+/// While another replica leads: forwards this replica's load of `service`
+/// (and whether a proxy asked for an instance, from `node`) to the leader,
+/// which decides. Whether the leader took it.
+async fn follow_leader(
+    http: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    state: &PlaneState,
+    service: &str,
+    activate: bool,
+    node: &str,
+) -> bool {
+    let Some((leader, me)) = state.replica_scaler.get().and_then(|s| s.leader_api()) else {
+        return false;
+    };
+    let (in_flight, queued) = state.distributor.local_load(service);
+    let report = RemoteLoad {
+        replica: me,
+        in_flight,
+        queued,
+        activate,
+        node: node.to_owned(),
+    };
+    forward_load(http, state, &leader, service, &report).await
+}
+
 /// Sends `report` (this follower's load of `service`) to the leader's API
 /// at `leader`; whether it was taken. Bounded: a leader that does not
 /// answer within [`FORWARD_TIMEOUT`] misses this report, not the loop.
@@ -353,24 +377,13 @@ pub async fn run(
                 if let Some(n) = state.distributor.take_activation_node(&service) {
                     asking_node = Some(n);
                 }
-                let scaler = state.replica_scaler.get();
-                if !scaler.is_some_and(|s| s.leads()) {
+                if !state.replica_scaler.get().is_some_and(|s| s.leads()) {
                     // Not deciding here: once this replica leads, it
                     // observes a full window before any scale-down.
                     autoscaler.restart_observation();
-                    // The leader decides: it gets this replica's load.
-                    if let Some((leader, me)) = scaler.and_then(|s| s.leader_api()) {
-                        let (in_flight, queued) = state.distributor.local_load(&service);
-                        let report = RemoteLoad {
-                            replica: me,
-                            in_flight,
-                            queued,
-                            activate: woken.is_some(),
-                            node: asking_node.clone().unwrap_or_default(),
-                        };
-                        if forward_load(&http, &state, &leader, &service, &report).await {
-                            woken = None;
-                        }
+                    let node = asking_node.as_deref().unwrap_or_default();
+                    if follow_leader(&http, &state, &service, woken.is_some(), node).await {
+                        woken = None;
                     }
                 }
                 // Warming up, only a demand above what runs is written:

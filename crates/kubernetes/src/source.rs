@@ -330,11 +330,9 @@ impl Source {
         tracing::warn!(service = key, annotation = %e.path, reason = %e.reason, "bad annotation on Kubernetes Service; keeping its previous settings and endpoints");
     }
 
-    fn write(&mut self, key: &str, mut d: Desired) {
-        if d.skipped > 0 {
-            self.metrics().skipped_endpoints.inc_by(d.skipped);
-        }
-        let old = self.written.remove(key).unwrap_or_default();
+    /// Bad annotations keep what `old` had (settings, or endpoints when the
+    /// port annotation names no port); each new error is reported once.
+    fn check_annotations(&mut self, key: &str, d: &mut Desired, old: &Written) {
         let mut errors = Vec::new();
         if let Some(e) = d.settings_error.take() {
             d.spec.settings = old
@@ -344,8 +342,6 @@ impl Source {
                 .unwrap_or_default();
             errors.push(e);
         }
-        // Replace the registry's set once, unless the endpoints are unknown.
-        let replace = !self.replaced.contains(key) && d.port_error.is_none();
         if let Some(e) = d.port_error.take() {
             // A port annotation naming no port: the endpoints stay as they
             // were, not all removed.
@@ -364,6 +360,16 @@ impl Source {
                 self.reject_annotations(key, e);
             }
         }
+    }
+
+    fn write(&mut self, key: &str, mut d: Desired) {
+        if d.skipped > 0 {
+            self.metrics().skipped_endpoints.inc_by(d.skipped);
+        }
+        let old = self.written.remove(key).unwrap_or_default();
+        // Replace the registry's set once, unless the endpoints are unknown.
+        let replace = !self.replaced.contains(key) && d.port_error.is_none();
+        self.check_annotations(key, &mut d, &old);
         let spec_changed = old.spec.as_ref() != Some(&d.spec);
         let puts: Vec<EndpointInput> = d
             .endpoints

@@ -325,7 +325,7 @@ async fn a_proxy_on_the_follower_scales_from_zero_through_the_leader() {
     })
     .await;
     assert_eq!(
-        b_scaler.leader_api().map(|(addr, me)| (addr, me)),
+        b_scaler.leader_api(),
         Some((a.api_addr().to_string(), "cp-b".to_owned()))
     );
     assert!(!is_leader(&b));
