@@ -208,7 +208,10 @@ impl Autoscaler {
     /// Whether fewer than a full stable window and scale-to-zero grace of
     /// samples were observed by `now`: no scale-down is decided yet.
     pub fn warming(&self, now: Duration) -> bool {
-        let need = self.config.stable_window.max(self.config.scale_to_zero_after);
+        let need = self
+            .config
+            .stable_window
+            .max(self.config.scale_to_zero_after);
         self.observed_since
             .is_none_or(|since| now.saturating_sub(since) < need)
     }

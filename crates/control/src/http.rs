@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{
-    BulkInput, EndpointInput, ErrorReply, RemoteLoad, RenewReply, ServiceInput, ServiceList, ServiceListItem,
-    ServiceSpec, VersionReply,
+    BulkInput, EndpointInput, ErrorReply, RemoteLoad, RenewReply, ServiceInput, ServiceList,
+    ServiceListItem, ServiceSpec, VersionReply,
 };
 use crate::registry::RegistryError;
 use crate::state::{PlaneState, UNAUTHENTICATED};
@@ -189,7 +189,8 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
     match (&method, parts.as_slice()) {
         (&Method::GET, ["v1", "services"]) => list(state).await,
         (&Method::POST, ["v1", "services", ns, name, "load"]) => {
-            let report: RemoteLoad = read_json(req.into_body(), state.config.max_body_bytes).await?;
+            let report: RemoteLoad =
+                read_json(req.into_body(), state.config.max_body_bytes).await?;
             state
                 .distributor
                 .record_remote_load(&format!("{ns}/{name}"), &report);

@@ -291,7 +291,11 @@ async fn forward_load(
             false
         }
         Err(_) => {
-            tracing::warn!(service, leader, "leader did not take the forwarded load in time");
+            tracing::warn!(
+                service,
+                leader,
+                "leader did not take the forwarded load in time"
+            );
             false
         }
     }

@@ -459,8 +459,8 @@ async fn until_synced(
     heartbeat.tick().await;
     loop {
         tokio::select! {
-            r = synced.wait_for(|s| *s) => return Ok(r.is_ok()),
-            _ = closing.wait_for(|c| *c) => return Ok(false),
+            ok = async { synced.wait_for(|s| *s).await.is_ok() } => return Ok(ok),
+            () = async { let _ = closing.wait_for(|c| *c).await; } => return Ok(false),
             _ = heartbeat.tick() => {
                 let hb = v1::Heartbeat { version: 0 };
                 let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };

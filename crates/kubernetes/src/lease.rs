@@ -86,7 +86,10 @@ impl Elector {
     }
 
     fn set_leader_api(&self, address: Option<String>) {
-        *self.leader_api.lock().unwrap_or_else(PoisonError::into_inner) = address;
+        *self
+            .leader_api
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = address;
     }
 
     /// The metadata of a Lease this replica writes: its address annotated.
@@ -233,7 +236,12 @@ impl Elector {
                 _ = tick.tick() => {}
                 _ = crate::stopped(&mut stop) => break,
             }
-            let holds = match tokio::time::timeout(self.round_deadline(), self.try_acquire_or_renew()).await {
+            let holds = match tokio::time::timeout(
+                self.round_deadline(),
+                self.try_acquire_or_renew(),
+            )
+            .await
+            {
                 Ok(Ok(h)) => h,
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "leader election: cannot reach the Lease");

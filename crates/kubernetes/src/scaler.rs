@@ -70,7 +70,11 @@ impl KubeScaler {
 
     /// Forwards to the leader whose address `leader_api` holds (the
     /// elector keeps it), as `identity`.
-    pub fn with_leader_api(mut self, leader_api: Arc<Mutex<Option<String>>>, identity: String) -> Self {
+    pub fn with_leader_api(
+        mut self,
+        leader_api: Arc<Mutex<Option<String>>>,
+        identity: String,
+    ) -> Self {
         self.leader_api = leader_api;
         self.identity = identity;
         self

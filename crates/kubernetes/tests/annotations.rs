@@ -164,7 +164,8 @@ async fn a_port_annotation_naming_no_port_keeps_the_endpoints() {
     let fake = &cluster.fake;
     let (proxy, addr) = proxy_with(cluster.plane.grpc_addr(), "").await;
     wait_holds(&proxy, &[&a], "the pod").await;
-    let series = "meshless_control_kubernetes_annotation_errors_total{annotation=\"meshless.io/port\"}";
+    let series =
+        "meshless_control_kubernetes_annotation_errors_total{annotation=\"meshless.io/port\"}";
     fake.apply(&annotated(&[("port", "htpp")]));
     eventually("the bad port annotation is counted", || async {
         cluster.metric(series) == 1.0

@@ -173,7 +173,11 @@ async fn endpoints_gone_while_the_plane_was_down_leave_the_registry() {
         ready(&plane).await == StatusCode::OK
     })
     .await;
-    assert_eq!(ids(&plane), ["b"], "a left Kubernetes while the plane was down");
+    assert_eq!(
+        ids(&plane),
+        ["b"],
+        "a left Kubernetes while the plane was down"
+    );
     stop_plane(plane, stop).await;
 }
 
@@ -232,7 +236,10 @@ async fn writes_the_store_refused_are_retried_without_a_new_event() {
             .view("shop/cart")
             .map(|v| v.endpoints.into_iter().map(|e| e.id).collect())
     };
-    eventually("pod a is listed", || async { ids() == Some(vec!["a".into()]) }).await;
+    eventually("pod a is listed", || async {
+        ids() == Some(vec!["a".into()])
+    })
+    .await;
 
     fail.store(true, Ordering::SeqCst);
     let refused = plane.state.metrics.rejected_writes.get();
@@ -260,7 +267,11 @@ async fn writes_the_store_refused_are_retried_without_a_new_event() {
         ) >= 1.0
     })
     .await;
-    assert!(ids().is_some() && owner().is_some(), "{:?}", fake.requests().get(deletes..));
+    assert!(
+        ids().is_some() && owner().is_some(),
+        "{:?}",
+        fake.requests().get(deletes..)
+    );
     fail.store(false, Ordering::SeqCst);
     eventually("the removal is retried", || async { ids().is_none() }).await;
     stop_plane(plane, stop).await;

@@ -257,10 +257,7 @@ async fn a_starting_plane_scales_nothing_down_before_a_full_window() {
         if replicas() != Some(3) {
             break started.elapsed();
         }
-        assert!(
-            started.elapsed() < window + DEADLINE,
-            "never scaled down"
-        );
+        assert!(started.elapsed() < window + DEADLINE, "never scaled down");
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     // The plane started after `started`, and the change was seen after it
@@ -419,7 +416,11 @@ async fn a_leader_whose_api_calls_hang_stops_leading() {
     let via = freezable_relay(to, Arc::clone(&frozen)).await;
     let relayed = dir.path().join("kubeconfig-relayed");
     let text = std::fs::read_to_string(&direct).unwrap();
-    std::fs::write(&relayed, text.replace(&fake.url(), &format!("http://{via}"))).unwrap();
+    std::fs::write(
+        &relayed,
+        text.replace(&fake.url(), &format!("http://{via}")),
+    )
+    .unwrap();
     let (a, _stop_a, _tasks_a) = plane(&control_yaml(&relayed, "cp-a")).await;
     eventually("cp-a leads", || async { is_leader(&a) }).await;
     let (b, stop_b, _tasks_b) = plane(&control_yaml(&direct, "cp-b")).await;
