@@ -244,7 +244,7 @@ async fn a_starting_plane_scales_nothing_down_before_a_full_window() {
     let yaml = format!(
         "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\n\
          kubernetes:\n  kubeconfig: \"{}\"\n  namespaces: [shop]\n  leader_election:\n    namespace: shop\n    identity: cp-w\n    lease_duration: 4s\n    retry_period: 200ms\n\
-         services:\n  - namespace: shop\n    name: web\n    autoscaling:\n      min_instances: 0\n      max_instances: 5\n      target_concurrency: 10\n      stable_window: 4s\n      panic_window: 1s\n      scale_to_zero_after: 2s\n      tick: 100ms\n      scaler:\n        kubernetes: {{ name: web }}\n",
+         services:\n  - namespace: shop\n    name: web\n    autoscaling:\n      min_instances: 0\n      max_instances: 5\n      target_concurrency: 10.0\n      stable_window: 4s\n      panic_window: 1s\n      scale_to_zero_after: 2s\n      tick: 100ms\n      scaler:\n        kubernetes: {{ name: web }}\n",
         kubeconfig.display()
     );
     let replicas = || {
