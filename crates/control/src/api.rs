@@ -128,6 +128,29 @@ pub struct BulkInput {
     pub delete: Vec<String>,
 }
 
+/// `POST /v1/services/NS/NAME/load`: a follower control-plane replica
+/// forwards its proxies' load of one service to the leader, which decides
+/// the scale (every tick while it follows; kept for [`REMOTE_LOAD_TTL`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteLoad {
+    /// The reporting replica (its Lease identity): its last report replaces the previous one.
+    pub replica: String,
+    /// Requests in flight, summed over its proxies.
+    pub in_flight: u64,
+    /// Requests held waiting for an instance, summed over its proxies.
+    pub queued: u64,
+    /// A proxy asked it for an instance since its last report.
+    #[serde(default)]
+    pub activate: bool,
+    /// The node of the proxy that last asked (node-local activation); empty: none.
+    #[serde(default)]
+    pub node: String,
+}
+
+/// How long the leader counts a follower's load report (several ticks).
+pub const REMOTE_LOAD_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Reply to every write: the registry version once the write's deltas are
 /// published (what proxies will see).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -153,6 +153,9 @@ pub struct Decision {
     pub panic_concurrency: f64,
     /// In panic mode (no scale-down).
     pub panicking: bool,
+    /// Fewer samples than a stable window (and the scale-to-zero grace):
+    /// never below the ready instances.
+    pub warming: bool,
 }
 
 /// The state of one service's autoscaler.
@@ -160,7 +163,10 @@ pub struct Decision {
 /// Invariants (tested): the result is within `min..=max`; never below the
 /// current instances while panicking; never above `ready x
 /// max_scale_up_rate` nor below `ready / max_scale_down_rate` (rounded down);
-/// zero only after `scale_to_zero_after` without any request.
+/// zero only after `scale_to_zero_after` without any request; never below
+/// `ready` before a full `stable_window` and `scale_to_zero_after` of
+/// samples since the first one (at start, or after
+/// [`Autoscaler::restart_observation`]): no samples is unknown, not idle.
 #[derive(Debug, Clone)]
 pub struct Autoscaler {
     config: AutoscaleConfig,
@@ -170,6 +176,9 @@ pub struct Autoscaler {
     panic_until: Option<Duration>,
     /// Last time any concurrency was observed.
     last_active: Option<Duration>,
+    /// Time of the first sample since start or the last
+    /// [`Autoscaler::restart_observation`].
+    observed_since: Option<Duration>,
     /// Instances decided last time (the floor while panicking).
     last_desired: u32,
 }
@@ -183,13 +192,35 @@ impl Autoscaler {
             samples: VecDeque::new(),
             panic_until: None,
             last_active: None,
+            observed_since: None,
         }
+    }
+
+    /// Forgets every sample: what follows is observed afresh (a replica
+    /// that just became the one deciding has seen only part of the load).
+    pub fn restart_observation(&mut self) {
+        self.samples.clear();
+        self.panic_until = None;
+        self.last_active = None;
+        self.observed_since = None;
+    }
+
+    /// Whether fewer than a full stable window and scale-to-zero grace of
+    /// samples were observed by `now`: no scale-down is decided yet.
+    pub fn warming(&self, now: Duration) -> bool {
+        let need = self
+            .config
+            .stable_window
+            .max(self.config.scale_to_zero_after);
+        self.observed_since
+            .is_none_or(|since| now.saturating_sub(since) < need)
     }
 
     /// Records the concurrency (requests in flight plus queued, summed over
     /// proxies) observed at `now`. Samples must come in time order.
     pub fn record(&mut self, now: Duration, concurrency: f64) {
         let concurrency = concurrency.max(0.0);
+        self.observed_since.get_or_insert(now);
         self.samples.push_back((now, concurrency));
         if concurrency > 0.0 {
             self.last_active = Some(now);
@@ -241,11 +272,15 @@ impl Autoscaler {
         let up_limit = (base * cfg.max_scale_up_rate).ceil() as u32;
         let down_limit = (f64::from(ready) / cfg.max_scale_down_rate).floor() as u32;
         desired = desired.min(up_limit).max(down_limit);
-        // Scale to zero only after the grace period without any request.
-        let idle_long_enough = match self.last_active {
-            None => true,
-            Some(t) => now.saturating_sub(t) >= cfg.scale_to_zero_after,
-        };
+        let warming = self.warming(now);
+        if warming {
+            // Too few samples to tell idle from unobserved: no scale-down.
+            desired = desired.max(ready);
+        }
+        // Scale to zero only after the grace period without any request
+        // (observed: counted from the first sample when none was active).
+        let quiet_since = self.last_active.or(self.observed_since).unwrap_or(now);
+        let idle_long_enough = now.saturating_sub(quiet_since) >= cfg.scale_to_zero_after;
         if desired == 0 && !idle_long_enough {
             desired = 1;
         }
@@ -256,6 +291,7 @@ impl Autoscaler {
             stable_concurrency: stable,
             panic_concurrency: panic,
             panicking,
+            warming,
         }
     }
 }
@@ -336,9 +372,12 @@ mod tests {
         let mut ready = 40;
         a.record(secs(0), 0.0);
         let d = a.decide(secs(0), ready);
+        assert_eq!(d.desired, 40, "no samples yet: no scale-down");
+        a.record(secs(60), 0.0);
+        let d = a.decide(secs(60), ready);
         assert_eq!(d.desired, 20, "at most halve per decision");
         ready = d.desired;
-        let d = a.decide(secs(1), ready);
+        let d = a.decide(secs(61), ready);
         assert_eq!(d.desired, 10);
     }
 
@@ -356,6 +395,42 @@ mod tests {
         a.record(secs(75), 1.0);
         let d = a.decide(secs(75), 0);
         assert_eq!(d.desired, 1);
+    }
+
+    proptest::proptest! {
+        /// From the first sample (at start, or after a restart of the
+        /// observation) until a full stable window and scale-to-zero grace
+        /// have passed: never below the ready instances (within max), and
+        /// never zero before the grace, whatever the load.
+        #[test]
+        fn no_scale_down_before_a_full_window_of_samples(
+            steps in proptest::collection::vec(
+                (0u64..6, 0.0f64..40.0, 0u32..60, proptest::bool::weighted(0.05)),
+                1..120,
+            ),
+        ) {
+            let cfg = config();
+            let need = cfg.stable_window.max(cfg.scale_to_zero_after);
+            let mut a = Autoscaler::new(cfg.clone());
+            let (mut t, mut first) = (secs(100), None);
+            for (dt, load, ready, restart) in steps {
+                if restart {
+                    a.restart_observation();
+                    first = None;
+                }
+                t += secs(dt);
+                a.record(t, load);
+                let since = *first.get_or_insert(t);
+                let d = a.decide(t, ready);
+                if t - since < need {
+                    proptest::prop_assert!(d.warming);
+                    proptest::prop_assert!(d.desired >= ready.min(cfg.max_instances), "{d:?} ready {ready}");
+                }
+                if t - since < cfg.scale_to_zero_after {
+                    proptest::prop_assert!(d.desired > 0, "{d:?}");
+                }
+            }
+        }
     }
 
     #[test]

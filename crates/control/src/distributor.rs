@@ -12,6 +12,7 @@ use meshless_api::v1;
 use meshless_api::{EncodedPair, endpoint_to_wire, settings_to_wire};
 use tokio::sync::broadcast;
 
+use crate::api::{REMOTE_LOAD_TTL, RemoteLoad};
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, ServiceDelta};
 use crate::subsets::{SubsetDeltas, SubsetKey, Subsets};
@@ -80,6 +81,10 @@ impl RecentSubsets {
     }
 }
 
+/// Per service, per follower replica: (in flight, queued, when reported).
+type RemoteLoads =
+    std::collections::HashMap<String, std::collections::HashMap<String, (u64, u64, Instant)>>;
+
 /// Per service, per subscriber: (requests in flight, requests queued).
 type LoadTable = std::collections::HashMap<String, std::collections::HashMap<u64, (u32, u32)>>;
 
@@ -101,11 +106,18 @@ pub struct Distributor {
     pub(crate) tx: broadcast::Sender<Arc<EncodedDelta>>,
     /// Set on shutdown: every subscriber stream ends.
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
+    /// False until every source of the registry (the Kubernetes source's
+    /// first lists) has written what it holds: until then no snapshot is
+    /// sent, so a restarted plane never streams an empty reset for a
+    /// service it simply has not listed yet (static stability).
+    synced: tokio::sync::watch::Sender<bool>,
     /// The last reset (snapshot) encoding per service and the version it
     /// reflects: subscribers connecting together share one encoding.
     resets: Mutex<std::collections::HashMap<String, (u64, EncodedPair)>>,
     /// Latest load report per service and subscriber: (in flight, queued).
     loads: Mutex<LoadTable>,
+    /// Per service, per follower replica: its forwarded load and when.
+    remote_loads: Mutex<RemoteLoads>,
     /// Woken when a proxy asks to activate a service.
     activations: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Per service: the node of the proxy that last asked for an instance.
@@ -131,6 +143,27 @@ impl Distributor {
         let _ = self.closing.send(true);
     }
 
+    /// Holds every snapshot back until [`Distributor::mark_synced`]: for a
+    /// source whose first list is still to come.
+    pub fn hold_until_synced(&self) {
+        self.synced.send_replace(false);
+    }
+
+    /// Every source has listed what it serves: snapshots may go out.
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// Whether snapshots may go out (the plane is Ready).
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// A receiver of the synced flag.
+    pub(crate) fn synced(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+
     /// A distributor keeping the last `history_len` deltas for resumption;
     /// the broadcast ring holds as many.
     pub fn new(
@@ -154,8 +187,10 @@ impl Distributor {
             history_len: history_len.max(16),
             tx,
             closing: tokio::sync::watch::channel(false).0,
+            synced: tokio::sync::watch::channel(true).0,
             resets: Mutex::new(std::collections::HashMap::new()),
             loads: Mutex::new(std::collections::HashMap::new()),
+            remote_loads: Mutex::new(std::collections::HashMap::new()),
             activations: Mutex::new(std::collections::HashMap::new()),
             activation_nodes: Mutex::new(std::collections::HashMap::new()),
             activation_reads: Mutex::new(std::collections::HashMap::new()),
@@ -171,14 +206,57 @@ impl Distributor {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Requests in flight and queued for `service`, summed over proxies.
+    /// Requests in flight and queued for `service`, summed over this
+    /// replica's proxies and the reports forwarded by followers within
+    /// [`REMOTE_LOAD_TTL`].
     pub fn load(&self, service: &str) -> (u64, u64) {
+        let (f, q) = self.local_load(service);
+        let remote = self
+            .remote_loads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        remote.get(service).map_or((f, q), |per| {
+            per.values()
+                .filter(|(_, _, at)| at.elapsed() < REMOTE_LOAD_TTL)
+                .fold((f, q), |(f, q), (a, b, _)| (f + a, q + b))
+        })
+    }
+
+    /// Requests in flight and queued for `service`, summed over this
+    /// replica's proxies only (what a follower forwards).
+    pub fn local_load(&self, service: &str) -> (u64, u64) {
         let loads = self.loads.lock().unwrap_or_else(PoisonError::into_inner);
         loads.get(service).map_or((0, 0), |per| {
             per.values().fold((0, 0), |(f, q), (a, b)| {
                 (f + u64::from(*a), q + u64::from(*b))
             })
         })
+    }
+
+    /// A follower replica's forwarded load of `service` (replacing its
+    /// last); with `activate` or requests queued, wakes the scaler as a
+    /// proxy's activation request would. Unknown services are ignored.
+    pub fn record_remote_load(&self, service: &str, report: &RemoteLoad) {
+        if self.registry().service_version(service).is_none() {
+            return;
+        }
+        let mut remote = self
+            .remote_loads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Replicas gone for a while leave; the map stays bounded.
+        remote.retain(|_, per| {
+            per.retain(|_, (_, _, at)| at.elapsed() < REMOTE_LOAD_TTL);
+            !per.is_empty()
+        });
+        remote.entry(service.to_owned()).or_default().insert(
+            report.replica.clone(),
+            (report.in_flight, report.queued, Instant::now()),
+        );
+        drop(remote);
+        if report.activate || report.queued > 0 {
+            self.request_activation(service, report.node.clone());
+        }
     }
 
     /// A proxy on `node` holds requests for `service`: remembers the node

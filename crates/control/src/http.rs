@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{
-    BulkInput, EndpointInput, ErrorReply, RenewReply, ServiceInput, ServiceList, ServiceListItem,
-    ServiceSpec, VersionReply,
+    BulkInput, EndpointInput, ErrorReply, RemoteLoad, RenewReply, ServiceInput, ServiceList,
+    ServiceListItem, ServiceSpec, VersionReply,
 };
 use crate::registry::RegistryError;
 use crate::state::{PlaneState, UNAUTHENTICATED};
@@ -166,7 +166,16 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
     match (&method, parts.as_slice()) {
         (&Method::GET, ["metrics"]) => return Ok(metrics(state)),
         (&Method::GET, ["ready"]) => {
-            return Ok(json(StatusCode::OK, &serde_json::json!({"ready": true})));
+            // Not Ready before the Kubernetes source's first lists: a
+            // snapshot served now would miss every service not yet listed.
+            return Ok(if state.distributor.is_synced() {
+                json(StatusCode::OK, &serde_json::json!({"ready": true}))
+            } else {
+                json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &serde_json::json!({"ready": false, "reason": "kubernetes source not listed yet"}),
+                )
+            });
         }
         _ => {}
     }
@@ -179,6 +188,14 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
     }
     match (&method, parts.as_slice()) {
         (&Method::GET, ["v1", "services"]) => list(state).await,
+        (&Method::POST, ["v1", "services", ns, name, "load"]) => {
+            let report: RemoteLoad =
+                read_json(req.into_body(), state.config.max_body_bytes).await?;
+            state
+                .distributor
+                .record_remote_load(&format!("{ns}/{name}"), &report);
+            Ok(json(StatusCode::OK, &serde_json::json!({})))
+        }
         (&Method::GET, ["v1", "services", ns, name]) => view(state, format!("{ns}/{name}")).await,
         (_, ["v1", "services", ns, name, rest @ ..]) => {
             let (ns, name) = ((*ns).to_owned(), (*name).to_owned());

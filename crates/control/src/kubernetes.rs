@@ -57,6 +57,13 @@ pub struct LeaderElection {
     /// This replica's name in the Lease; absent = `$POD_NAME`, else `$HOSTNAME`.
     #[serde(default)]
     pub identity: Option<String>,
+    /// `HOST:PORT` at which the other replicas reach this one's
+    /// registration API (written in the Lease while it leads; followers
+    /// forward their proxies' load and activation requests there).
+    /// Absent: the bound `api_address`, or `$POD_IP` with its port when it
+    /// is bound to every interface.
+    #[serde(default)]
+    pub advertise_address: Option<String>,
     /// A holder that has not renewed for this long may be replaced.
     #[serde(default = "default_lease_duration", with = "duration")]
     pub lease_duration: Duration,
@@ -81,6 +88,7 @@ impl Default for LeaderElection {
             lease_name: default_lease_name(),
             namespace: None,
             identity: None,
+            advertise_address: None,
             lease_duration: default_lease_duration(),
             retry_period: default_retry_period(),
         }
@@ -201,6 +209,20 @@ pub trait ReplicaScaler: Send + Sync + std::fmt::Debug {
     /// Sets the target's replicas (and, with `node_local`, starts the
     /// first instance on the asking node).
     fn scale<'a>(&'a self, request: ScaleRequest<'a>) -> ScaleFuture<'a>;
+
+    /// Whether this replica decides the scale now (holds the Lease): a
+    /// replica that does not observes afresh once it does.
+    fn leads(&self) -> bool {
+        true
+    }
+
+    /// While another replica leads: its registration API address (from
+    /// the Lease) and this replica's identity, to forward load and
+    /// activation requests to it. `None` while this one leads or no
+    /// leader is known.
+    fn leader_api(&self) -> Option<(String, String)> {
+        None
+    }
 }
 
 /// Labels of `meshless_control_kubernetes_node_local_pods`.

@@ -118,6 +118,7 @@ impl ControlPlane {
         let grpc = bind("grpc_address", config.grpc_address).await?;
         let api_addr = api.local_addr().unwrap_or(config.api_address);
         let grpc_addr = grpc.local_addr().unwrap_or(config.grpc_address);
+        let _ = state.api_address.set(api_addr);
         let (stop, stopped) = watch::channel(false);
         let mut tasks = vec![
             tokio::spawn(crate::http::serve(api, Arc::clone(&state), stopped.clone())),

@@ -15,11 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use meshless_model::{Conditions, EndpointId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::EndpointInput;
+use crate::api::{EndpointInput, RemoteLoad};
 use crate::autoscaler::Autoscaler;
 use crate::config::{ScalerConfig, ServiceScaling};
 use crate::kubernetes::{ScaleOutcome, ScaleRequest, ScaleTarget};
@@ -313,6 +317,77 @@ async fn scale_kubernetes(
     }
 }
 
+/// While another replica leads: forwards this replica's load of `service`
+/// (and whether a proxy asked for an instance, from `node`) to the leader,
+/// which decides. Whether the leader took it.
+async fn follow_leader(
+    http: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    state: &PlaneState,
+    service: &str,
+    activate: bool,
+    node: &str,
+) -> bool {
+    let Some((leader, me)) = state.replica_scaler.get().and_then(|s| s.leader_api()) else {
+        return false;
+    };
+    let (in_flight, queued) = state.distributor.local_load(service);
+    let report = RemoteLoad {
+        replica: me,
+        in_flight,
+        queued,
+        activate,
+        node: node.to_owned(),
+    };
+    forward_load(http, state, &leader, service, &report).await
+}
+
+/// Sends `report` (this follower's load of `service`) to the leader's API
+/// at `leader`; whether it was taken. Bounded: a leader that does not
+/// answer within [`FORWARD_TIMEOUT`] misses this report, not the loop.
+async fn forward_load(
+    http: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    state: &PlaneState,
+    leader: &str,
+    service: &str,
+    report: &RemoteLoad,
+) -> bool {
+    let body = match serde_json::to_vec(report) {
+        Ok(b) => b,
+        Err(_) => return false,
+    };
+    let mut req = http::Request::post(format!("http://{leader}/v1/services/{service}/load"))
+        .header("content-type", "application/json");
+    if let Some(auth) = state.auth.header() {
+        req = req.header("authorization", auth);
+    }
+    let Ok(req) = req.body(Full::new(Bytes::from(body))) else {
+        tracing::warn!(service, leader, "leader address is not usable in a URL");
+        return false;
+    };
+    match tokio::time::timeout(FORWARD_TIMEOUT, http.request(req)).await {
+        Ok(Ok(r)) if r.status().is_success() => true,
+        Ok(Ok(r)) => {
+            tracing::warn!(service, leader, status = %r.status(), "leader refused the forwarded load");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(service, leader, error = %e, "cannot forward load to the leader");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                service,
+                leader,
+                "leader did not take the forwarded load in time"
+            );
+            false
+        }
+    }
+}
+
+/// How long a follower waits for the leader to take one load report.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The scaling loop of one service, until `stop` changes.
 pub async fn run(
     state: Arc<PlaneState>,
@@ -335,6 +410,8 @@ pub async fn run(
     let mut external_desired: Option<u32> = None;
     // When the Kubernetes scaler last set the replicas.
     let mut asserted: Option<Instant> = None;
+    // A follower's calls to the leader (its proxies' load, activations).
+    let http: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     // Its calls run beside the loop: a hung webhook never holds it up.
     let webhook = match &cfg.scaler {
         ScalerConfig::Webhook { url, timeout } => Some(Webhook::start(
@@ -391,6 +468,15 @@ pub async fn run(
                 if let Some(n) = state.distributor.take_activation_node(&service) {
                     asking_node = Some(n);
                 }
+                if !state.replica_scaler.get().is_some_and(|s| s.leads()) {
+                    // Not deciding here: once this replica leads, it
+                    // observes a full window before any scale-down.
+                    autoscaler.restart_observation();
+                    let node = asking_node.as_deref().unwrap_or_default();
+                    if follow_leader(&http, &state, &service, woken.is_some(), node).await {
+                        woken = None;
+                    }
+                }
                 // Set again although unchanged once due: a change made
                 // behind its back (`kubectl scale`, a GitOps sync, the
                 // leader while this replica was not) is undone.
@@ -400,7 +486,10 @@ pub async fn run(
                     REASSERT_EVERY
                 };
                 let due = asserted.is_none_or(|t| t.elapsed() >= every);
-                if external_desired != Some(d.desired) || due {
+                // Warming up, only a demand above what runs is written:
+                // the workload may run more than the registry shows yet.
+                let demand = in_flight + queued > 0 && d.desired > running;
+                if (external_desired != Some(d.desired) || due) && (!d.warming || demand) {
                     // The node matters only for the first instance.
                     let node = asking_node
                         .as_deref()

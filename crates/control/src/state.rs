@@ -31,6 +31,12 @@ impl Auth {
         }
     }
 
+    /// The `authorization` value this plane sends to its peers (the same
+    /// token: replicas share one `token_file`); `None` without a token.
+    pub fn header(&self) -> Option<&str> {
+        self.expected.as_deref()
+    }
+
     /// Whether a request with this `authorization` value may pass.
     pub fn allows(&self, authorization: Option<&str>) -> bool {
         let Some(want) = &self.expected else {
@@ -58,6 +64,9 @@ pub struct PlaneState {
     pub replica_scaler: OnceLock<Arc<dyn ReplicaScaler>>,
     /// The process scaler's last instance starts, phase by phase.
     pub starts: crate::starts::InstanceStarts,
+    /// The registration API's bound address (set once bound): what a
+    /// leader advertises to its followers.
+    pub api_address: OnceLock<std::net::SocketAddr>,
 }
 
 impl PlaneState {
@@ -73,6 +82,10 @@ impl PlaneState {
             Arc::clone(&metrics),
             config.history,
         ));
+        if config.kubernetes.is_some() {
+            // Nothing is served from a snapshot before the first lists.
+            distributor.hold_until_synced();
+        }
         let committer = Committer::start(
             Arc::clone(&registry),
             Arc::clone(&distributor),
@@ -88,6 +101,7 @@ impl PlaneState {
             committer,
             replica_scaler: OnceLock::new(),
             starts: crate::starts::InstanceStarts::default(),
+            api_address: OnceLock::new(),
         }
     }
 

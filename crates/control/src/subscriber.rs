@@ -348,6 +348,9 @@ pub(crate) async fn serve(
     if *closing.borrow() {
         return Ok(());
     }
+    if !until_synced(d, &out, closing.clone()).await? {
+        return Ok(());
+    }
     // Every source but the ring behind a gate: the task wakes once per
     // delta, and an idle source then costs an atomic swap, not a poll.
     let mut closing = gate::watch_changes(closing);
@@ -434,6 +437,34 @@ pub(crate) async fn serve(
                 let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
                 f.send(msg, 0).await?;
                 f.flush().await?;
+            }
+        }
+    }
+}
+
+/// Waits until the plane's sources have listed what they serve (at once
+/// when they have), sending heartbeats meanwhile so the subscriber keeps
+/// the stream and, with it, its last endpoints. `false`: the plane closes.
+async fn until_synced(
+    d: &Distributor,
+    out: &Out,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) -> Result<bool, StreamEnd> {
+    let mut synced = d.synced();
+    if *synced.borrow() {
+        return Ok(true);
+    }
+    tracing::debug!("subscriber waits for the plane's sources to list");
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.tick().await;
+    loop {
+        tokio::select! {
+            ok = async { synced.wait_for(|s| *s).await.is_ok() } => return Ok(ok),
+            () = async { let _ = closing.wait_for(|c| *c).await; } => return Ok(false),
+            _ = heartbeat.tick() => {
+                let hb = v1::Heartbeat { version: 0 };
+                let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
+                out.send(vec![msg]).await.map_err(|_| StreamEnd::Gone)?;
             }
         }
     }

@@ -6,10 +6,16 @@
 //! `resourceVersion` it read, so two replicas cannot both win (the API
 //! server answers 409 to the second). A holder that could not renew for
 //! `renew_deadline` (2/3 of the duration) stops acting as leader before
-//! anyone else may take over. On stop the holder releases the Lease.
+//! anyone else may take over; each round is bounded by that deadline too,
+//! so a round whose API call hangs cannot keep a replica leading. On stop
+//! the holder releases the Lease.
+//!
+//! The holder writes its registration API's address in the Lease
+//! ([`API_ADDRESS_ANNOTATION`]); followers read it to forward their
+//! proxies' load and activation requests to the leader.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -20,6 +26,9 @@ use kube::api::PostParams;
 use meshless_control::kubernetes::LeaderElection;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
+
+/// The Lease annotation holding the leader's registration API address.
+pub const API_ADDRESS_ANNOTATION: &str = "meshless.io/api-address";
 
 /// The Lease record another replica watches for change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +53,10 @@ pub struct Elector {
     /// The last record seen and when it was first seen with that value.
     observed: Option<(Record, Instant)>,
     last_renew: Option<Instant>,
+    /// This replica's registration API address, written while it leads.
+    advertise: Option<String>,
+    /// The current leader's address while another replica leads.
+    leader_api: Arc<Mutex<Option<String>>>,
 }
 
 impl Elector {
@@ -55,6 +68,40 @@ impl Elector {
             identity,
             observed: None,
             last_renew: None,
+            advertise: None,
+            leader_api: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Advertises `address` (this replica's API) in the Lease while it
+    /// leads, and sets `leader_api` to the leader's while another leads.
+    pub fn with_addresses(
+        mut self,
+        address: Option<String>,
+        leader_api: Arc<Mutex<Option<String>>>,
+    ) -> Self {
+        self.advertise = address;
+        self.leader_api = leader_api;
+        self
+    }
+
+    fn set_leader_api(&self, address: Option<String>) {
+        *self
+            .leader_api
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = address;
+    }
+
+    /// The metadata of a Lease this replica writes: its address annotated.
+    fn stamp(&self, meta: &mut ObjectMeta) {
+        let annotations = meta.annotations.get_or_insert_with(Default::default);
+        match &self.advertise {
+            Some(a) => {
+                annotations.insert(API_ADDRESS_ANNOTATION.to_owned(), a.clone());
+            }
+            None => {
+                annotations.remove(API_ADDRESS_ANNOTATION);
+            }
         }
     }
 
@@ -75,13 +122,15 @@ impl Elector {
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let name = self.cfg.lease_name.clone();
         let Some(mut lease) = self.api.get_opt(&name).await? else {
-            let lease = Lease {
+            let mut lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name),
                     ..ObjectMeta::default()
                 },
                 spec: Some(self.spec(0, None)),
             };
+            self.stamp(&mut lease.metadata);
+            self.set_leader_api(None);
             return self.write(self.api.create(&PostParams::default(), &lease).await);
         };
         let spec = lease.spec.clone().unwrap_or_default();
@@ -99,8 +148,17 @@ impl Elector {
                 .as_ref()
                 .is_some_and(|(_, at)| at.elapsed() >= self.cfg.lease_duration);
         if !mine && !expired {
+            let address = lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(API_ADDRESS_ANNOTATION))
+                .cloned();
+            self.set_leader_api(address);
             return Ok(false);
         }
+        self.set_leader_api(None);
+        self.stamp(&mut lease.metadata);
         let transitions = spec.lease_transitions.unwrap_or(0);
         lease.spec = Some(if mine {
             self.spec(transitions, spec.acquire_time)
@@ -131,6 +189,17 @@ impl Elector {
     fn still_leading(&self) -> bool {
         self.last_renew
             .is_some_and(|t| t.elapsed() < self.cfg.lease_duration * 2 / 3)
+    }
+
+    /// How long one round may take: while leading, until the renew
+    /// deadline (so the flag drops by then even if the API call hangs);
+    /// else the renew deadline.
+    fn round_deadline(&self) -> std::time::Duration {
+        let deadline = self.cfg.lease_duration * 2 / 3;
+        match self.last_renew {
+            Some(t) if self.still_leading() => deadline.saturating_sub(t.elapsed()),
+            _ => deadline,
+        }
     }
 
     /// Gives the Lease up (holder cleared) if this replica holds it.
@@ -167,10 +236,19 @@ impl Elector {
                 _ = tick.tick() => {}
                 _ = crate::stopped(&mut stop) => break,
             }
-            let holds = match self.try_acquire_or_renew().await {
-                Ok(h) => h,
-                Err(e) => {
+            let holds = match tokio::time::timeout(
+                self.round_deadline(),
+                self.try_acquire_or_renew(),
+            )
+            .await
+            {
+                Ok(Ok(h)) => h,
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, "leader election: cannot reach the Lease");
+                    self.still_leading()
+                }
+                Err(_) => {
+                    tracing::warn!("leader election: the round got no answer in time");
                     self.still_leading()
                 }
             };
@@ -181,6 +259,7 @@ impl Elector {
         }
         leader.store(false, Ordering::SeqCst);
         gauge.set(0);
-        self.release().await;
+        let deadline = self.cfg.lease_duration * 2 / 3;
+        let _ = tokio::time::timeout(deadline, self.release()).await;
     }
 }

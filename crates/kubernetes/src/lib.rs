@@ -21,9 +21,8 @@ pub mod scaler;
 pub mod slices_cache;
 pub mod source;
 
-use std::sync::Arc;
-
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use meshless_control::config::ScalerConfig;
 use meshless_control::kubernetes::KubernetesSource;
@@ -50,27 +49,31 @@ pub async fn start(
     });
     if scales {
         let leader = Arc::new(AtomicBool::new(false));
+        let leader_api = Arc::new(Mutex::new(None));
         let metrics = state.metrics.kubernetes.clone();
+        let le = cfg.leader_election.clone();
+        let identity = le.identity.clone().unwrap_or_else(default_identity);
         let scaler = scaler::KubeScaler::new(
             client.clone(),
             Arc::clone(&leader),
             metrics.clone(),
             Arc::clone(&state),
             stop.clone(),
-        );
+        )
+        .with_leader_api(Arc::clone(&leader_api), identity.clone());
         let _ = state.replica_scaler.set(Arc::new(scaler));
-        let le = cfg.leader_election.clone();
         let namespace = le
             .namespace
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "default".into());
-        let identity = le.identity.clone().unwrap_or_else(default_identity);
+        let advertise = advertise_address(&le, state.api_address.get().copied());
         let elector = lease::Elector::new(
             kube::Api::namespaced(client.clone(), &namespace),
             le,
             identity,
-        );
+        )
+        .with_addresses(advertise, leader_api);
         tasks.push(tokio::spawn(elector.run(
             leader,
             metrics.leader,
@@ -80,6 +83,23 @@ pub async fn start(
     let source = source::Source::new(state);
     tasks.push(tokio::spawn(source.run(client, cfg, stop)));
     Ok(tasks)
+}
+
+/// Where followers reach this replica's API: the configured address, else
+/// the bound one, or `$POD_IP` with its port when bound to every interface.
+fn advertise_address(
+    le: &meshless_control::kubernetes::LeaderElection,
+    bound: Option<std::net::SocketAddr>,
+) -> Option<String> {
+    if let Some(a) = &le.advertise_address {
+        return Some(a.clone());
+    }
+    let bound = bound?;
+    if !bound.ip().is_unspecified() {
+        return Some(bound.to_string());
+    }
+    let ip: std::net::IpAddr = std::env::var("POD_IP").ok()?.parse().ok()?;
+    Some(std::net::SocketAddr::new(ip, bound.port()).to_string())
 }
 
 /// `$POD_NAME`, else `$HOSTNAME`, else a name made from the process id.

@@ -6,8 +6,8 @@
 //! also starts the first instance on the asking proxy's node
 //! ([`crate::node_local`]), alongside the scale.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::Api;
@@ -27,6 +27,10 @@ pub struct KubeScaler {
     leader: Arc<AtomicBool>,
     metrics: KubernetesMetrics,
     node_local: Arc<NodeLocal>,
+    /// The leader's API address while another replica leads (from the Lease).
+    leader_api: Arc<Mutex<Option<String>>>,
+    /// This replica's Lease identity.
+    identity: String,
 }
 
 impl std::fmt::Debug for KubeScaler {
@@ -59,7 +63,21 @@ impl KubeScaler {
             leader,
             metrics,
             node_local: Arc::new(node_local),
+            leader_api: Arc::new(Mutex::new(None)),
+            identity: String::new(),
         }
+    }
+
+    /// Forwards to the leader whose address `leader_api` holds (the
+    /// elector keeps it), as `identity`.
+    pub fn with_leader_api(
+        mut self,
+        leader_api: Arc<Mutex<Option<String>>>,
+        identity: String,
+    ) -> Self {
+        self.leader_api = leader_api;
+        self.identity = identity;
+        self
     }
 
     async fn patch(
@@ -103,5 +121,21 @@ impl ReplicaScaler for KubeScaler {
             self.metrics.scale_writes.inc();
             Ok(ScaleOutcome::Scaled)
         })
+    }
+
+    fn leads(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    fn leader_api(&self) -> Option<(String, String)> {
+        if self.leads() {
+            return None;
+        }
+        let address = self
+            .leader_api
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        Some((address, self.identity.clone()))
     }
 }

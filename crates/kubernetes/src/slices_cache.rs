@@ -38,6 +38,9 @@ pub struct Desired {
     /// The Service's `meshless.io/*` settings annotations are bad: `spec`
     /// carries no settings, and the writer keeps what it had.
     pub settings_error: Option<FieldError>,
+    /// [`PORT_ANNOTATION`] names no port of the Service: `endpoints` is
+    /// empty, and the writer keeps the endpoints it had.
+    pub port_error: Option<FieldError>,
 }
 
 /// Every watched Service and EndpointSlice, by service.
@@ -204,7 +207,10 @@ impl SliceCache {
             }
             Err(e) => Some(e),
         };
-        let chosen = chosen_port(service);
+        let (chosen, port_error) = match chosen_port(service) {
+            Ok(p) => (p, None),
+            Err(e) => (None, Some(e)),
+        };
         let mut merged = Merged::default();
         if let (Some(port), Some(slices)) = (chosen, self.slices.get(key)) {
             // BTreeMap order: by slice name, so the first slice wins a duplicate.
@@ -217,6 +223,7 @@ impl SliceCache {
             endpoints: merged.endpoints.into_values().collect(),
             skipped: merged.skipped,
             settings_error,
+            port_error,
         })
     }
 }
@@ -257,8 +264,14 @@ struct ChosenPort {
     protocol: String,
 }
 
-fn chosen_port(service: &Service) -> Option<ChosenPort> {
-    let ports = service.spec.as_ref()?.ports.as_ref()?;
+/// `Ok(None)`: the Service has no port; `Err`: the annotation names none
+/// of its ports (a typo must not read as "no endpoints").
+fn chosen_port(service: &Service) -> Result<Option<ChosenPort>, FieldError> {
+    let ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default();
     let wanted = service
         .metadata
         .annotations
@@ -267,13 +280,22 @@ fn chosen_port(service: &Service) -> Option<ChosenPort> {
     let port = match wanted {
         Some(w) => ports
             .iter()
-            .find(|p| p.name.as_deref() == Some(w.as_str()) || p.port.to_string() == *w)?,
-        None => ports.first()?,
+            .find(|p| p.name.as_deref() == Some(w.as_str()) || p.port.to_string() == *w)
+            .ok_or_else(|| {
+                FieldError::new(
+                    PORT_ANNOTATION,
+                    format!("{w:?} names no port of the Service (a port name or number)"),
+                )
+            })?,
+        None => match ports.first() {
+            Some(p) => p,
+            None => return Ok(None),
+        },
     };
-    Some(ChosenPort {
+    Ok(Some(ChosenPort {
         name: port.name.clone().unwrap_or_default(),
         protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
-    })
+    }))
 }
 
 /// The endpoints of one service while its slices are merged.

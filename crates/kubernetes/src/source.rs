@@ -94,13 +94,28 @@ pub struct Source {
     state: Arc<PlaneState>,
     cache: SliceCache,
     written: BTreeMap<ServiceKey, Written>,
-    /// Per service with bad settings annotations: the error last reported
-    /// (each new one is logged and counted once).
-    bad_annotations: BTreeMap<ServiceKey, String>,
+    /// Per service with bad annotations, per annotation: the error last
+    /// reported (each new one is logged and counted once).
+    bad_annotations: BTreeMap<ServiceKey, BTreeMap<String, String>>,
     /// Objects listed since `Init`, per (resource, namespace scope).
     service_lists: BTreeMap<Option<String>, Vec<Service>>,
     slice_lists: BTreeMap<Option<String>, Vec<EndpointSlice>>,
+    /// The (resource, scope) watches whose first list is written; once
+    /// every watch's is, the plane is synced (Ready, snapshots go out).
+    listed: std::collections::BTreeSet<(&'static str, Option<String>)>,
+    /// How many watches there are (two per namespace scope).
+    watches: usize,
+    /// Services whose whole endpoint set this process has written once:
+    /// the first write of a service replaces what the registry held
+    /// (restored from `data_dir`, or registered before the Service).
+    replaced: std::collections::BTreeSet<ServiceKey>,
+    /// Services whose last write or removal failed (the store refused
+    /// it): synced again every [`RETRY`] until it succeeds.
+    retry: std::collections::BTreeSet<ServiceKey>,
 }
+
+/// How often services whose write failed are tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -120,6 +135,10 @@ impl Source {
             bad_annotations: BTreeMap::new(),
             service_lists: BTreeMap::new(),
             slice_lists: BTreeMap::new(),
+            listed: std::collections::BTreeSet::new(),
+            watches: usize::MAX,
+            replaced: std::collections::BTreeSet::new(),
+            retry: std::collections::BTreeSet::new(),
         }
     }
 
@@ -135,6 +154,8 @@ impl Source {
         mut stop: watch::Receiver<bool>,
     ) {
         let mut updates = streams(&client, &cfg);
+        self.watches = updates.len();
+        let mut retry = tokio::time::interval(RETRY);
         loop {
             tokio::select! {
                 _ = crate::stopped(&mut stop) => return,
@@ -142,6 +163,11 @@ impl Source {
                     Some(u) => self.handle(u),
                     None => return,
                 },
+                _ = retry.tick(), if !self.retry.is_empty() => {
+                    for key in std::mem::take(&mut self.retry) {
+                        self.sync(&key);
+                    }
+                }
             }
         }
     }
@@ -175,6 +201,13 @@ impl Source {
             self.sync(&key);
         }
         self.metrics().services.set(self.written.len() as i64);
+        if self.listed.len() == self.watches && !self.state.distributor.is_synced() {
+            tracing::info!(
+                services = self.written.len(),
+                "kubernetes source listed; serving snapshots"
+            );
+            self.state.distributor.mark_synced();
+        }
     }
 
     fn error(&self, e: &watcher::Error) -> Vec<ServiceKey> {
@@ -196,6 +229,7 @@ impl Source {
             }
             Event::InitDone => {
                 self.count("service", "relist");
+                self.listed.insert(("service", scope.clone()));
                 let listed = self.service_lists.remove(&scope).unwrap_or_default();
                 self.cache.replace_services(scope.as_deref(), listed)
             }
@@ -223,6 +257,7 @@ impl Source {
             }
             Event::InitDone => {
                 self.count("endpointslice", "relist");
+                self.listed.insert(("endpointslice", scope.clone()));
                 let listed = self.slice_lists.remove(&scope).unwrap_or_default();
                 self.cache.replace_slices(scope.as_deref(), listed)
             }
@@ -245,38 +280,86 @@ impl Source {
         }
     }
 
+    /// The Service is gone: its service leaves the registry. Until the
+    /// delete is stored the service stays claimed (read-only) and is
+    /// retried ([`RETRY`]).
     fn remove(&mut self, key: &str) {
         self.bad_annotations.remove(key);
-        if self.written.remove(key).is_none() {
+        self.replaced.remove(key);
+        if !self.written.contains_key(key) {
             return;
         }
         let committed = Instant::now();
         let mut reg = self.state.lock();
-        reg.release(key);
-        match reg.delete_service(key) {
-            Ok(delta) => self.state.distributor.publish(&delta, committed),
-            Err(e) => {
-                tracing::error!(service = key, error = %e, "cannot remove kubernetes service")
+        let deleted = match reg.delete_service(key) {
+            Ok(delta) => {
+                self.state.distributor.publish(&delta, committed);
+                true
             }
+            Err(meshless_control::registry::RegistryError::UnknownService(_)) => true,
+            Err(e) => {
+                tracing::error!(service = key, error = %e, "cannot remove kubernetes service; retrying");
+                false
+            }
+        };
+        if deleted {
+            reg.release(key);
+            self.written.remove(key);
+            self.retry.remove(key);
+            tracing::info!(service = key, "kubernetes service removed");
+        } else {
+            self.retry.insert(key.to_owned());
         }
-        tracing::info!(service = key, "kubernetes service removed");
     }
 
-    /// A bad settings annotation: the service keeps the settings it had;
-    /// each new error is logged (an event-like line) and counted once.
+    /// A bad annotation: the service keeps the settings (or endpoints) it
+    /// had; each new error is logged (an event-like line) and counted once.
     fn reject_annotations(&mut self, key: &str, e: &meshless_model::FieldError) {
         let text = e.to_string();
-        if self.bad_annotations.get(key) == Some(&text) {
+        let seen = self.bad_annotations.entry(key.to_owned()).or_default();
+        if seen.get(&e.path) == Some(&text) {
             return;
         }
+        seen.insert(e.path.clone(), text);
         self.metrics()
             .annotation_errors
             .get_or_create(&AnnotationLabels {
                 annotation: e.path.clone(),
             })
             .inc();
-        tracing::warn!(service = key, annotation = %e.path, reason = %e.reason, "bad annotation on Kubernetes Service; keeping its previous settings");
-        self.bad_annotations.insert(key.to_owned(), text);
+        tracing::warn!(service = key, annotation = %e.path, reason = %e.reason, "bad annotation on Kubernetes Service; keeping its previous settings and endpoints");
+    }
+
+    /// Bad annotations keep what `old` had (settings, or endpoints when the
+    /// port annotation names no port); each new error is reported once.
+    fn check_annotations(&mut self, key: &str, d: &mut Desired, old: &Written) {
+        let mut errors = Vec::new();
+        if let Some(e) = d.settings_error.take() {
+            d.spec.settings = old
+                .spec
+                .as_ref()
+                .map(|s| s.settings.clone())
+                .unwrap_or_default();
+            errors.push(e);
+        }
+        if let Some(e) = d.port_error.take() {
+            // A port annotation naming no port: the endpoints stay as they
+            // were, not all removed.
+            d.endpoints = old.endpoints.values().cloned().collect();
+            errors.push(e);
+        }
+        if errors.is_empty() {
+            if self.bad_annotations.remove(key).is_some() {
+                tracing::info!(service = key, "Kubernetes Service annotations valid again");
+            }
+        } else {
+            if let Some(seen) = self.bad_annotations.get_mut(key) {
+                seen.retain(|path, _| errors.iter().any(|e| e.path == *path));
+            }
+            for e in &errors {
+                self.reject_annotations(key, e);
+            }
+        }
     }
 
     fn write(&mut self, key: &str, mut d: Desired) {
@@ -284,21 +367,9 @@ impl Source {
             self.metrics().skipped_endpoints.inc_by(d.skipped);
         }
         let old = self.written.remove(key).unwrap_or_default();
-        match d.settings_error.take() {
-            Some(e) => {
-                d.spec.settings = old
-                    .spec
-                    .as_ref()
-                    .map(|s| s.settings.clone())
-                    .unwrap_or_default();
-                self.reject_annotations(key, &e);
-            }
-            None => {
-                if self.bad_annotations.remove(key).is_some() {
-                    tracing::info!(service = key, "Kubernetes Service annotations valid again");
-                }
-            }
-        }
+        // Replace the registry's set once, unless the endpoints are unknown.
+        let replace = !self.replaced.contains(key) && d.port_error.is_none();
+        self.check_annotations(key, &mut d, &old);
         let spec_changed = old.spec.as_ref() != Some(&d.spec);
         let puts: Vec<EndpointInput> = d
             .endpoints
@@ -317,6 +388,10 @@ impl Source {
         let origin = format!("Kubernetes Service {key}");
         let spec = d.spec.clone();
         let result = self.state.write(|r| {
+            let mut deletes = deletes;
+            if replace {
+                deletes.extend(stale_ids(r, key, &wanted, &deletes));
+            }
             if spec_changed || r.owner(key).is_none() {
                 r.put_service(spec)?;
                 r.claim(key, origin);
@@ -331,6 +406,10 @@ impl Source {
         });
         match result {
             Ok(()) => {
+                self.retry.remove(key);
+                if replace {
+                    self.replaced.insert(key.to_owned());
+                }
                 self.written.insert(
                     key.to_owned(),
                     Written {
@@ -340,12 +419,31 @@ impl Source {
                 );
             }
             Err(e) => {
-                // Nothing was stored: retry the whole service on its next event.
-                tracing::error!(service = key, error = %e, "cannot write kubernetes service");
+                // Nothing was stored: the whole service is tried again.
+                tracing::error!(service = key, error = %e, "cannot write kubernetes service; retrying");
+                self.retry.insert(key.to_owned());
                 if !old.endpoints.is_empty() || old.spec.is_some() {
                     self.written.insert(key.to_owned(), old);
                 }
             }
         }
     }
+}
+
+/// Endpoint ids the registry holds for `key` that are neither wanted nor
+/// already in `deletes`: what this process did not write (restored from
+/// the store, or registered before the Service was listed).
+fn stale_ids(
+    r: &meshless_control::registry::Registry,
+    key: &str,
+    wanted: &BTreeMap<String, EndpointInput>,
+    deletes: &[EndpointId],
+) -> Vec<EndpointId> {
+    r.view(key)
+        .map(|v| v.endpoints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| !wanted.contains_key(&e.id) && !deletes.iter().any(|d| d.as_str() == e.id))
+        .map(|e| EndpointId::new(e.id))
+        .collect()
 }

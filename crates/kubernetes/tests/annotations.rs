@@ -149,3 +149,38 @@ async fn annotations_set_the_policy_and_a_bad_value_keeps_the_last_good_one() {
     })
     .await;
 }
+
+/// K2: `meshless.io/port` naming no port of the Service (a typo) is a bad
+/// annotation like the others: the service keeps its endpoints, the error
+/// is counted under the annotation's name; fixing it serves the port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_annotation_naming_no_port_keeps_the_endpoints() {
+    let a = pod("a").await;
+    let cluster = Cluster::start("port-typo", |fake| {
+        fake.apply(&annotated(&[]));
+        fake.apply(&pod_slice("cart", &a, PodState::Ready));
+    })
+    .await;
+    let fake = &cluster.fake;
+    let (proxy, addr) = proxy_with(cluster.plane.grpc_addr(), "").await;
+    wait_holds(&proxy, &[&a], "the pod").await;
+    let series =
+        "meshless_control_kubernetes_annotation_errors_total{annotation=\"meshless.io/port\"}";
+    fake.apply(&annotated(&[("port", "htpp")]));
+    eventually("the bad port annotation is counted", || async {
+        cluster.metric(series) == 1.0
+    })
+    .await;
+    let view = cluster.plane.state.lock().view("shop/cart").unwrap();
+    assert_eq!(view.endpoints.len(), 1, "kept: {view:?}");
+    assert_eq!(answering(&client(), addr, 5).await.unwrap(), ["a"]);
+    // The right name: valid again, the same endpoint served.
+    fake.apply(&annotated(&[("port", "http")]));
+    fake.apply(&annotated(&[("port", "80"), ("policy", "random")]));
+    eventually("the policy of the valid annotations applies", || async {
+        cart_cluster(&proxy).await["policy"] == "random"
+    })
+    .await;
+    assert_eq!(cluster.metric(series), 1.0, "counted once");
+    assert_eq!(answering(&client(), addr, 5).await.unwrap(), ["a"]);
+}
