@@ -278,9 +278,14 @@ impl Autoscaler {
             desired = desired.max(ready);
         }
         // Scale to zero only after the grace period without any request
-        // (observed: counted from the first sample when none was active).
-        let quiet_since = self.last_active.or(self.observed_since).unwrap_or(now);
-        let idle_long_enough = now.saturating_sub(quiet_since) >= cfg.scale_to_zero_after;
+        // (observed: counted from the first sample when none was active
+        // and instances run; a service at zero that never saw a request
+        // stays at zero).
+        let quiet_since = self
+            .last_active
+            .or(self.observed_since.filter(|_| ready > 0));
+        let idle_long_enough =
+            quiet_since.is_none_or(|t| now.saturating_sub(t) >= cfg.scale_to_zero_after);
         if desired == 0 && !idle_long_enough {
             desired = 1;
         }
@@ -400,8 +405,9 @@ mod tests {
     proptest::proptest! {
         /// From the first sample (at start, or after a restart of the
         /// observation) until a full stable window and scale-to-zero grace
-        /// have passed: never below the ready instances (within max), and
-        /// never zero before the grace, whatever the load.
+        /// have passed: never below the ready instances (within max), and,
+        /// with instances ready, never zero before the grace, whatever the
+        /// load.
         #[test]
         fn no_scale_down_before_a_full_window_of_samples(
             steps in proptest::collection::vec(
@@ -426,7 +432,7 @@ mod tests {
                     proptest::prop_assert!(d.warming);
                     proptest::prop_assert!(d.desired >= ready.min(cfg.max_instances), "{d:?} ready {ready}");
                 }
-                if t - since < cfg.scale_to_zero_after {
+                if t - since < cfg.scale_to_zero_after && ready > 0 {
                     proptest::prop_assert!(d.desired > 0, "{d:?}");
                 }
             }

@@ -35,6 +35,8 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How long to wait before peeking again at a head that is a part of the
 /// preface (an HTTP/2 client whose preface arrived in pieces).
 const PEEK_AGAIN: Duration = Duration::from_millis(5);
+/// The longest wait between peeks at a stalled partial preface.
+const PEEK_AGAIN_MAX: Duration = Duration::from_millis(320);
 
 /// The protocol a connection speaks, told from its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +61,14 @@ pub fn classify(head: &[u8]) -> Option<Protocol> {
 
 /// Waits for the first bytes and tells the protocol; `None` if the client
 /// closed before sending any.
+///
+/// Peeked bytes stay readable, so a partial preface is peeked again after
+/// a wait: [`PEEK_AGAIN`], doubling up to [`PEEK_AGAIN_MAX`] while no new
+/// byte comes (a client that sends `P` and stalls costs a few wake-ups,
+/// not one every 5 ms until `timeouts.request_headers`).
 async fn sniff(stream: &TcpStream) -> io::Result<Option<Protocol>> {
     let mut head = [0u8; PREFACE.len()];
+    let (mut wait, mut had) = (PEEK_AGAIN, 0);
     loop {
         let n = stream.peek(&mut head).await?;
         if n == 0 {
@@ -69,8 +77,12 @@ async fn sniff(stream: &TcpStream) -> io::Result<Option<Protocol>> {
         if let Some(p) = classify(&head[..n]) {
             return Ok(Some(p));
         }
-        // Peeked bytes stay readable: wait a little instead of spinning.
-        tokio::time::sleep(PEEK_AGAIN).await;
+        if n > had {
+            (wait, had) = (PEEK_AGAIN, n);
+        } else {
+            wait = (wait * 2).min(PEEK_AGAIN_MAX);
+        }
+        tokio::time::sleep(wait).await;
     }
 }
 

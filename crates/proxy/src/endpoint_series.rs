@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::edge_metrics::ConnectLabels;
-use crate::metrics::{EndpointLabels, RequestLabels};
+use crate::endpoint_labels::{EndpointLabels, RequestLabels};
 
 /// The families whose series name an endpoint.
 #[derive(Debug, Clone, Default)]

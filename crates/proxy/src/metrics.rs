@@ -9,15 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Labels of a finished request. Shared strings, so building the label set
-/// on the request path allocates nothing.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub listener: Arc<str>,
-    pub cluster: Arc<str>,
-    pub endpoint: Arc<str>,
-    pub class: &'static str,
-}
+pub use crate::endpoint_labels::{EndpointLabels, RequestLabels};
 
 /// Labels of a request duration.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,13 +22,6 @@ pub struct RouteLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabels {
     pub cluster: String,
-}
-
-/// Labels naming one endpoint of one cluster.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EndpointLabels {
-    pub cluster: String,
-    pub endpoint: String,
 }
 
 /// Labels of a shed request.

@@ -28,7 +28,7 @@ pub struct ProxyState {
     /// Notified whenever endpoints from the control plane change.
     pub endpoints_changed: tokio::sync::Notify,
     /// Open TCP flows by endpoint, woken when theirs leaves or comes back.
-    pub flows: crate::l4::tracking::Flows,
+    pub flows: crate::flows::Flows,
     /// Per service: the last reason its instances failed to start, and when.
     pub activation_errors:
         std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
@@ -47,7 +47,7 @@ impl ProxyState {
     /// After the running snapshot was swapped: wakes the TCP flows whose
     /// endpoint left or came back, and what waits for endpoints to change.
     pub fn endpoints_swapped(&self) {
-        self.flows.update(self);
+        self.flows.update(&self.snapshot);
         self.endpoints_changed.notify_waiters();
     }
 

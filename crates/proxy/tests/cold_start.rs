@@ -422,7 +422,6 @@ async fn activation_requests_stay_bounded_while_the_control_plane_is_away() {
         assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
         assert!(p.state().activate.len() <= 2, "pending: one per service");
     }
-    assert_eq!(p.state().activate.len(), 2);
     let sent = proxy_metric(&p, "meshless_proxy_activations_total{result=\"timeout\"}").await;
     assert_eq!(sent, 200.0, "every request was held");
     p.shutdown().await;

@@ -1013,3 +1013,26 @@ async fn a_client_that_stops_reading_is_cut_at_the_request_deadline() {
     assert!(closed(&mut s).await, "the connection is closed");
     p.shutdown().await;
 }
+
+/// Empty lines after a request body (old clients send a CRLF after it)
+/// do not keep the read buffer of the idle connection that follows, and
+/// the next request on it is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crlf_after_a_body_keeps_no_buffer_while_idle() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi\r\n")
+        .await
+        .unwrap();
+    let mut r = Reader::new();
+    let resp = r.response(&mut s, false).await.unwrap();
+    assert_eq!((resp.status, &resp.body[..]), (200, &b"hi"[..]));
+    metric_is(&p, BUFFERS, 0.0).await;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = r.response(&mut s, false).await.unwrap();
+    assert_eq!(resp.status, 200);
+    p.shutdown().await;
+}

@@ -315,7 +315,14 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
             *out = w.into_buffer();
         }
-        if !self.pending_bytes() {
+        // Empty lines after a message (old clients send CRLF after a
+        // body) are ignored before the next head (RFC 9112 2.2): they do
+        // not keep the buffer of an idle connection.
+        let empty_lines = self
+            .buf
+            .as_ref()
+            .is_some_and(|b| meshless_h1::request::only_empty_lines(b));
+        if !self.pending_bytes() || empty_lines {
             drop(self.buf.take());
         }
     }
