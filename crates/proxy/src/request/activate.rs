@@ -75,9 +75,7 @@ pub fn within_limit(cluster: &UpstreamCluster, picked: InFlight) -> InFlight {
     if limit == 0 || set.load(picked.index()) <= limit {
         return picked;
     }
-    let free = (0..set.len())
-        .filter(|&i| set.is_available(i) && set.load(i) < limit)
-        .min_by_key(|&i| set.load(i));
+    let free = with_room(cluster, limit).min_by_key(|&i| set.load(i));
     match free.and_then(|i| cluster.lb.start(i)) {
         Some(other) if set.load(other.index()) <= limit => {
             picked.finish(meshless_balance::Outcome::Cancelled);
@@ -100,11 +98,17 @@ fn release_room(c: &UpstreamCluster, act: &Activation) -> u64 {
     u64::from(act.release_concurrency) * available as u64
 }
 
-/// Whether `c` can take a request now: an available endpoint, under the
-/// per-instance limit when there is one (0: none).
-fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
+/// The endpoints of `c` that can take a request now: available, under the
+/// per-instance limit when there is one (0: none). A hold ends on these,
+/// and [`within_limit`] picks among them: the same test on both sides.
+fn with_room(c: &UpstreamCluster, limit: u32) -> impl Iterator<Item = usize> + '_ {
     let set = c.lb.set();
-    (0..set.len()).any(|i| set.is_available(i) && (limit == 0 || set.load(i) < limit))
+    (0..set.len()).filter(move |&i| set.is_available(i) && (limit == 0 || set.load(i) < limit))
+}
+
+/// Whether `c` can take a request now ([`with_room`]).
+fn has_capacity(c: &UpstreamCluster, limit: u32) -> bool {
+    with_room(c, limit).next().is_some()
 }
 
 /// A request released from an activation hold, until its response
