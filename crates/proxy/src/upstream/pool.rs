@@ -566,8 +566,13 @@ impl EndpointPool {
                     false,
                 );
                 match opened.await {
-                    Ok(Sender::Http1(s)) => {
-                        lock(&pool.conns).push_idle(IdleConn::Hyper(s), &pool.shared);
+                    // Pooled only once its connection task has taken it
+                    // up: until then `is_ready` is false, and a sweep or a
+                    // checkout would take it for a closed one.
+                    Ok(Sender::Http1(mut s)) => {
+                        if s.ready().await.is_ok() {
+                            lock(&pool.conns).push_idle(IdleConn::Hyper(s), &pool.shared);
+                        }
                     }
                     Ok(Sender::Own(c)) => {
                         lock(&pool.conns).push_idle(IdleConn::Own(c), &pool.shared);
@@ -608,7 +613,8 @@ impl EndpointPool {
         let shared = Arc::downgrade(&self.shared);
         let every = (self.shared.settings.idle / 2).max(Duration::from_millis(10));
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
+            // The first sweep one period from now, not at once.
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
