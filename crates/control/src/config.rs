@@ -141,10 +141,7 @@ impl ServiceScaling {
             return Err(FieldError::new("tick", "must be above zero"));
         }
         match &self.scaler {
-            ScalerConfig::Process(p) if p.command.is_empty() => Err(FieldError::new(
-                "scaler.process.command",
-                "must not be empty",
-            )),
+            ScalerConfig::Process(p) => p.validate().at("scaler.process"),
             ScalerConfig::Webhook { url, .. } if !url.starts_with("http://") => Err(
                 FieldError::new("scaler.webhook.url", "must be an http:// URL"),
             ),
@@ -338,6 +335,36 @@ mod tests {
                 .contains("services[0].autoscaling.scaler.webhook.url"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn process_scaler_settings_are_checked_with_their_path() {
+        let process = |extra: &str| {
+            SCALED.replace(
+                "scaler: { webhook: { url: \"http://127.0.0.1:1/scale\" } }",
+                &format!("scaler: {{ process: {{ command: [sleep, \"9\"]{extra} }} }}"),
+            )
+        };
+        ControlConfig::parse(&process(""), "t").expect("valid");
+        for (field, extra) in [
+            ("probe_interval", ", probe_interval: 0s"),
+            ("start_timeout", ", start_timeout: 0s"),
+            ("port_env", ", port_env: \"\""),
+            ("command", ""),
+        ] {
+            let text = if field == "command" {
+                process("").replace("command: [sleep, \"9\"]", "command: [\"\"]")
+            } else {
+                process(extra)
+            };
+            let e = ControlConfig::parse(&text, "t").expect_err(field);
+            assert!(
+                e.to_string().contains(&format!(
+                    "services[0].autoscaling.scaler.process.{field}: must"
+                )),
+                "{field}: {e}"
+            );
+        }
     }
 
     #[test]

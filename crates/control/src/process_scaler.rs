@@ -67,6 +67,43 @@ pub struct ProcessSpec {
     pub start_timeout: Duration,
 }
 
+impl ProcessSpec {
+    /// Checks what would start nothing, probe without a pause or give up
+    /// at once; the error names the field.
+    pub fn validate(&self) -> Result<(), meshless_model::FieldError> {
+        use meshless_model::FieldError;
+        if self.command.first().is_none_or(|p| p.is_empty()) {
+            return Err(FieldError::new("command", "must name a program"));
+        }
+        if self.port_env.is_empty() || self.port_env.contains('=') {
+            return Err(FieldError::new(
+                "port_env",
+                format!(
+                    "must be an environment variable name, got {:?}",
+                    self.port_env
+                ),
+            ));
+        }
+        if self.probe_interval < MIN_PROBE_INTERVAL {
+            return Err(FieldError::new(
+                "probe_interval",
+                format!(
+                    "must be at least {MIN_PROBE_INTERVAL:?} (a probe loop without a pause), got {:?}",
+                    self.probe_interval
+                ),
+            ));
+        }
+        if self.start_timeout.is_zero() {
+            return Err(FieldError::new("start_timeout", "must be above 0s"));
+        }
+        Ok(())
+    }
+}
+
+/// The shortest `probe_interval` accepted: the probe's first wait
+/// (200 µs), so its doubling backoff always pauses.
+pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(200);
+
 fn default_port_env() -> String {
     "PORT".into()
 }

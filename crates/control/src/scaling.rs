@@ -12,7 +12,7 @@
 //! not run (left by a crash: ids `NS-NAME-N`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -62,6 +62,51 @@ struct Managed {
     gone: Arc<AtomicBool>,
     order: watch::Sender<Order>,
     task: JoinHandle<()>,
+}
+
+/// Counts the instances of one service whose task has not ended: one
+/// instance's failed start fails the held requests only when no other
+/// instance is starting or running (the last one out reports).
+#[derive(Debug)]
+struct LiveInstance(Option<Arc<AtomicUsize>>);
+
+impl LiveInstance {
+    fn enter(live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::AcqRel);
+        Self(Some(Arc::clone(live)))
+    }
+
+    /// Leaves the count; the number of other instances still in it.
+    fn leave(mut self) -> usize {
+        self.0
+            .take()
+            .map_or(0, |live| live.fetch_sub(1, Ordering::AcqRel) - 1)
+    }
+}
+
+impl Drop for LiveInstance {
+    fn drop(&mut self) {
+        if let Some(live) = self.0.take() {
+            live.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A start failed: held requests fail with `error` unless another
+/// instance of the service is starting or running.
+fn start_failed(state: &PlaneState, service: &str, id: &str, live: LiveInstance, error: &str) {
+    tracing::error!(service, instance = %id, error, "instance failed to start");
+    state.metrics.instance_start_failures.inc();
+    let others = live.leave();
+    if others == 0 {
+        state.distributor.publish_activation_error(service, error);
+    } else {
+        tracing::info!(
+            service,
+            others,
+            "held requests wait for the other instances"
+        );
+    }
 }
 
 fn conditions(ready: bool, terminating: bool) -> Conditions {
@@ -170,6 +215,8 @@ struct InstanceJob {
     read: Option<Instant>,
     /// When that activation request woke the scaling loop.
     asked: Option<Instant>,
+    /// Counts it among the service's live instances.
+    live: LiveInstance,
 }
 
 /// Runs one process instance for its whole life.
@@ -185,16 +232,13 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
         node,
         read,
         asked,
+        live,
     } = job;
     let spawning = Instant::now();
     let mut inst = match process_scaler::spawn(&spec, &id, &state.metrics.notify) {
         Ok(i) => i,
         Err(e) => {
-            tracing::error!(service, instance = %id, error = %e, "instance failed to start");
-            state.metrics.instance_start_failures.inc();
-            state
-                .distributor
-                .publish_activation_error(&service, &e.to_string());
+            start_failed(&state, &service, &id, live, &e.to_string());
             gone.store(true, Ordering::Relaxed);
             return;
         }
@@ -219,10 +263,8 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
                 tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
             }
             Err(e) => {
-                tracing::error!(service, instance = %id, error = %e, "instance failed to start");
-                state.metrics.instance_start_failures.inc();
-                state.distributor.publish_activation_error(&service, &e.to_string());
                 remove(&state, &service, &id);
+                start_failed(&state, &service, &id, live, &e.to_string());
                 process_scaler::stop(inst, spec.stop_grace).await;
                 gone.store(true, Ordering::Relaxed);
                 return;
@@ -405,6 +447,7 @@ pub async fn run(
     // Scaled down, still draining: stopped at once on shutdown.
     let mut draining: Vec<Managed> = Vec::new();
     let mut serial = 0u64;
+    let live = Arc::new(AtomicUsize::new(0));
     let mut backoff = Duration::from_millis(100);
     let mut last_failure: Option<Instant> = None;
     let mut external_desired: Option<u32> = None;
@@ -525,6 +568,7 @@ pub async fn run(
                             node: state.distributor.take_activation_node(&service),
                             read: read.take(),
                             asked: woken,
+                            live: LiveInstance::enter(&live),
                         };
                         let m = Managed {
                             id,

@@ -426,3 +426,48 @@ async fn activation_requests_stay_bounded_while_the_control_plane_is_away() {
     assert_eq!(sent, 200.0, "every request was held");
     p.shutdown().await;
 }
+
+/// R10: of two instances started for held requests, the one that fails
+/// must not fail the requests the other one can serve. The instance that
+/// claims the `first` directory exits with an error once the other has
+/// started (its `second` marker exists): at that moment the other is
+/// starting, and both held requests must get its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failed_start_does_not_fail_requests_another_instance_can_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("start.sh");
+    std::fs::write(
+        &script,
+        "if mkdir \"$D/first\" 2>/dev/null; then\n  while [ ! -e \"$D/second\" ]; do sleep 0.01; done\n  exit 1\nfi\ntouch \"$D/second\"\nexec python3 -c \"import http.server as h, os; h.HTTPServer(('127.0.0.1', int(os.environ['PORT'])), h.SimpleHTTPRequestHandler).serve_forever()\"\n",
+    )
+    .expect("script");
+    let d = dir.path().display().to_string();
+    let yaml = format!(
+        "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: demo\n    name: lazy\n    autoscaling:\n      min_instances: 0\n      max_instances: 2\n      target_concurrency: 1\n      tick: 100ms\n      scaler:\n        process:\n          command: [sh, {script:?}]\n          working_dir: {d:?}\n          env: {{ D: {d:?} }}\n          start_timeout: 20s\n          stop_grace: 2s\n",
+        script = script.display().to_string(),
+    );
+    let plane = ControlPlane::start(ControlConfig::parse(&yaml, "control.yaml").expect("valid"))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let (p, addr) = proxy(&lazy_proxy(plane.grpc_addr())).await;
+    subscribed(api).await;
+    let c = client();
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { get(&c, addr, "/", &[]).await })
+        })
+        .collect();
+    for r in held {
+        let (status, _, body) = r.await.expect("request task");
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let m = plane_metrics(api).await;
+    assert!(
+        metric_sum(&m, "meshless_control_instance_start_failures_total") >= 1.0,
+        "the first instance failed: {m}"
+    );
+    p.shutdown().await;
+    plane.shutdown().await;
+}

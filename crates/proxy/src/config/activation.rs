@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use meshless_model::FieldError;
 use meshless_model::serde_duration as duration;
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +45,36 @@ impl Default for Activation {
         }
     }
 }
+
+impl Activation {
+    /// Checks the values that would hold nothing, wait for nothing or
+    /// probe without a pause; the error names the field.
+    pub(super) fn validate(&self) -> Result<(), FieldError> {
+        if self.max_queued == 0 {
+            return Err(FieldError::new(
+                "max_queued",
+                "must be at least 1 (without `activation:` nothing is held)",
+            ));
+        }
+        if self.queue_timeout.is_zero() {
+            return Err(FieldError::new("queue_timeout", "must be above 0s"));
+        }
+        if self.probe_interval < MIN_PROBE_INTERVAL {
+            return Err(FieldError::new(
+                "probe_interval",
+                format!(
+                    "must be at least {MIN_PROBE_INTERVAL:?} (a probe loop without a pause), got {:?}",
+                    self.probe_interval
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The shortest `probe_interval` accepted: the probe's first wait
+/// (200 µs), so its doubling backoff always pauses.
+pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(200);
 
 fn default_max_queued() -> u32 {
     10_000

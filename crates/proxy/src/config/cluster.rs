@@ -212,6 +212,9 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             );
         }
     }
+    if let Some(a) = &c.activation {
+        a.validate().at("activation")?;
+    }
     if c.outlier_detection.interval.is_zero() {
         return fail(
             "outlier_detection.interval".to_owned(),

@@ -476,6 +476,28 @@ clusters:
     }
 
     #[test]
+    fn activation_settings_that_hold_nothing_or_probe_without_a_pause_are_refused() {
+        let with = |activation: &str| {
+            format!(
+                "control: {{ address: \"127.0.0.1:9401\" }}\nlisteners:\n  - name: web\n    address: 127.0.0.1:8080\n    routes: [{{ cluster: hello }}]\nclusters:\n  - name: hello\n    service: demo/hello\n    activation: {{ {activation} }}\n"
+            )
+        };
+        ProxyConfig::parse(&with("probe_interval: 200us"), "proxy.yaml").expect("valid");
+        for (field, bad) in [
+            ("probe_interval", "probe_interval: 0s"),
+            ("probe_interval", "probe_interval: 100us"),
+            ("queue_timeout", "queue_timeout: 0s"),
+            ("max_queued", "max_queued: 0"),
+        ] {
+            let e = invalid(&with(bad));
+            assert!(
+                e.contains(&format!("clusters[0].activation.{field}: must be")),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn errors_name_file_field_and_reason() {
         let e = invalid(&GOOD.replace("load_factor: 1.5", "load_factor: 0.5"));
         assert!(
