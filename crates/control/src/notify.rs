@@ -11,9 +11,14 @@
 //! `MAINPID=`, ...) are valid and have no effect. The socket lives as long
 //! as the instance (an instance may notify after the probe saw it), and
 //! its file is removed when the [`NotifySocket`] is dropped.
+//!
+//! Each socket lives alone in a directory of its own with a random name
+//! and mode 0700 (made by `tempfile`, as `mkdtemp(3)` does), in `TMPDIR`:
+//! another user can neither guess the path, take it first, nor send on
+//! it; the path reaches only the instance, in its environment.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::UnixDatagram;
@@ -82,6 +87,8 @@ pub struct NotifyCounters {
 #[derive(Debug)]
 pub struct NotifySocket {
     path: PathBuf,
+    /// The private directory holding the socket; removed on drop.
+    _dir: tempfile::TempDir,
     /// `None` once handed to the background task.
     socket: Option<UnixDatagram>,
     counters: NotifyCounters,
@@ -92,23 +99,20 @@ pub struct NotifySocket {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// Distinguishes the sockets of one process.
-static SERIAL: AtomicU64 = AtomicU64::new(0);
-
 impl NotifySocket {
-    /// Binds a fresh socket in the temporary directory. Call within a
-    /// Tokio runtime.
+    /// Binds a fresh socket in a private directory of its own in the
+    /// temporary directory. Call within a Tokio runtime.
     pub fn bind(counters: NotifyCounters) -> std::io::Result<Self> {
-        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "meshless-notify-{}-{serial}.sock",
-            std::process::id()
-        ));
-        // A file left by a crashed earlier process with our pid.
-        let _ = std::fs::remove_file(&path);
+        let dir = tempfile::Builder::new()
+            .prefix("meshless-notify-")
+            .tempdir()?;
+        // 0700 whatever the umask: only this user reaches the socket.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+        let path = dir.path().join("notify.sock");
         let socket = UnixDatagram::bind(&path)?;
         Ok(Self {
             path,
+            _dir: dir,
             socket: Some(socket),
             counters,
             is_ready: false,
@@ -155,6 +159,7 @@ impl Drop for NotifySocket {
         if let Some(task) = &self.task {
             task.abort();
         }
+        // The directory goes with `_dir`, after this.
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -186,6 +191,19 @@ async fn read(socket: UnixDatagram, counters: NotifyCounters) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[tokio::test]
+    async fn each_socket_is_alone_in_a_private_directory_removed_with_it() {
+        let a = NotifySocket::bind(NotifyCounters::default()).expect("bind");
+        let b = NotifySocket::bind(NotifyCounters::default()).expect("bind");
+        let dir = a.path().parent().expect("dir").to_path_buf();
+        assert_ne!(Some(dir.as_path()), b.path().parent());
+        let mode = std::fs::metadata(&dir).expect("dir").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 1);
+        drop(a);
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
 
     #[test]
     fn messages_of_the_protocol() {
