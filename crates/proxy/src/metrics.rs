@@ -58,7 +58,8 @@ pub struct PhaseLabels {
 /// Labels of an activation's end.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActivationLabels {
-    /// `sent`, `queue_full`, `start_failed`, `timeout`.
+    /// `sent`, `queue_full`, `start_failed`, `timeout`, `forwarded`,
+    /// `peer_unreachable`, `reconnected`.
     pub result: &'static str,
 }
 

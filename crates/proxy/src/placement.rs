@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue};
 
@@ -81,6 +81,12 @@ const MAX_PEER_CONNECTIONS: u32 = 1024;
 /// TCP connect to a peer proxy: past this, the request is held locally.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// A chosen proxy found unreachable is passed over this long (requests
+/// are held here at once, not after a connect timeout each) unless the
+/// control plane places the service elsewhere first. About what the
+/// control plane takes to notice a vanished proxy and place again.
+pub const UNREACHABLE_FOR: Duration = Duration::from_secs(30);
+
 /// The chosen node's proxy for one service.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -101,6 +107,9 @@ pub struct Placements {
     /// The control plane's hop credential (none yet, or empty: no hop is
     /// trusted).
     hop_token: Mutex<Option<Arc<str>>>,
+    /// Chosen proxies found unreachable, and until when they are passed
+    /// over.
+    unreachable: Mutex<HashMap<SocketAddr, Instant>>,
 }
 
 impl Default for Placements {
@@ -123,6 +132,7 @@ impl Default for Placements {
             by_service: Mutex::default(),
             peers: Mutex::default(),
             hop_token: Mutex::default(),
+            unreachable: Mutex::default(),
         }
     }
 }
@@ -177,6 +187,31 @@ impl Placements {
             .hop_token
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
+        self.unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// The chosen proxy at `address` could not be reached: it is passed
+    /// over for [`UNREACHABLE_FOR`] (a placement elsewhere is used at
+    /// once).
+    pub fn mark_unreachable(&self, address: SocketAddr) {
+        let mut u = self
+            .unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        u.retain(|_, until| *until > now);
+        u.insert(address, now + UNREACHABLE_FOR);
+    }
+
+    fn reachable(&self, address: SocketAddr) -> bool {
+        self.unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&address)
+            .is_none_or(|until| *until <= Instant::now())
     }
 
     /// Keeps the control plane's hop credential (sent with the peers).
@@ -247,9 +282,12 @@ impl Placements {
             .by_service
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        map.get(service)
+        let target = map
+            .get(service)
             .filter(|t| own_node != Some(t.node.as_str()) && own_address != Some(t.address))
-            .cloned()
+            .cloned();
+        drop(map);
+        target.filter(|t| self.reachable(t.address))
     }
 
     /// The placements now, as (service, node, address), sorted.
@@ -291,6 +329,29 @@ mod tests {
         assert_eq!(p.list().len(), 1);
         p.clear();
         assert!(p.list().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_proxy_found_unreachable_is_passed_over_until_placed_elsewhere() {
+        let p = Placements::default();
+        p.set("ns/a", "n2", "127.0.0.1:9000");
+        p.set("ns/b", "n2", "127.0.0.1:9000");
+        p.mark_unreachable("127.0.0.1:9000".parse().expect("addr"));
+        assert!(p.target("ns/a", Some("n1"), None).is_none());
+        assert!(p.target("ns/b", Some("n1"), None).is_none(), "same proxy");
+        // Placed the same again (the plane has not noticed): still passed over.
+        p.set("ns/a", "n2", "127.0.0.1:9000");
+        assert!(p.target("ns/a", Some("n1"), None).is_none());
+        // Placed elsewhere: used at once.
+        p.set("ns/a", "n3", "127.0.0.1:9001");
+        assert_eq!(
+            p.target("ns/a", Some("n1"), None).map(|t| t.node),
+            Some("n3".into())
+        );
+        // A new stream starts afresh.
+        p.clear();
+        p.set("ns/b", "n2", "127.0.0.1:9000");
+        assert!(p.target("ns/b", Some("n1"), None).is_some());
     }
 
     fn marker(client: &str, token: &str) -> Marker {

@@ -190,6 +190,17 @@ async fn with_the_chosen_proxy_unreachable_the_other_proxy_activates_itself() {
     assert_eq!(instance_nodes(api).await, vec!["node-here".to_owned()]);
     assert_eq!(proxy_metric(&here, &activations("sent")).await, 1.0);
     assert_eq!(proxy_metric(&here, &activations("forwarded")).await, 0.0);
+    assert_eq!(
+        proxy_metric(&here, &activations("peer_unreachable")).await,
+        1.0
+    );
+    // Passed over from now on: not chosen again while it is unreachable.
+    assert!(
+        here.state()
+            .placements
+            .target("demo/lazy", Some("node-here"), None)
+            .is_none()
+    );
     gone.shutdown().await;
     here.shutdown().await;
     plane.shutdown().await;

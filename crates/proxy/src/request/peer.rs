@@ -10,7 +10,9 @@
 //! Fallback: when no connection to the chosen proxy can be had (it is
 //! gone, or unreachable within the connect timeout), nothing was sent, the
 //! body is untouched, and the request is held here as without placement:
-//! this proxy asks for the instance itself. A body already handed to a
+//! this proxy asks for the instance itself, and passes that proxy over for
+//! `placement::UNREACHABLE_FOR` (the next requests do not wait for a
+//! connect timeout each) unless the service is placed elsewhere. A body already handed to a
 //! pooled connection that turned out closed, with no new connection after
 //! it, cannot be held again: that request is answered 502.
 //!
@@ -211,7 +213,9 @@ pub async fn forward(
         ),
     };
     if matches!(result, Forwarded::Unreachable) {
-        tracing::warn!(peer = %target.address, node = %target.node, "chosen node's proxy unreachable; activating here");
+        tracing::warn!(peer = %target.address, node = %target.node, "chosen node's proxy unreachable; activating here, and passing it over for {:?}", crate::placement::UNREACHABLE_FOR);
+        state.placements.mark_unreachable(target.address);
+        crate::request::activate::count(&state, "peer_unreachable");
     }
     span(&state, record, target, started, outcome);
     result
