@@ -3,7 +3,8 @@
 //! sends `READY=1` on the notification socket it is handed
 //! (`NOTIFY_SOCKET`, [`crate::notify`]) or, for one that never notifies,
 //! when its port accepts a connection (probed with a backoff from 200 µs to
-//! `probe_interval`), whichever comes first; stops instances with SIGTERM,
+//! `probe_interval`), whichever comes first (`readiness: first`, the
+//! default; `readiness: notify` waits for `READY=1` alone); stops instances with SIGTERM,
 //! then SIGKILL after a grace period. Each instance leads its own process
 //! group, and signals go to the whole group ([`crate::process_group`]):
 //! what a wrapper forks stops with it.
@@ -52,6 +53,13 @@ pub struct ProcessSpec {
     /// (systemd's `READY=1` convention); the probe still runs beside it.
     #[serde(default = "default_notify")]
     pub notify: bool,
+    /// What makes a starting instance ready: `first` (its `READY=1` or
+    /// its port accepting, whichever comes first) or `notify` (its
+    /// `READY=1` only, as systemd's `Type=notify`: for a program that
+    /// listens before it can serve; its port is then probed by nobody,
+    /// neither here nor by proxies).
+    #[serde(default)]
+    pub readiness: Readiness,
     /// The longest wait between probes of a starting instance's port
     /// (the waits start at 200 µs and double up to this).
     #[serde(
@@ -68,6 +76,12 @@ pub struct ProcessSpec {
 }
 
 impl ProcessSpec {
+    /// Whether the instance's port may be probed for readiness (by the
+    /// scaler, and by proxies holding requests).
+    pub fn probed(&self) -> bool {
+        self.readiness == Readiness::First
+    }
+
     /// Checks what would start nothing, probe without a pause or give up
     /// at once; the error names the field.
     pub fn validate(&self) -> Result<(), meshless_model::FieldError> {
@@ -96,6 +110,12 @@ impl ProcessSpec {
         if self.start_timeout.is_zero() {
             return Err(FieldError::new("start_timeout", "must be above 0s"));
         }
+        if self.readiness == Readiness::Notify && !self.notify {
+            return Err(FieldError::new(
+                "readiness",
+                "`notify` needs `notify: true` (the instance's READY=1 is its only sign)",
+            ));
+        }
         Ok(())
     }
 }
@@ -103,6 +123,17 @@ impl ProcessSpec {
 /// The shortest `probe_interval` accepted: the probe's first wait
 /// (200 µs), so its doubling backoff always pauses.
 pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(200);
+
+/// `readiness:` of a process instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Readiness {
+    /// `READY=1` or the port accepting, whichever comes first.
+    #[default]
+    First,
+    /// `READY=1` only.
+    Notify,
+}
 
 fn default_port_env() -> String {
     "PORT".into()
@@ -276,9 +307,9 @@ async fn notified(notify: Option<&mut NotifySocket>) {
 }
 
 /// Waits for the instance to be ready: `READY=1` on its notification
-/// socket, or its port accepting a connection (probed with
-/// [`ProbeBackoff`] up to `probe_interval`), whichever comes first; fails
-/// at once if the process exits, or at `start_timeout`.
+/// socket, or (with `readiness: first`) its port accepting a connection
+/// (probed with [`ProbeBackoff`] up to `probe_interval`), whichever comes
+/// first; fails at once if the process exits, or at `start_timeout`.
 pub async fn wait_ready(
     spec: &ProcessSpec,
     instance: &mut Instance,
@@ -286,9 +317,10 @@ pub async fn wait_ready(
     let deadline = instance.started + spec.start_timeout;
     let mut backoff = ProbeBackoff::new(spec.probe_interval);
     loop {
-        if tokio::net::TcpStream::connect(instance.address)
-            .await
-            .is_ok()
+        if spec.probed()
+            && tokio::net::TcpStream::connect(instance.address)
+                .await
+                .is_ok()
         {
             let took = instance.started.elapsed();
             // Its `READY=1`, if it comes, is still read and counted.
@@ -365,6 +397,7 @@ mod tests {
             port_env: "PORT".into(),
             stop_grace: Duration::from_secs(2),
             notify: true,
+            readiness: Readiness::First,
             probe_interval: Duration::from_millis(5),
             start_timeout: Duration::from_secs(10),
         }
@@ -500,6 +533,51 @@ mod tests {
         assert_eq!(ready.via, Via::Notify);
         assert_eq!((counters.ignored.get(), counters.ready.get()), (2, 1));
         stop(inst, Duration::from_secs(2)).await;
+    }
+
+    /// R9: with `readiness: notify` an instance that listens before it can
+    /// serve is ready at its `READY=1`, not when its port first accepts.
+    #[tokio::test]
+    async fn with_readiness_notify_a_listening_port_is_not_ready_until_ready_1() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let go = dir.path().join("go");
+        let mut spec = server_spec(&format!(
+            "import threading\ndef later():\n    while not os.path.exists({go:?}):\n        time.sleep(0.01)\n    n = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n    n.sendto(b'READY=1', os.environ['NOTIFY_SOCKET'])\nthreading.Thread(target=later).start()",
+            go = go.display().to_string()
+        ));
+        spec.readiness = Readiness::Notify;
+        let counters = NotifyCounters::default();
+        let mut inst = spawn(&spec, "svc-6", &counters).expect("spawn");
+        let address = inst.address;
+        let mut waiting = Box::pin(wait_ready(&spec, &mut inst));
+        // Listening (it accepts), and still not ready.
+        let listening = async {
+            while tokio::net::TcpStream::connect(address).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            r = &mut waiting => panic!("ready before READY=1: {r:?}"),
+            () = listening => {}
+        }
+        // Probed, it would be ready within a few probe periods (5 ms).
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), &mut waiting).await {
+            panic!("ready on the port before READY=1: {r:?}");
+        }
+        std::fs::write(&go, b"").expect("go");
+        let ready = waiting.await.expect("ready");
+        assert_eq!(ready.via, Via::Notify);
+        stop(inst, Duration::from_secs(2)).await;
+    }
+
+    #[test]
+    fn readiness_notify_needs_the_notification_socket() {
+        let mut spec = server_spec("");
+        spec.readiness = Readiness::Notify;
+        spec.validate().expect("valid");
+        spec.notify = false;
+        let e = spec.validate().expect_err("no socket");
+        assert_eq!(e.path, "readiness");
     }
 
     #[tokio::test]

@@ -124,7 +124,9 @@ struct Placed {
     node: Option<String>,
 }
 
-fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions) {
+/// Registers the instance with conditions `c`; while it starts, proxies
+/// may probe it unless `probed` is false (`readiness: notify`).
+fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions, probed: bool) {
     let input = EndpointInput {
         id: id.to_owned(),
         addresses: vec![at.address.ip()],
@@ -135,7 +137,7 @@ fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions) 
         conditions: c,
         ttl_seconds: None,
         // Not ready only while starting: proxies may probe it.
-        starting: !c.ready && !c.terminating,
+        starting: probed && !c.ready && !c.terminating,
     };
     if let Err(e) = state.write(|r| r.put_endpoints(service, vec![input])) {
         tracing::error!(service, instance = id, error = %e, "cannot register instance");
@@ -247,13 +249,20 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
     let at = Placed { address, node };
     let spawned = Instant::now();
     // Announced at once, not ready: proxies may probe it directly.
-    put(&state, &service, &id, &at, conditions(false, false));
+    put(
+        &state,
+        &service,
+        &id,
+        &at,
+        conditions(false, false),
+        spec.probed(),
+    );
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
             Ok(r) => {
                 // Published first: held requests wait for this delta.
                 ready.store(true, Ordering::Relaxed);
-                put(&state, &service, &id, &at, conditions(true, false));
+                put(&state, &service, &id, &at, conditions(true, false), spec.probed());
                 let published = Instant::now();
                 // Recorded before the metrics count it: whoever sees the count
                 // finds the record.
@@ -286,7 +295,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
             // On shutdown, the removal is stored before the store closes.
             if *stop.borrow_and_update() != Order::Shutdown {
                 // Terminating: no new requests; in-flight ones get the drain period.
-                put(&state, &service, &id, &at, conditions(false, true));
+                put(&state, &service, &id, &at, conditions(false, true), spec.probed());
                 let shutdown = sleep_unless_shutdown(&mut stop, drain).await;
                 remove(&state, &service, &id);
                 // The delete takes a moment to reach every proxy, and one with
