@@ -295,3 +295,31 @@ fn a_compaction_cut_by_the_store_still_returns_what_it_stored() {
     assert_eq!(deltas.len(), 1);
     assert_eq!(deltas[0].service, "shop/b", "tried again next time");
 }
+
+/// C2: a failed group reloads memory from the store, but lease deadlines
+/// live in memory only: the reload must not grant every TTL endpoint a
+/// fresh period (with a failing store, a dead instance would never go).
+#[test]
+fn a_failed_write_keeps_every_lease_deadline() {
+    let tmp = temp_dir("leases");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut r = open(tmp.path(), &fail, 4);
+    r.put_service(spec()).expect("service");
+    let leased = EndpointInput {
+        ttl_seconds: Some(5),
+        ..input(1)
+    };
+    let start = std::time::Instant::now();
+    r.put_endpoints("shop/cart", vec![leased]).expect("put");
+    // Ten seconds pass: one expiry that the store refuses (a full disk).
+    fail.store(true, Ordering::SeqCst);
+    let past_deadline = start + Duration::from_secs(10);
+    assert!(r.expire(past_deadline).is_err(), "store refuses");
+    // The deadline is still the first one, not ten seconds later + 5 s.
+    fail.store(false, Ordering::SeqCst);
+    assert_eq!(r.expire(past_deadline).expect("expire"), 1);
+    assert!(
+        r.view("shop/cart").expect("view").endpoints.is_empty(),
+        "expired"
+    );
+}

@@ -89,7 +89,19 @@ impl Registry {
                 // store write (activation errors, resets) were published:
                 // never hand them out again.
                 self.version = self.version.max(loaded.version);
+                let before = std::mem::take(&mut self.services);
                 self.services = restore::services(loaded, self.max_per_slice, Instant::now());
+                // Lease deadlines live in memory only: a failed group must
+                // not grant every TTL endpoint a fresh period (with a
+                // failing store, dead instances would never expire).
+                for (key, service) in &mut self.services {
+                    let Some(old) = before.get(key) else { continue };
+                    for (id, deadline) in &mut service.expires {
+                        if let Some(kept) = old.expires.get(id) {
+                            *deadline = *kept;
+                        }
+                    }
+                }
                 for key in self.service_keys() {
                     if self.settle(&key).is_err() {
                         break;
