@@ -21,6 +21,12 @@ pub mod v1 {
 mod encoding;
 pub use encoding::{EncodedPair, Encoding, decode_delta, encode_compact};
 
+/// The largest gRPC message either side of the distribution stream sends
+/// or accepts (tonic's default is 4 MiB): a service's snapshot is one
+/// message per service, and 45,000 endpoints already take 4.4 MB. Both
+/// ends use this same limit.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
 pub use v1::distribution_client::DistributionClient;
 pub use v1::distribution_server::{Distribution, DistributionServer};
 

@@ -31,17 +31,21 @@ pub async fn serve(listener: TcpListener, state: Arc<PlaneState>, mut stop: watc
         interval: state.config.stream_interval,
     };
     let auth = state.auth.clone();
-    let server = DistributionServer::with_interceptor(service, move |req: Request<()>| {
-        let got = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        if auth.allows(got) {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated(crate::state::UNAUTHENTICATED))
-        }
-    });
+    let server = DistributionServer::new(service)
+        .max_decoding_message_size(meshless_api::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(meshless_api::MAX_MESSAGE_BYTES);
+    let server =
+        tonic::service::interceptor::InterceptedService::new(server, move |req: Request<()>| {
+            let got = req
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
+            if auth.allows(got) {
+                Ok(req)
+            } else {
+                Err(Status::unauthenticated(crate::state::UNAUTHENTICATED))
+            }
+        });
     // Deltas are small writes that must leave at once: no Nagle delay
     // behind an unacknowledged segment (tonic sets TCP_NODELAY only on
     // sockets it accepts itself).

@@ -244,7 +244,9 @@ async fn session(
                 req.metadata_mut().insert("authorization", v.clone());
             }
             Ok(req)
-        });
+        })
+        .max_decoding_message_size(meshless_api::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(meshless_api::MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<ClientMessage>(16);
     let asked = requests(&watched.borrow_and_update());
     let (resume_version, resume_incarnation) = resume.point_for(&asked);
@@ -310,11 +312,14 @@ async fn session(
                     Ok(Some(m)) => m,
                 };
                 silence.as_mut().reset(tokio::time::Instant::now() + SILENCE);
-                *received = true;
                 match msg.msg {
                     Some(server_message::Msg::Delta(bytes)) => {
                         let delta = decode_delta(&bytes)?;
                         let (v, reset) = (delta.version, delta.reset);
+                        // Only a stream past its snapshot was a good one
+                        // (the backoff restarts after it): one that fails
+                        // inside its snapshot every time must back off.
+                        *received |= !reset;
                         apply(state, table, merge, delta);
                         // A reset is one service of a snapshot (or of a
                         // catch-up after lag): the version moves only once
@@ -330,6 +335,7 @@ async fn session(
                         // may be younger, or older with other changes, and
                         // versions of another incarnation say nothing.
                         *resume = Resume { version: done.version, incarnation: done.incarnation, covers: snapshot_covers.clone() };
+                        *received = true;
                     }
                     Some(server_message::Msg::Peers(p)) => {
                         state.placements.change_peers(&p.added, &p.removed);
@@ -342,6 +348,7 @@ async fn session(
                     // delta would cost the control plane a message in for
                     // every message out, on every stream.
                     Some(server_message::Msg::Heartbeat(_)) => {
+                        *received = true;
                         let ack = ClientMessage { msg: Some(client_message::Msg::Ack(v1::Ack { version: resume.version })) };
                         let _ = tx.try_send(ack);
                     }

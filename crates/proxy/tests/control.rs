@@ -531,3 +531,50 @@ async fn a_proxy_configured_with_the_token_gets_endpoints() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+/// C3: a service whose snapshot is one gRPC message over tonic's default
+/// 4 MiB limit (45,000 endpoints with node names, over 4.4 MB) still reaches a proxy: both
+/// ends of the stream share `meshless_api::MAX_MESSAGE_BYTES`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_larger_than_four_mebibytes_reaches_the_proxy() {
+    const N: u32 = 45_000;
+    let plane = ControlPlane::start(control_config(None))
+        .await
+        .expect("plane");
+    plane
+        .state
+        .write(|r| {
+            r.put_service(meshless_control::registry::ServiceSpec {
+                namespace: "shop".into(),
+                name: "cart".into(),
+                ports: vec![meshless_control::registry::ServicePort::tcp(80)],
+                settings: Default::default(),
+            })?;
+            let eps = (0..N)
+                .map(|i| {
+                    let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+                    meshless_control::registry::EndpointInput {
+                        zone: Some("europe-west4-a".into()),
+                        node: Some(format!("gke-prod-pool-7d9f8c6b-{i:06}")),
+                        ..meshless_control::registry::EndpointInput::new(
+                            format!("cart-deployment-7d9f8c6b5-{i:06}"),
+                            ip.into(),
+                            8080,
+                        )
+                    }
+                })
+                .collect();
+            r.put_endpoints("shop/cart", eps)
+        })
+        .expect("endpoints");
+    let (p, _) = proxy(&proxy_yaml(plane.grpc_addr(), "")).await;
+    wait_for("all endpoints at the proxy", || async {
+        p.state()
+            .service_feeds()
+            .get("shop/cart")
+            .is_some_and(|f| f.endpoints.len() == N as usize)
+    })
+    .await;
+    p.shutdown().await;
+    plane.shutdown().await;
+}
