@@ -178,12 +178,9 @@ where
             }
         };
         if let Some(e) = refused {
-            let reply = refusal(&e, &downstream.settings().limits);
-            downstream
-                .state
-                .metrics
-                .local_reply(&downstream.name, reply.reason);
-            conn.linger = conn.io.write_all(&write::refusal(&reply)).await.is_ok();
+            // Made before the write: only its bytes are held across it.
+            let out = refusal(&downstream, e);
+            conn.linger = conn.io.write_all(&out).await.is_ok();
         }
         drop(conn.buf.take());
         let bound = downstream.settings().timeouts.request_headers;
@@ -195,11 +192,21 @@ where
     }
 }
 
-/// The answer to a head the codec refused: `414` and `431` as the screen
-/// stage answers them (`http1: hyper` passes heads within its buffer to
-/// it), `505` for a well-formed version of another major (`HTTP/2.0`), and
-/// `400` naming the cause for the rest.
-fn refusal(
+/// The answer to a head the codec refused, counted in
+/// `local_replies_total`: `414` and `431` as the screen stage answers them
+/// (`http1: hyper` passes heads within its buffer to it), `505` for a
+/// well-formed version of another major (`HTTP/2.0`), and `400` naming the
+/// cause for the rest.
+fn refusal(downstream: &Downstream, e: meshless_h1::Error) -> Vec<u8> {
+    let reply = refusal_reply(&e, &downstream.settings().limits);
+    downstream
+        .state
+        .metrics
+        .local_reply(&downstream.name, reply.reason);
+    write::refusal(&reply)
+}
+
+fn refusal_reply(
     e: &meshless_h1::Error,
     limits: &crate::limits::HeadLimits,
 ) -> crate::request::respond::LocalReply {
@@ -296,7 +303,8 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
 
     /// Lingering close, after the write side is shut: reads and discards
     /// what the client still sends until it closes (or fails), [`LINGER`]
-    /// passes, or the listener drains further.
+    /// passes, or the listener's drain starts (or turns to `Now`)
+    /// meanwhile: bounded, so a drain waits for it 2 s at most.
     async fn linger(mut self) {
         let until = Instant::now() + LINGER;
         let mut sink = Lent::borrow(&self.gauge);
