@@ -14,6 +14,13 @@
 //!
 //! Stricter than hyper on purpose: a size line longer than
 //! [`MAX_SIZE_LINE`] (hyper takes any number of leading zeros or spaces).
+//!
+//! Linear however the bytes arrive: a size line or trailer section that
+//! comes a byte per read is scanned on from where the last call stopped,
+//! not from its start. httparse reads a size line once it has ended (or
+//! while it is at most [`EAGER_LINE`] bytes, so a line that cannot be a
+//! size is refused as soon as hyper refuses it); a longer line with a bad
+//! byte is refused when it ends or reaches [`MAX_SIZE_LINE`].
 
 use std::ops::Range;
 
@@ -28,6 +35,10 @@ pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
 /// The longest size line taken: room for the extension limit, 16 digits
 /// and some spaces.
 pub const MAX_SIZE_LINE: usize = MAX_EXTENSION_BYTES as usize + 64;
+
+/// A size line is given to httparse on every call while it is at most
+/// this long (without its leading zeros); longer, only once it has ended.
+pub const EAGER_LINE: usize = 64;
 
 /// What one [`Decoder::decode`] call found at the start of its input.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +76,25 @@ pub struct Decoder {
     state: State,
     extension_bytes: u64,
     max_trailers: usize,
+    scan: Scan,
+    /// Input bytes looked at, for the tests of linearity.
+    #[cfg(test)]
+    examined: u64,
+}
+
+/// How far the line being read (a size line, or the trailer section) has
+/// been scanned: the next call goes on from there. The caller gives the
+/// line again from its start (`Step::Incomplete` consumes none of it).
+#[derive(Debug, Clone, Copy, Default)]
+struct Scan {
+    /// Bytes from the line's start looked at without finding its end.
+    seen: usize,
+    /// Size line: its leading zeros counted so far; final once `zeros_done`.
+    zeros: usize,
+    zeros_done: bool,
+    /// Trailer section: the state after `seen` bytes, and its lines.
+    trailer: Trailer,
+    lines: usize,
 }
 
 impl Decoder {
@@ -75,7 +105,19 @@ impl Decoder {
             state: State::Size,
             extension_bytes: 0,
             max_trailers,
+            scan: Scan::default(),
+            #[cfg(test)]
+            examined: 0,
         }
+    }
+
+    /// Counts `n` input bytes looked at (tests only).
+    fn examine(&mut self, n: usize) {
+        #[cfg(test)]
+        {
+            self.examined += n as u64;
+        }
+        let _ = n;
     }
 
     /// Whether the whole body has been decoded.
@@ -129,7 +171,7 @@ impl Decoder {
                     }
                 },
                 State::Trailers => {
-                    return match trailer_section(rest, self.max_trailers)? {
+                    return match self.trailer_section(rest)? {
                         None => Ok(Step::Incomplete { consumed: pos }),
                         Some((used, fields)) => {
                             self.state = State::Done;
@@ -145,7 +187,9 @@ impl Decoder {
     }
 
     /// The size line at the start of `rest`: `(bytes, size)`, or `None`
-    /// until it is complete.
+    /// until it is complete. Each byte is scanned once across calls
+    /// ([`Scan`]); httparse reads the line when it has ended, or while it
+    /// is short.
     fn size_line(&mut self, rest: &[u8]) -> Result<Option<(usize, u64)>, Error> {
         let Some(&first) = rest.first() else {
             return Ok(None);
@@ -156,15 +200,39 @@ impl Decoder {
         // Leading zeros do not change the size; httparse counts them as
         // digits (at most 16), hyper does not.
         // Bounded: a line of zeros alone can be too long.
-        let zeros = rest
-            .iter()
-            .take(MAX_SIZE_LINE)
-            .take_while(|&&b| b == b'0')
-            .count();
-        if zeros == MAX_SIZE_LINE {
-            return Err(Error::Chunked("size line too long"));
+        if !self.scan.zeros_done {
+            let from = self.scan.zeros.min(rest.len());
+            let more = rest[from..]
+                .iter()
+                .take(MAX_SIZE_LINE - from)
+                .take_while(|&&b| b == b'0')
+                .count();
+            self.examine(more + 1);
+            self.scan.zeros = from + more;
+            if self.scan.zeros == MAX_SIZE_LINE {
+                return Err(Error::Chunked("size line too long"));
+            }
+            self.scan.zeros_done = self.scan.zeros < rest.len();
         }
+        let zeros = self.scan.zeros;
+        // The line's end (CR, or a bare LF), searched on from where the
+        // last call stopped.
+        let from = self.scan.seen.max(zeros).min(rest.len());
+        let upto = rest.len().min(MAX_SIZE_LINE).max(from);
+        let end = rest[from..upto]
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n');
+        self.examine(upto - from);
+        self.scan.seen = end.map_or(upto, |i| from + i);
         let line = &rest[zeros..];
+        if end.is_none() && line.len() > EAGER_LINE {
+            return if rest.len() >= MAX_SIZE_LINE {
+                Err(Error::Chunked("size line too long"))
+            } else {
+                Ok(None)
+            };
+        }
+        self.examine(line.len());
         match httparse::parse_chunk_size(line) {
             Ok(httparse::Status::Complete((used, _))) if zeros + used > MAX_SIZE_LINE => {
                 Err(Error::Chunked("size line too long"))
@@ -175,6 +243,7 @@ impl Decoder {
                     return Err(Error::Chunked("bare LF in a chunk extension"));
                 }
                 self.count_extension(text)?;
+                self.scan = Scan::default();
                 Ok(Some((zeros + used, size)))
             }
             Ok(httparse::Status::Partial) => {
@@ -186,6 +255,49 @@ impl Decoder {
             }
             Err(httparse::InvalidChunkSize) => Err(Error::Chunked("invalid size line")),
         }
+    }
+
+    /// The trailer section at the start of `rest` (after the last chunk's
+    /// size line): `(bytes used, range of the section)`, or `None` until
+    /// complete. hyper's state machine: lines end in CRLF (a bare LF stays
+    /// inside its line), the section in an empty line; at most
+    /// `max_trailers` lines, fewer than [`MAX_TRAILER_BYTES`] bytes. Goes
+    /// on from where the last call stopped ([`Scan`]).
+    fn trailer_section(&mut self, rest: &[u8]) -> Result<Option<(usize, Range<usize>)>, Error> {
+        if self.scan.seen == 0 && rest.first() == Some(&b'\r') {
+            return Ok(crlf(rest, "final CRLF")?.map(|()| (2, 0..0)));
+        }
+        let (mut state, mut lines) = (self.scan.trailer, self.scan.lines);
+        let from = self.scan.seen.min(rest.len());
+        self.examine(rest.len() - from);
+        for (i, &b) in rest.iter().enumerate().skip(from) {
+            if i + 1 >= MAX_TRAILER_BYTES {
+                return Err(Error::Chunked("trailers over 16 KiB"));
+            }
+            state = match (state, b) {
+                (Trailer::Line, b'\r') => Trailer::Lf,
+                (Trailer::Line, _) => Trailer::Line,
+                (Trailer::Lf, b'\n') if lines < self.max_trailers => {
+                    lines += 1;
+                    Trailer::EndCr
+                }
+                (Trailer::Lf, _) => return Err(Error::Chunked("trailer line end or count")),
+                (Trailer::EndCr, b'\r') => Trailer::EndLf,
+                (Trailer::EndCr, _) => Trailer::Line,
+                (Trailer::EndLf, b'\n') => {
+                    let section = &rest[..=i];
+                    self.examine(section.len());
+                    check_trailers(section, lines)?;
+                    self.scan = Scan::default();
+                    return Ok(Some((i + 1, 0..i + 1)));
+                }
+                (Trailer::EndLf, _) => return Err(Error::Chunked("final CRLF")),
+            };
+        }
+        self.scan.seen = rest.len();
+        self.scan.trailer = state;
+        self.scan.lines = lines;
+        Ok(None)
     }
 
     /// Adds the extension bytes of a size line (after its first `;`) to
@@ -210,48 +322,13 @@ fn crlf(rest: &[u8], what: &'static str) -> Result<Option<()>, Error> {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Trailer {
+    #[default]
     Line,
     Lf,
     EndCr,
     EndLf,
-}
-
-/// The trailer section at the start of `rest` (after the last chunk's
-/// size line): `(bytes used, range of the section)`, or `None` until
-/// complete. hyper's state machine: lines end in CRLF (a bare LF stays
-/// inside its line), the section in an empty line; at most `max_lines`
-/// lines, fewer than [`MAX_TRAILER_BYTES`] bytes.
-fn trailer_section(rest: &[u8], max_lines: usize) -> Result<Option<(usize, Range<usize>)>, Error> {
-    if rest.first() == Some(&b'\r') {
-        return Ok(crlf(rest, "final CRLF")?.map(|()| (2, 0..0)));
-    }
-    let mut state = Trailer::Line;
-    let mut lines = 0;
-    for (i, &b) in rest.iter().enumerate() {
-        if i + 1 >= MAX_TRAILER_BYTES {
-            return Err(Error::Chunked("trailers over 16 KiB"));
-        }
-        state = match (state, b) {
-            (Trailer::Line, b'\r') => Trailer::Lf,
-            (Trailer::Line, _) => Trailer::Line,
-            (Trailer::Lf, b'\n') if lines < max_lines => {
-                lines += 1;
-                Trailer::EndCr
-            }
-            (Trailer::Lf, _) => return Err(Error::Chunked("trailer line end or count")),
-            (Trailer::EndCr, b'\r') => Trailer::EndLf,
-            (Trailer::EndCr, _) => Trailer::Line,
-            (Trailer::EndLf, b'\n') => {
-                let section = &rest[..=i];
-                check_trailers(section, lines)?;
-                return Ok(Some((i + 1, 0..i + 1)));
-            }
-            (Trailer::EndLf, _) => return Err(Error::Chunked("final CRLF")),
-        };
-    }
-    Ok(None)
 }
 
 /// hyper parses the section (final empty line included) with room for
@@ -344,6 +421,57 @@ mod tests {
             prop_assert_eq!(data, expected);
             prop_assert_eq!(used, body_len);
         }
+    }
+
+    /// Feeds `wire` one byte per read; the decoder's count of bytes
+    /// looked at, and whether the body decoded.
+    fn examined_byte_by_byte(wire: &[u8]) -> (u64, Result<(), Error>) {
+        let mut decoder = Decoder::new(100);
+        let mut pos = 0;
+        for end in 1..=wire.len() {
+            loop {
+                match decoder.decode(&wire[pos..end]) {
+                    Err(e) => return (decoder.examined, Err(e)),
+                    Ok(Step::Data(r)) => pos += r.end,
+                    Ok(Step::Incomplete { consumed }) => {
+                        pos += consumed;
+                        break;
+                    }
+                    Ok(Step::Done { .. }) => return (decoder.examined, Ok(())),
+                }
+            }
+        }
+        (decoder.examined, Err(Error::Chunked("truncated")))
+    }
+
+    /// A size line (long extension, many leading zeros) or trailer
+    /// section that arrives a byte per read is scanned on, not again from
+    /// its start: the bytes looked at stay a small multiple of the input
+    /// (rescanning would be about n²/2: some 100 million here).
+    #[test]
+    fn a_line_that_trickles_in_is_scanned_in_linear_time() {
+        let long_ext = format!("5;{}\r\nhello\r\n0\r\n\r\n", "e".repeat(15_000));
+        let zeros = format!("{}5\r\nhello\r\n0\r\n\r\n", "0".repeat(16_000));
+        let spaces = format!("5{};x\r\nhello\r\n0\r\n\r\n", " ".repeat(16_000));
+        let trailers = format!("0\r\nx-a: {}\r\nx-b: 1\r\n\r\n", "v".repeat(15_000));
+        for wire in [long_ext, zeros, spaces, trailers] {
+            let (examined, decoded) = examined_byte_by_byte(wire.as_bytes());
+            assert_eq!(decoded, Ok(()), "{}", &wire[..20]);
+            let bound = 4 * wire.len() as u64 + 64 * EAGER_LINE as u64;
+            assert!(
+                examined <= bound,
+                "{examined} bytes looked at for {}",
+                wire.len()
+            );
+        }
+        // Refused as before: a bad byte past the eager part of the line
+        // when the line ends, a line that never ends at the limit.
+        let bad = format!("5;{}\rx", "e".repeat(100));
+        assert!(examined_byte_by_byte(bad.as_bytes()).1.is_err());
+        let endless = format!("5 {}", " ".repeat(MAX_SIZE_LINE));
+        let (examined, decoded) = examined_byte_by_byte(endless.as_bytes());
+        assert_eq!(decoded, Err(Error::Chunked("size line too long")));
+        assert!(examined <= 4 * endless.len() as u64 + 64 * EAGER_LINE as u64);
     }
 
     #[test]

@@ -10,7 +10,8 @@ pub enum Error {
     /// or target is not one `http` accepts.
     #[error("malformed message head: {0}")]
     Head(&'static str),
-    /// The HTTP version is not 1.0 or 1.1.
+    /// A well-formed HTTP version of a major other than 1 (`HTTP/2.0` in
+    /// a request line: `505`); a malformed version is a [`Error::Head`].
     #[error("unsupported HTTP version")]
     Version,
     /// The request target is over the limit (or hyper's 65,534 bytes).

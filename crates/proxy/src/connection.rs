@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hyper::server::conn::http2;
@@ -26,6 +26,7 @@ use tokio::sync::watch;
 pub use crate::drain::Drain;
 use crate::limits::{Http1Server, ListenerSettings};
 use crate::request::downstream::Source;
+use crate::request::tunnel::ConnectionGuards;
 use crate::request::{Downstream, Peer};
 use crate::tls::{Handshake, ListenerTls};
 
@@ -100,6 +101,7 @@ pub fn serve(
     downstream: Arc<Downstream>,
     stream: TcpStream,
     client: SocketAddr,
+    connection: Weak<ConnectionGuards>,
     mut draining: watch::Receiver<Drain>,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
@@ -111,7 +113,7 @@ pub fn serve(
         let Ok(Ok(Some(protocol))) = sniffed else {
             return;
         };
-        let peer = Peer::new(client);
+        let peer = Peer::new(client).on(connection);
         match protocol {
             Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
                 crate::h1serve::serve(downstream, stream, peer, draining).await;
@@ -134,6 +136,7 @@ pub async fn serve_tls(
     tls: Arc<ListenerTls>,
     stream: TcpStream,
     client: SocketAddr,
+    connection: Weak<ConnectionGuards>,
     mut draining: watch::Receiver<Drain>,
 ) {
     let handshake = tokio::select! {
@@ -159,7 +162,7 @@ pub async fn serve_tls(
     serve_http(
         downstream,
         *stream,
-        Peer::new(client).secure(),
+        Peer::new(client).secure().on(connection),
         protocol,
         draining,
     )

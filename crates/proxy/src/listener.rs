@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use crate::connection::Drain;
 use crate::limits::ListenerSettings;
 use crate::protocol::ListenerProtocol;
 use crate::request::Downstream;
+use crate::request::tunnel::ConnectionGuards;
 use crate::sockopt::SocketOptions;
 use crate::state::ProxyState;
 use crate::tls::ListenerTls;
@@ -229,21 +230,25 @@ fn serve_connection(
     };
     let _ = settings.socket.apply(socket2::SockRef::from(&stream));
     let open = downstream.state.metrics.connection_opened(&downstream.name);
+    // Shared: a tunnel opened on the connection holds them until it closes.
+    let guards = Arc::new(ConnectionGuards::new(open, permit));
     // At the end of a drain, whatever is still open is dropped (closed).
     let closed = downstream.tunnels.closed();
     let downstream = Arc::clone(downstream);
-    let served = serve_accepted(downstream, settings, tls, draining, stream, peer);
+    let hold = Arc::downgrade(&guards);
+    let served = serve_accepted(downstream, settings, tls, draining, stream, peer, hold);
     tokio::spawn(ConnectionTask {
         served,
         closed,
-        _open: (open, permit),
+        _open: guards,
     });
 }
 
 pin_project_lite::pin_project! {
     /// One connection's task: serves it until it ends or the drain ends
     /// (`closed`), then is dropped with its guards (the connection gauge,
-    /// the `max_connections` slot). A plain struct rather than an async
+    /// the `max_connections` slot; a tunnel opened on the connection holds
+    /// them on until it closes). A plain struct rather than an async
     /// block, so the futures are stored once (an async block would keep
     /// each both as captured and as awaited).
     struct ConnectionTask<S, C> {
@@ -251,7 +256,7 @@ pin_project_lite::pin_project! {
         served: S,
         #[pin]
         closed: C,
-        _open: (crate::metrics::OpenConnection, OwnedSemaphorePermit),
+        _open: Arc<ConnectionGuards>,
     }
 }
 
@@ -280,6 +285,7 @@ fn serve_accepted(
     draining: watch::Receiver<Drain>,
     stream: TcpStream,
     peer: SocketAddr,
+    hold: Weak<ConnectionGuards>,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
         let accepted = crate::accept::client_address(&downstream, &settings, stream, peer);
@@ -292,12 +298,12 @@ fn serve_accepted(
             }
             (ListenerProtocol::Http, Some(tls)) => {
                 Box::pin(crate::connection::serve_tls(
-                    downstream, tls, stream, client, draining,
+                    downstream, tls, stream, client, hold, draining,
                 ))
                 .await
             }
             (ListenerProtocol::Http, None) => {
-                crate::connection::serve(downstream, stream, client, draining).await
+                crate::connection::serve(downstream, stream, client, hold, draining).await
             }
         }
     }
@@ -307,8 +313,13 @@ fn serve_accepted(
 mod tests {
     use super::*;
 
-    /// Bytes of the future `f` returns (6 arguments).
-    fn future_size6<A, B, C, D, E, G, R>(_: &impl FnOnce(A, B, C, D, E, G) -> R) -> usize {
+    /// Bytes of the future `f` returns (7 arguments).
+    fn future_size7<A, B, C, D, E, G, H, R>(_: &impl FnOnce(A, B, C, D, E, G, H) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Bytes of the future `f` returns (5 arguments).
+    fn future_size5<A, B, C, D, E, R>(_: &impl FnOnce(A, B, C, D, E) -> R) -> usize {
         std::mem::size_of::<R>()
     }
 
@@ -326,6 +337,7 @@ mod tests {
             watch::Receiver<Drain>,
             TcpStream,
             SocketAddr,
+            Weak<ConnectionGuards>,
         ) -> S,
         _closed: &C,
     ) -> usize {
@@ -341,8 +353,8 @@ mod tests {
     fn connection_task_sizes() {
         let closed = crate::request::tunnel::Tunnels::default().closed();
         let task = task_size(&serve_accepted, &closed);
-        let accepted = future_size6(&serve_accepted);
-        let conn = future_size4(&crate::connection::serve);
+        let accepted = future_size7(&serve_accepted);
+        let conn = future_size5(&crate::connection::serve);
         let h1 = future_size4(&crate::h1serve::serve::<TcpStream>);
         let hyper = future_size4(&crate::hyper_h1::serve::<TcpStream>);
         eprintln!(

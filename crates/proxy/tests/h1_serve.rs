@@ -1036,3 +1036,56 @@ async fn a_crlf_after_a_body_keeps_no_buffer_while_idle() {
     assert_eq!(resp.status, 200);
     p.shutdown().await;
 }
+
+/// Lingering close: a request refused while its client is still sending
+/// (a refused head; a body never read, on a reply that closes) is
+/// answered, the write side shut, and what the client goes on sending is
+/// read and discarded until it closes. Closing with those bytes unread
+/// would reset the connection: the client's next write fails, and a
+/// response still queued on the proxy's side is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_lingers_for_what_the_client_still_sends() {
+    let bs = backends(1).await;
+    let (p, addr) = h1_proxy(&bs).await;
+    let junk = vec![b'z'; 256 * 1024];
+    let heads: [(&[u8], u16); 2] = [
+        // Refused by the codec: NUL in a field.
+        (
+            b"POST / HTTP/1.1\r\nHost: t\r\nX-A: a\0b\r\nContent-Length: 9999999\r\n\r\n",
+            400,
+        ),
+        // Refused by the screen (`connection: close`), its body unread.
+        (
+            b"TRACE / HTTP/1.1\r\nHost: t\r\nContent-Length: 9999999\r\n\r\n",
+            405,
+        ),
+    ];
+    for (head, status) in heads {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(head).await.unwrap();
+        s.write_all(&junk).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, status);
+        assert_eq!(resp.header("connection"), Some("close"));
+        assert!(!resp.body.is_empty(), "the reply names its cause");
+        // The proxy shut its side after the response...
+        let mut buf = [0u8; 64];
+        let eof = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .unwrap();
+        assert_eq!(eof.unwrap(), 0);
+        // ...and still reads what comes: no reset.
+        s.write_all(&junk)
+            .await
+            .expect("the proxy reads on, no reset");
+        s.shutdown().await.expect("no reset");
+        let end = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .unwrap();
+        assert_eq!(end.expect("no reset"), 0);
+    }
+    assert_eq!(bs[0].requests(), 0);
+    metric_is(&p, BUFFERS, 0.0).await;
+    metric_is(&p, CONNECTIONS, 0.0).await;
+    p.shutdown().await;
+}

@@ -347,3 +347,109 @@ async fn paths_are_normalised_before_routing() {
     assert!(head.starts_with("http/1.1 400"), "{head}");
     p.shutdown().await;
 }
+
+/// An upgraded connection keeps its `max_connections` slot, and counts in
+/// `downstream_connections`, until its tunnel closes: the HTTP/1 server's
+/// part of the connection ends at the `101`, the tunnel holds the
+/// connection's guards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_keeps_its_connection_slot_until_it_closes() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    max_connections: 1\n    routes:",
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let gauge = "meshless_proxy_downstream_connections{listener=\"web\"}";
+    let ws =
+        b"GET /upgrade HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let (mut s, head) = head_of(addr, ws).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    let mut echo = [0u8; 4];
+    s.write_all(b"ping").await.unwrap();
+    s.read_exact(&mut echo).await.unwrap();
+    assert_eq!(&echo, b"ping");
+    assert_eq!(
+        metric(&p, gauge).await,
+        1.0,
+        "the tunnel is an open connection"
+    );
+    // The only slot is the tunnel's: a second connection waits in the
+    // backlog, unanswered (with the slot given back it is served at once).
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(500), second.read(&mut byte)).await;
+    assert!(early.is_err(), "served while the tunnel held the only slot");
+    s.write_all(b"pong").await.unwrap();
+    s.read_exact(&mut echo).await.unwrap();
+    assert_eq!(&echo, b"pong");
+    assert_eq!(metric(&p, gauge).await, 1.0);
+    // The tunnel closes: its slot goes to the waiting connection.
+    drop(s);
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(DEADLINE, second.read(&mut byte))
+            .await
+            .expect("the waiting connection is served once the tunnel closes")
+            .unwrap();
+        assert_eq!(n, 1, "closed before a response");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+    drop(second);
+    let deadline = Instant::now() + DEADLINE;
+    while metric(&p, gauge).await != 0.0 {
+        assert!(Instant::now() < deadline, "connection gauge not back to 0");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.shutdown().await;
+}
+
+/// Heads over `max_uri_bytes` and `max_header_bytes` (within what hyper
+/// buffers) are answered `414`/`431` with the limit in the body, counted
+/// in `local_replies_total` under their reason, on either HTTP/1 server
+/// (meshless's codec refuses them itself, hyper's server leaves them to
+/// the screen stage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_heads_are_counted_with_a_reason_and_say_why() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(9 * 1024));
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1024)
+    );
+    for (raw, status, reason, says) in [
+        (
+            long,
+            "414",
+            "uri_too_long",
+            "request target over 8192 bytes",
+        ),
+        (
+            big,
+            "431",
+            "headers_too_large",
+            "request headers over 100 fields or 16384 bytes",
+        ),
+    ] {
+        let (mut s, head) = head_of(addr, raw.as_bytes()).await;
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        let mut body = String::new();
+        tokio::time::timeout(DEADLINE, s.read_to_string(&mut body))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(body, format!("{says}\n"));
+        let series =
+            format!("meshless_proxy_local_replies_total{{listener=\"web\",reason=\"{reason}\"}}");
+        assert_eq!(metric(&p, &series).await, 1.0, "{series}");
+    }
+    assert_eq!(bs[0].requests(), 0, "nothing reached the backend");
+    p.shutdown().await;
+}

@@ -172,3 +172,34 @@ async fn malformed_requests_are_rejected_with_a_4xx() {
     );
     eprintln!("{}", report.join("\n"));
 }
+
+/// RFC 9110 15.6.6: a well-formed request line of another major version
+/// (`HTTP/2.0`) is answered `505` by meshless's server; a malformed
+/// version, and `HTTP/1.2` (major version 1 is supported; RFC 9112 2.3
+/// asks to read it as 1.1, which httparse does not parse), `400`. hyper's
+/// server answers `400` to all of them (not ours to change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_versions_are_505_and_malformed_ones_400() {
+    let bs = backends(1).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let meshless = test_http1() == meshless_proxy::h1serve::Http1Server::Meshless;
+    let major = if meshless { 505 } else { 400 };
+    for (version, want) in [
+        ("HTTP/2.0", major),
+        ("HTTP/3.0", major),
+        ("HTTP/1.2", 400),
+        ("HTTP/2", 400),
+        ("HTTP/1.1x", 400),
+        ("http/1.1", 400),
+    ] {
+        let raw = format!("GET / {version}\r\nHost: t\r\n\r\n");
+        assert_eq!(status_of(addr, raw.as_bytes()).await, want, "{version}");
+    }
+    if meshless {
+        let series =
+            "meshless_proxy_local_replies_total{listener=\"web\",reason=\"version_not_supported\"}";
+        assert_eq!(proxy_metric(&p, series).await, 2.0);
+    }
+    assert_eq!(bs[0].requests(), 0);
+    p.shutdown().await;
+}

@@ -14,8 +14,14 @@
 //!   (mid-head, mid-body, while the upstream answers, mid-response) ends
 //!   the exchange and drops the future, so every guard in it runs.
 //! - Framing is meshless-h1's (hyper's decisions, proven by its
-//!   differential test); a refused head is answered as hyper answers it
-//!   (its status, `connection: close`) and the connection closed.
+//!   differential test); a refused head is answered as the screen stage
+//!   answers what it refuses (its status, a reason in the body, counted in
+//!   `local_replies_total`, `connection: close`) and the connection closed.
+//! - A connection closed while the client may still be sending (a refused
+//!   head, a request body left unread) closes as nginx's `lingering_close`
+//!   does: the write side is shut, then what comes is read and discarded
+//!   until the client closes, for at most [`LINGER`]; closing with unread
+//!   bytes would send a reset, which can cost the client the response.
 //! - Anything rare stays on hyper: a request with `Upgrade` or `CONNECT`
 //!   hands the connection over to hyper's HTTP/1 server for the rest of
 //!   its life, the bytes already read replayed first ([`Prefixed`]).
@@ -74,6 +80,12 @@ impl<I> WaitRead for tokio_rustls::server::TlsStream<I> {
 /// read and discarded to keep the connection; a longer rest closes it.
 const DRAIN_MAX: u64 = 64 * 1024;
 
+/// The longest a closing connection reads and discards what its client
+/// still sends (lingering close; nginx's `lingering_time` is 30 s, with 5 s
+/// between reads): long enough for a response to reach a client that is
+/// still sending, short enough that a client that never stops costs little.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A request handler's future, boxed once per request (as hyper's path
 /// does: at hundreds of connections, a slot in every connection would be
 /// cold memory).
@@ -94,6 +106,9 @@ struct Conn<I> {
     /// The client ended its side with requests still buffered (pipelined,
     /// then a half-close): they are answered, then the connection closes.
     eof: bool,
+    /// The connection closes while the client may still be sending: read
+    /// and discard before closing ([`LINGER`]).
+    linger: bool,
 }
 
 /// What waiting for a head gave. Not boxed: it is moved once per
@@ -101,8 +116,8 @@ struct Conn<I> {
 #[allow(clippy::large_enum_variant)]
 enum Next {
     Head(Head),
-    /// A refused head, answered with this status and closed.
-    Refused(http::StatusCode),
+    /// A refused head, answered as the codec's error says and closed.
+    Refused(meshless_h1::Error),
     /// The client closed, the head timed out, or the listener drained.
     Closed,
 }
@@ -135,13 +150,14 @@ where
         drain,
         close_after: drain != Drain::Serving,
         eof: false,
+        linger: false,
     };
     async move {
         let refused = loop {
             let settings = downstream.settings();
             let head = match conn.next_head(&settings).await {
                 Next::Head(head) => head,
-                Next::Refused(status) => break Some(status),
+                Next::Refused(e) => break Some(e),
                 Next::Closed => break None,
             };
             if head.framing.upgrade {
@@ -153,17 +169,58 @@ where
             // is made and when it ends (`draining_now`): no waiter per
             // request.
             let keep = poll_fn(|cx| conn.poll_exchange(&mut ex, cx)).await;
+            if !keep {
+                conn.linger = conn.client_may_send(&ex);
+            }
             conn.end(ex);
             if !keep {
                 break None;
             }
         };
-        if let Some(status) = refused {
-            let _ = conn.io.write_all(&write::refusal(status)).await;
+        if let Some(e) = refused {
+            // Made before the write: only its bytes are held across it.
+            let out = refusal(&downstream, e);
+            conn.linger = conn.io.write_all(&out).await.is_ok();
         }
         drop(conn.buf.take());
         let bound = downstream.settings().timeouts.request_headers;
-        let _ = tokio::time::timeout(bound, conn.io.shutdown()).await;
+        let shut = tokio::time::timeout(bound, conn.io.shutdown()).await;
+        if conn.linger && matches!(shut, Ok(Ok(()))) {
+            // Boxed: rare, and inline it would size every connection's task.
+            Box::pin(conn.linger()).await;
+        }
+    }
+}
+
+/// The answer to a head the codec refused, counted in
+/// `local_replies_total`: `414` and `431` as the screen stage answers them
+/// (`http1: hyper` passes heads within its buffer to it), `505` for a
+/// well-formed version of another major (`HTTP/2.0`), and `400` naming the
+/// cause for the rest.
+fn refusal(downstream: &Downstream, e: meshless_h1::Error) -> Vec<u8> {
+    let reply = refusal_reply(&e, &downstream.settings().limits);
+    downstream
+        .state
+        .metrics
+        .local_reply(&downstream.name, reply.reason);
+    write::refusal(&reply)
+}
+
+fn refusal_reply(
+    e: &meshless_h1::Error,
+    limits: &crate::limits::HeadLimits,
+) -> crate::request::respond::LocalReply {
+    use crate::request::respond::LocalReply;
+    use crate::request::screen;
+    match e {
+        meshless_h1::Error::UriTooLong => screen::uri_too_long(limits),
+        meshless_h1::Error::HeadTooLarge => screen::headers_too_large(limits),
+        meshless_h1::Error::Version => LocalReply::text(
+            http::StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+            "HTTP version not supported: HTTP/1.1 and HTTP/1.0 are\n",
+            "version_not_supported",
+        ),
+        other => LocalReply::text(other.status(), format!("{other}\n"), "malformed_request"),
     }
 }
 
@@ -233,6 +290,37 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         self.buf.as_ref().is_some_and(|b| !b.is_empty())
     }
 
+    /// Whether the client may still be sending when the exchange `ex`
+    /// closes the connection after its response: its body was left unread
+    /// or its framing broke, or bytes follow it (nginx's heuristics for a
+    /// lingering close). Not when the client closed or half-closed.
+    fn client_may_send(&self, ex: &Exchange) -> bool {
+        if !ex.written || self.eof || (ex.read_closed && !ex.broken) {
+            return false;
+        }
+        ex.broken || ex.feeder.as_ref().is_some_and(|f| !f.finished()) || self.pending_bytes()
+    }
+
+    /// Lingering close, after the write side is shut: reads and discards
+    /// what the client still sends until it closes (or fails), [`LINGER`]
+    /// passes, or the listener's drain starts (or turns to `Now`)
+    /// meanwhile: bounded, so a drain waits for it 2 s at most.
+    async fn linger(mut self) {
+        let until = Instant::now() + LINGER;
+        let mut sink = Lent::borrow(&self.gauge);
+        loop {
+            sink.clear();
+            let read = tokio::io::AsyncReadExt::read_buf(&mut self.io, &mut *sink);
+            tokio::select! {
+                r = tokio::time::timeout_at(until, read) => match r {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
+                },
+                _ = drained(&mut self.draining, self.drain) => return,
+            }
+        }
+    }
+
     /// Reads until a whole head is buffered, within
     /// `timeouts.request_headers` of starting to wait (so an idle
     /// keep-alive connection closes after it too, as with hyper).
@@ -244,7 +332,7 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 match head::take(buf, &limits) {
                     Ok(Some(h)) => return Next::Head(h),
                     Ok(None) => {}
-                    Err(e) => return Next::Refused(e.status()),
+                    Err(e) => return Next::Refused(e),
                 }
             }
             if self.eof {

@@ -81,6 +81,7 @@ fn conn(io: Slow) -> (Conn<Slow>, watch::Sender<Drain>) {
         drain: Drain::Serving,
         close_after: false,
         eof: false,
+        linger: false,
     };
     (c, tx)
 }

@@ -9,7 +9,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{Method, StatusCode, Version};
 use http_body::Body;
@@ -254,11 +254,6 @@ impl Writer {
         Poll::Ready(Err(WriteError::Body(cut)))
     }
 
-    /// Whether nothing is left to write but the body's frames.
-    fn idle_output(&self) -> bool {
-        self.out.is_empty() && self.big.is_none()
-    }
-
     fn data(&mut self, data: Bytes) -> Result<(), WriteError> {
         if data.is_empty() {
             return Ok(());
@@ -273,12 +268,7 @@ impl Writer {
                 }
                 self.left -= n;
             }
-            Encoding::Chunked => {
-                let _ = std::fmt::Write::write_fmt(
-                    &mut HexOut(&mut self.out),
-                    format_args!("{:X}\r\n", data.len()),
-                );
-            }
+            Encoding::Chunked => crate::h1out::chunk_size(&mut self.out, data.len()),
             Encoding::Close => {}
         }
         if data.len() <= COPY_MAX {
@@ -332,44 +322,14 @@ impl Writer {
         if !must && self.body.is_some() {
             return Poll::Ready(Ok(()));
         }
-        while !self.idle_output() {
-            let n = {
-                let big = self.big.as_deref().unwrap_or_default();
-                let slices = [io::IoSlice::new(&self.out), io::IoSlice::new(big)];
-                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?
-            };
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            let from_out = n.min(self.out.len());
-            self.out.advance(from_out);
-            if let Some(big) = self.big.as_mut() {
-                big.advance(n - from_out);
-                if big.is_empty() {
-                    self.big = None;
-                    if self.encoding == Encoding::Chunked {
-                        self.out.put_slice(b"\r\n");
-                    }
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
+        let chunked = self.encoding == Encoding::Chunked;
+        crate::h1out::poll_drain(&mut self.out, &mut self.big, chunked, io, cx)
     }
 
     /// The write buffer, for the next response (empty).
     pub fn into_buffer(mut self) -> BytesMut {
         self.out.clear();
         std::mem::take(&mut self.out)
-    }
-}
-
-/// Writes formatted text into a `BytesMut`.
-struct HexOut<'a>(&'a mut BytesMut);
-
-impl std::fmt::Write for HexOut<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.put_slice(s.as_bytes());
-        Ok(())
     }
 }
 
@@ -402,19 +362,27 @@ fn date() -> HeaderValue {
     })
 }
 
-/// A complete response the connection makes itself: `status`, no body,
-/// `connection: close` (a refused head).
-pub fn refusal(status: StatusCode) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128);
+/// A complete response the connection makes itself (a refused head):
+/// `reply`'s status, content type and body, `connection: close`.
+pub fn refusal(reply: &crate::request::respond::LocalReply) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160 + reply.body.len());
     let date = date();
-    let fields: [(&[u8], &[u8]); 3] = [
-        (b"content-length", b"0"),
+    let length = reply.body.len().to_string();
+    let fields: [(&[u8], &[u8]); 4] = [
+        (b"content-type", reply.content_type.as_bytes()),
+        (b"content-length", length.as_bytes()),
         (b"connection", b"close"),
         (b"date", date.as_bytes()),
     ];
-    // Fixed fields and a canonical reason: never unwritable.
-    let _ =
-        meshless_h1::response::write_response_head(&mut out, Version::HTTP_11, status, "", fields);
+    // Valid fields and a canonical reason: never unwritable.
+    let _ = meshless_h1::response::write_response_head(
+        &mut out,
+        Version::HTTP_11,
+        reply.status,
+        "",
+        fields,
+    );
+    out.extend_from_slice(&reply.body);
     out
 }
 

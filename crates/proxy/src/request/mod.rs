@@ -94,6 +94,10 @@ pub struct Peer {
     pub xff: http::HeaderValue,
     /// Whether the connection is TLS (`x-forwarded-proto: https`).
     pub secure: bool,
+    /// The connection's guards (gauge, `max_connections` slot), held by
+    /// its task; a tunnel takes them for as long as it is open. Weak: a
+    /// clone of the peer kept elsewhere never holds a connection open.
+    pub connection: std::sync::Weak<tunnel::ConnectionGuards>,
 }
 
 impl Peer {
@@ -106,7 +110,13 @@ impl Peer {
             addr,
             xff,
             secure: false,
+            connection: std::sync::Weak::new(),
         }
+    }
+
+    /// The same peer, on the connection whose guards are `connection`.
+    pub fn on(self, connection: std::sync::Weak<tunnel::ConnectionGuards>) -> Self {
+        Self { connection, ..self }
     }
 
     /// The same peer on a TLS connection.
@@ -190,7 +200,7 @@ pub async fn handle(
         Ok((resp, guard, lease)) => {
             record.guard = guard;
             record.upstream = Some(lease);
-            respond::proxied(resp, upgrade, record, &downstream)
+            respond::proxied(resp, upgrade, record, &downstream, &peer)
         }
         Err(reply) => reply.respond(record),
     })
@@ -315,7 +325,9 @@ impl Held {
     }
 }
 
-/// How a wait for an endpoint ended.
+/// How a wait for an endpoint ended. Not boxed: made and moved once per
+/// held request.
+#[allow(clippy::large_enum_variant)]
 enum Waited {
     /// The cluster (as of then) can take the request.
     Ready(Arc<UpstreamCluster>),

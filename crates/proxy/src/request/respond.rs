@@ -140,6 +140,7 @@ pub fn proxied(
     upgrade: Option<hyper::upgrade::OnUpgrade>,
     mut record: Completion,
     downstream: &Downstream,
+    peer: &crate::request::Peer,
 ) -> Response<ProxyBody> {
     let status = resp.status();
     record.status = status.as_u16();
@@ -149,7 +150,10 @@ pub fn proxied(
     if switching && let Some(down) = upgrade {
         let up = hyper::upgrade::on(&mut resp);
         let idle = downstream.settings().timeouts.stream_idle;
-        crate::request::tunnel::spawn(&downstream.tunnels, down, up, record, idle);
+        // The connection is alive (it carries this response): its guards
+        // go with the tunnel, which outlives the HTTP/1 connection's task.
+        let connection = peer.connection.upgrade();
+        crate::request::tunnel::spawn(&downstream.tunnels, down, up, record, connection, idle);
         let (parts, body) = resp.into_parts();
         return Response::from_parts(parts, ProxyBody::new(body.boxed(), None));
     }

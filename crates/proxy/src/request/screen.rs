@@ -7,7 +7,7 @@
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode};
 
-use crate::limits::{ListenerSettings, TracePolicy};
+use crate::limits::{HeadLimits, ListenerSettings, TracePolicy};
 use crate::request::respond::LocalReply;
 
 /// Bytes a header field takes on the wire as `name: value\r\n`.
@@ -29,23 +29,12 @@ fn refusal(listener: &ListenerSettings, parts: &http::request::Parts) -> Option<
     let limits = &listener.limits;
     let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
     if target > limits.max_uri_bytes as usize {
-        return Some(LocalReply::text(
-            StatusCode::URI_TOO_LONG,
-            format!("request target over {} bytes\n", limits.max_uri_bytes),
-            "uri_too_long",
-        ));
+        return Some(uri_too_long(limits));
     }
     if parts.headers.len() > limits.max_headers as usize
         || field_bytes(&parts.headers) > limits.max_header_bytes as usize
     {
-        return Some(LocalReply::text(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            format!(
-                "request headers over {} fields or {} bytes\n",
-                limits.max_headers, limits.max_header_bytes
-            ),
-            "headers_too_large",
-        ));
+        return Some(headers_too_large(limits));
     }
     if parts.method == Method::CONNECT {
         return Some(LocalReply::text(
@@ -64,6 +53,28 @@ fn refusal(listener: &ListenerSettings, parts: &http::request::Parts) -> Option<
         return Some(r);
     }
     host_mismatch(parts)
+}
+
+/// `414`: the request target is over `max_uri_bytes` (also what
+/// `http1: meshless` answers when its codec refuses a head for it).
+pub fn uri_too_long(limits: &HeadLimits) -> LocalReply {
+    LocalReply::text(
+        StatusCode::URI_TOO_LONG,
+        format!("request target over {} bytes\n", limits.max_uri_bytes),
+        "uri_too_long",
+    )
+}
+
+/// `431`: the header fields are over `max_headers` or `max_header_bytes`.
+pub fn headers_too_large(limits: &HeadLimits) -> LocalReply {
+    LocalReply::text(
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        format!(
+            "request headers over {} fields or {} bytes\n",
+            limits.max_headers, limits.max_header_bytes
+        ),
+        "headers_too_large",
+    )
 }
 
 /// `400` when there is more than one `Host`, or it disagrees with the

@@ -15,7 +15,28 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 
+use crate::metrics::OpenConnection;
 use crate::request::body::{Completion, End};
+
+/// The guards of one open downstream connection: its
+/// `downstream_connections` gauge and its `max_connections` slot. Its task
+/// holds them, and a tunnel opened on it takes them too ([`spawn`]): an
+/// upgraded connection counts, and keeps its slot, until its tunnel closes
+/// (the HTTP/1 server's task ends at the `101`).
+#[derive(Debug)]
+pub struct ConnectionGuards {
+    _open: OpenConnection,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl ConnectionGuards {
+    pub fn new(open: OpenConnection, slot: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Self {
+            _open: open,
+            _slot: slot,
+        }
+    }
+}
 
 /// The open tunnels of one listener.
 #[derive(Debug)]
@@ -78,12 +99,14 @@ impl Drop for Open {
 }
 
 /// Splices `down` and `up` once both upgrades complete; `record` (with its
-/// slot and in-flight guard) is dropped when the tunnel closes.
+/// slot and in-flight guard) and `connection` (the downstream connection's
+/// gauge and `max_connections` slot) are dropped when the tunnel closes.
 pub fn spawn(
     tunnels: &Arc<Tunnels>,
     down: OnUpgrade,
     up: OnUpgrade,
     record: Completion,
+    connection: Option<Arc<ConnectionGuards>>,
     idle: Duration,
 ) {
     tunnels.open.fetch_add(1, Ordering::AcqRel);
@@ -94,6 +117,7 @@ pub fn spawn(
         // held for as long as the tunnel is open.
         let mut record = record;
         let _open = open;
+        let _connection = connection;
         let (Ok(down), Ok(up)) = (down.await, up.await) else {
             return;
         };

@@ -232,12 +232,7 @@ impl Sending {
                 }
                 *left -= n;
             }
-            Encoding::Chunked => {
-                let _ = std::fmt::Write::write_fmt(
-                    &mut Text(&mut self.out),
-                    format_args!("{:X}\r\n", data.len()),
-                );
-            }
+            Encoding::Chunked => crate::h1out::chunk_size(&mut self.out, data.len()),
         }
         if data.len() <= COPY_MAX {
             self.out.put_slice(&data);
@@ -266,28 +261,9 @@ impl Sending {
         io: &mut I,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ExchangeError>> {
-        while !self.out.is_empty() || self.big.is_some() {
-            let n = {
-                let big = self.big.as_deref().unwrap_or_default();
-                let slices = [io::IoSlice::new(&self.out), io::IoSlice::new(big)];
-                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?
-            };
-            if n == 0 {
-                return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
-            }
-            let from_out = n.min(self.out.len());
-            self.out.advance(from_out);
-            if let Some(big) = self.big.as_mut() {
-                big.advance(n - from_out);
-                if big.is_empty() {
-                    self.big = None;
-                    if self.encoding == Encoding::Chunked {
-                        self.out.put_slice(b"\r\n");
-                    }
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
+        let chunked = self.encoding == Encoding::Chunked;
+        let drained = crate::h1out::poll_drain(&mut self.out, &mut self.big, chunked, io, cx);
+        Poll::Ready(Ok(ready!(drained)?))
     }
 }
 
@@ -372,16 +348,6 @@ fn last_is_chunked(value: &[u8]) -> bool {
         .ok()
         .and_then(|s| s.rsplit(',').next())
         .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"))
-}
-
-/// Writes formatted text into a `BytesMut`.
-struct Text<'a>(&'a mut BytesMut);
-
-impl std::fmt::Write for Text<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.put_slice(s.as_bytes());
-        Ok(())
-    }
 }
 
 /// One exchange on a connection.
