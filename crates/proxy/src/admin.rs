@@ -99,10 +99,16 @@ async fn answer(
             )
         }
         "/ready" => {
-            if state.ready.load(Ordering::Acquire) {
-                reply(StatusCode::OK, "text/plain", "ready\n")
-            } else {
+            if !state.ready.load(Ordering::Acquire) {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n")
+            } else if !state.control_synced.load(Ordering::Acquire) {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "not ready: waiting for the control plane's first snapshot\n",
+                )
+            } else {
+                reply(StatusCode::OK, "text/plain", "ready\n")
             }
         }
         "/config" => json(StatusCode::OK, &*state.snapshot.load().config),

@@ -154,7 +154,13 @@ pub async fn run(
         tokio::select! {
             result = session => {
                 if let Err(e) = result {
-                    tracing::warn!(control = %address, error = %e, "control plane unreachable; serving the last endpoints");
+                    state.metrics.control_stream_failures.inc();
+                    let have = state.services.lock().unwrap_or_else(PoisonError::into_inner).len();
+                    if have == 0 {
+                        tracing::warn!(control = %address, error = ?e, "control plane unreachable; no endpoints received yet");
+                    } else {
+                        tracing::warn!(control = %address, error = ?e, services = have, "control plane unreachable; serving the last endpoints");
+                    }
                 }
                 // A stream that carried messages was a good connection:
                 // the next attempt starts from the shortest backoff.
@@ -280,6 +286,7 @@ async fn session(
     );
     let mut inbound = client.stream(outbound).await?.into_inner();
     tracing::info!(control = %uri, resume_version, "control plane stream open");
+    let _connected = Connected::new(&state.metrics.control_connected);
     // This stream sends the placements that hold now.
     state.placements.clear();
     // Measured from the last message received, not from the last turn of
@@ -336,6 +343,9 @@ async fn session(
                         // versions of another incarnation say nothing.
                         *resume = Resume { version: done.version, incarnation: done.incarnation, covers: snapshot_covers.clone() };
                         *received = true;
+                        if !state.control_synced.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                            tracing::info!(version = done.version, "first snapshot from the control plane applied; ready");
+                        }
                     }
                     Some(server_message::Msg::Peers(p)) => {
                         state.placements.change_peers(&p.added, &p.removed);
@@ -457,5 +467,21 @@ fn rebuild(state: &ProxyState, table: &Table, service: &str) {
         Err(e) => {
             tracing::error!(service = %service, error = %e, "cannot apply endpoints; keeping the previous ones");
         }
+    }
+}
+
+/// Holds `control_connected` at 1 while a stream is open.
+struct Connected(prometheus_client::metrics::gauge::Gauge);
+
+impl Connected {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.set(1);
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.0.set(0);
     }
 }

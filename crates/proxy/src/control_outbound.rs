@@ -161,6 +161,7 @@ mod tests {
             metrics: crate::metrics::Metrics::new(),
             access_log: ArcSwap::from_pointee(AccessLogger::open(&AccessLog::Off).expect("off")),
             ready: AtomicBool::new(false),
+            control_synced: AtomicBool::new(true),
             services: Default::default(),
             activate: Arc::clone(&activations),
             endpoints_changed: tokio::sync::Notify::new(),

@@ -108,6 +108,11 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabels, Counter>,
     pub activation_phase: Family<PhaseLabels, Histogram>,
     pub activations: Family<ActivationLabels, Counter>,
+    /// 1 while a stream to the control plane is open, else 0.
+    pub control_connected: Gauge,
+    /// Streams to the control plane that ended in an error (unreachable,
+    /// refused, cut).
+    pub control_stream_failures: Counter,
     pub downstream_connections: Family<ListenerLabels, Gauge>,
     pub connections_at_limit: Family<ListenerLabels, Counter>,
     pub upgrades_refused: Family<ListenerLabels, Counter>,
@@ -222,6 +227,18 @@ impl Metrics {
             "Held requests, by how they ended",
             activations.clone(),
         );
+        let control_connected = Gauge::default();
+        registry.register(
+            "proxy_control_connected",
+            "1 while a stream to the control plane is open",
+            control_connected.clone(),
+        );
+        let control_stream_failures = Counter::default();
+        registry.register(
+            "proxy_control_stream_failures",
+            "Streams to the control plane that ended in an error",
+            control_stream_failures.clone(),
+        );
         let downstream_connections = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "proxy_downstream_connections",
@@ -297,6 +314,8 @@ impl Metrics {
             requests,
             activation_phase,
             activations,
+            control_connected,
+            control_stream_failures,
             request_duration,
             local_replies,
             retries,

@@ -109,6 +109,7 @@ impl Proxy {
             metrics,
             access_log: ArcSwap::from_pointee(access_log),
             ready: AtomicBool::new(false),
+            control_synced: AtomicBool::new(control.is_none()),
             services: std::sync::Mutex::new(Default::default()),
             activate: Arc::clone(&activations),
             endpoints_changed: tokio::sync::Notify::new(),
@@ -158,6 +159,21 @@ impl Proxy {
             });
             if let Some(addr) = peer {
                 let _ = state.peer_address.set(addr);
+            }
+            if !link.initial_fetch_timeout.is_zero() {
+                let (state, wait) = (Arc::clone(&state), link.initial_fetch_timeout);
+                let mut stopped = stopped.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = stopped.changed() => return,
+                    }
+                    if !state.control_synced.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(after = ?wait, "no snapshot from the control plane yet; ready with the endpoints at hand");
+                    }
+                }));
+            } else {
+                state.control_synced.store(true, Ordering::Release);
             }
             let token = match &link.token_file {
                 Some(p) => Some(

@@ -19,6 +19,11 @@ pub struct ProxyState {
     pub access_log: ArcSwap<AccessLogger>,
     /// True once listeners are up and the config is loaded.
     pub ready: AtomicBool,
+    /// True once the control plane's first snapshot arrived, or
+    /// `control.initial_fetch_timeout` passed without it (always true
+    /// without `control:`); `/ready` waits for it, as Envoy's initial
+    /// fetch does.
+    pub control_synced: AtomicBool,
     /// Endpoints of `service:` clusters as last received from the control
     /// plane; kept while it is unreachable (static stability).
     pub services: std::sync::Mutex<ServiceFeeds>,

@@ -578,3 +578,63 @@ async fn a_snapshot_larger_than_four_mebibytes_reaches_the_proxy() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+/// C5: `/ready` waits for the control plane's first snapshot (as Envoy's
+/// initial fetch does), or for `initial_fetch_timeout` when the plane
+/// cannot be reached; the stream's state is in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_waits_for_the_first_snapshot_or_the_initial_fetch_timeout() {
+    // No control plane behind this address.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let yaml = proxy_yaml(dead, "").replacen(
+        &format!("control: {{ address: \"{dead}\" }}"),
+        &format!("control: {{ address: \"{dead}\", initial_fetch_timeout: 1s }}"),
+        1,
+    );
+    let (p, _) = proxy(&yaml).await;
+    let admin = p.admin_addr();
+    let (status, _, body) = get(&client(), admin, "/ready", &[]).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("first snapshot"), "{body}");
+    wait_for("ready after the initial fetch timeout", || async {
+        get(&client(), admin, "/ready", &[]).await.0 == StatusCode::OK
+    })
+    .await;
+    let m = get(&client(), admin, "/metrics", &[]).await.2;
+    assert_eq!(
+        metric(&m, "meshless_proxy_control_connected"),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(
+        metric(&m, "meshless_proxy_control_stream_failures_total").is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    p.shutdown().await;
+
+    // With the plane there: ready once its snapshot arrived, and connected.
+    let plane = ControlPlane::start(control_config(None))
+        .await
+        .expect("plane");
+    let yaml = proxy_yaml(plane.grpc_addr(), "").replacen(
+        "}\nlisteners",
+        ", initial_fetch_timeout: 1h }\nlisteners",
+        1,
+    );
+    let (p, _) = proxy(&yaml).await;
+    let admin = p.admin_addr();
+    wait_for("ready with the plane's snapshot", || async {
+        get(&client(), admin, "/ready", &[]).await.0 == StatusCode::OK
+    })
+    .await;
+    let m = get(&client(), admin, "/metrics", &[]).await.2;
+    assert_eq!(
+        metric(&m, "meshless_proxy_control_connected"),
+        Some(1.0),
+        "{m}"
+    );
+    p.shutdown().await;
+    plane.shutdown().await;
+}

@@ -39,6 +39,16 @@ pub struct ControlLink {
     /// `0.0.0.0` or `::`).
     #[serde(default)]
     pub peer_address: Option<std::net::SocketAddr>,
+    /// `/ready` answers 503 until the first snapshot from the control
+    /// plane arrived, or this long after start (Envoy's
+    /// `initial_fetch_timeout`, 15 s); `0s`: ready at once.
+    #[serde(default = "default_initial_fetch_timeout", with = "duration")]
+    pub initial_fetch_timeout: Duration,
+}
+
+/// Envoy's `initial_fetch_timeout` default: 15 s.
+pub fn default_initial_fetch_timeout() -> Duration {
+    Duration::from_secs(15)
 }
 
 impl ControlLink {
@@ -50,6 +60,7 @@ impl ControlLink {
             update_merge_window: default_update_merge_window(),
             peer_listener: None,
             peer_address: None,
+            initial_fetch_timeout: default_initial_fetch_timeout(),
         }
     }
 
