@@ -95,6 +95,13 @@ impl ControlPlane {
         ));
         for (index, s) in config.services.iter().enumerate() {
             let key = s.spec().key();
+            // The file seeds the registry: a service the store already
+            // holds keeps what was stored (its API changes, deletions and
+            // drains survive a restart).
+            if state.lock().view(&key).is_some() {
+                tracing::info!(service = %key, "kept as stored; the file's services only seed an empty registry");
+                continue;
+            }
             state
                 .write(|r| {
                     r.put_service(s.spec())?;

@@ -486,3 +486,52 @@ async fn a_crashed_instance_is_replaced() {
     .await;
     plane.shutdown().await;
 }
+
+/// C4: with a store, the file's `services:` only seed an empty registry:
+/// an endpoint deleted through the API stays deleted after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_api_changes_to_a_service_the_file_seeds() {
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-seed-")
+        .tempdir()
+        .expect("dir");
+    let seeded = |dir: PathBuf| {
+        let yaml = format!(
+            "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\ndata_dir: {:?}\nservices:\n  - namespace: shop\n    name: cart\n    endpoints:\n      - {{ id: a, addresses: [10.0.0.1], port: 80 }}\n      - {{ id: b, addresses: [10.0.0.2], port: 80 }}\n",
+            dir.display().to_string()
+        );
+        ControlConfig::parse(&yaml, "control.yaml").expect("config")
+    };
+    let ids = |view: &serde_json::Value| -> Vec<String> {
+        view["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let plane = ControlPlane::start(seeded(tmp.path().to_path_buf()))
+        .await
+        .expect("plane");
+    let (s, _) = call(
+        plane.api_addr(),
+        Method::DELETE,
+        "/v1/services/shop/cart/endpoints/b",
+        serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    plane.shutdown().await;
+    let plane = ControlPlane::start(seeded(tmp.path().to_path_buf()))
+        .await
+        .expect("plane");
+    let (_, view) = call(
+        plane.api_addr(),
+        Method::GET,
+        "/v1/services/shop/cart",
+        serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(ids(&view), vec!["a".to_owned()], "{view}");
+    plane.shutdown().await;
+}
