@@ -174,6 +174,7 @@ impl Shared {
                 Err(failed.error)
             }
         };
+        self.metrics.record_store(outcome.is_err(), reg.is_broken());
         drop(reg);
         for c in completions {
             c(outcome.clone());

@@ -168,7 +168,12 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
         (&Method::GET, ["ready"]) => {
             // Not Ready before the Kubernetes source's first lists: a
             // snapshot served now would miss every service not yet listed.
-            return Ok(if state.distributor.is_synced() {
+            return Ok(if state.metrics.store_failing.get() != 0 {
+                json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &serde_json::json!({"ready": false, "reason": "the data store refuses writes (meshless_control_store_failing)"}),
+                )
+            } else if state.distributor.is_synced() {
                 json(StatusCode::OK, &serde_json::json!({"ready": true}))
             } else {
                 json(

@@ -40,6 +40,11 @@ pub struct ControlMetrics {
     /// API calls that found the registry locked (a commit in progress)
     /// and waited for it on the blocking pool, not on an executor thread.
     pub registry_waits_offloaded: Counter,
+    /// 1 while the data store refuses writes (the last commit failed, or
+    /// memory waits for the store to read again), else 0.
+    pub store_failing: Gauge,
+    /// Commits the data store refused.
+    pub store_write_failures: Counter,
     pub expired: Counter,
     pub instance_start: Histogram,
     pub instance_start_failures: Counter,
@@ -63,6 +68,15 @@ impl Default for ControlMetrics {
 }
 
 impl ControlMetrics {
+    /// After a commit: `refused` when the store refused it, `broken` when
+    /// memory waits for the store to read again.
+    pub fn record_store(&self, refused: bool, broken: bool) {
+        if refused {
+            self.store_write_failures.inc();
+        }
+        self.store_failing.set(i64::from(refused || broken));
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("meshless_control");
         let subscribers = Gauge::default();
@@ -144,6 +158,18 @@ impl ControlMetrics {
             "renewals",
             "TTL renewals (in-memory lease extensions, never a store write)",
             renewals.clone(),
+        );
+        let store_failing = Gauge::default();
+        registry.register(
+            "store_failing",
+            "1 while the data store refuses writes",
+            store_failing.clone(),
+        );
+        let store_write_failures = Counter::default();
+        registry.register(
+            "store_write_failures",
+            "Commits the data store refused",
+            store_write_failures.clone(),
         );
         let registry_waits_offloaded = Counter::default();
         registry.register(
@@ -230,6 +256,8 @@ impl ControlMetrics {
             slice_writes,
             commit_groups,
             renewals,
+            store_failing,
+            store_write_failures,
             registry_waits_offloaded,
             expired,
         }

@@ -168,6 +168,8 @@ impl PlaneState {
         let committed = Instant::now();
         let mut reg = self.lock();
         let out = f(&mut reg);
+        let refused = matches!(out, Err(RegistryError::Store(_)));
+        self.metrics.record_store(refused, reg.is_broken());
         match &out {
             Ok(_) => self.metrics.writes.inc(),
             Err(_) => self.metrics.rejected_writes.inc(),

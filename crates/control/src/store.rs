@@ -92,10 +92,15 @@ impl Storage for Store {
     }
 }
 
-/// The embedded database.
+/// The embedded database. After a failed write it is closed and opened
+/// again on the next use: redb refuses every later transaction of a
+/// handle that saw an I/O error (`PreviousIo`), so without a reopen one
+/// full disk would fail every write until a restart.
 #[derive(Debug)]
 pub struct Store {
-    db: Database,
+    /// `None` after a failed write, until reopened.
+    db: std::sync::Mutex<Option<Database>>,
+    file: std::path::PathBuf,
 }
 
 fn row_key(service: &str, item: &str) -> String {
@@ -122,12 +127,44 @@ impl Store {
         }
         txn.open_table(META).map_err(io)?;
         txn.commit().map_err(io)?;
-        Ok(Self { db })
+        Ok(Self {
+            db: std::sync::Mutex::new(Some(db)),
+            file: dir.join("meshless.redb"),
+        })
+    }
+
+    /// Runs `f` on the database, opening it again first if a failed write
+    /// closed it; a failure of `f` closes it (the next use reopens).
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut slot = self
+            .db
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let db = match slot.take() {
+            Some(db) => db,
+            None => {
+                let db = Database::create(&self.file).map_err(io)?;
+                tracing::info!(file = %self.file.display(), "data store opened again after a failed write");
+                db
+            }
+        };
+        let out = f(&db);
+        if out.is_ok() {
+            *slot = Some(db);
+        }
+        out
     }
 
     /// Everything stored.
     pub fn load(&self) -> Result<Loaded, StoreError> {
-        let txn = self.db.begin_read().map_err(io)?;
+        self.with_db(Self::load_from)
+    }
+
+    fn load_from(db: &Database) -> Result<Loaded, StoreError> {
+        let txn = db.begin_read().map_err(io)?;
         let mut out = Loaded::default();
         let meta = txn.open_table(META).map_err(io)?;
         out.version = meta.get(VERSION_KEY).map_err(io)?.map_or(0, |v| v.value());
@@ -170,12 +207,14 @@ impl Store {
     /// Applies `batches` in order in one transaction: one commit, one
     /// fsync for all of them (group commit).
     pub fn apply_group(&self, batches: &[WriteBatch]) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        for batch in batches {
-            Self::write_batch(&txn, batch)?;
-        }
-        txn.commit().map_err(io)?;
-        Ok(())
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(io)?;
+            for batch in batches {
+                Self::write_batch(&txn, batch)?;
+            }
+            txn.commit().map_err(io)?;
+            Ok(())
+        })
     }
 
     fn write_batch(txn: &redb::WriteTransaction, batch: &WriteBatch) -> Result<(), StoreError> {

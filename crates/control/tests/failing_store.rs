@@ -11,15 +11,20 @@ use meshless_control::registry::{EndpointInput, Registry, ServicePort, ServiceSp
 use meshless_control::store::{Loaded, Storage, Store, StoreError, WriteBatch};
 use meshless_model::EndpointId;
 
-/// A real store that refuses every write while `fail` is set.
+/// A real store that refuses every write while `fail` is set (and every
+/// read while `fail_reads` is).
 #[derive(Debug)]
 struct Flaky {
     inner: Store,
     fail: Arc<AtomicBool>,
+    fail_reads: Arc<AtomicBool>,
 }
 
 impl Storage for Flaky {
     fn load(&self) -> Result<Loaded, StoreError> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("injected: input/output error".into()));
+        }
         self.inner.load()
     }
 
@@ -56,6 +61,7 @@ fn open(dir: &std::path::Path, fail: &Arc<AtomicBool>, max_per_slice: usize) -> 
     let store = Flaky {
         inner: Store::open(dir).expect("store"),
         fail: Arc::clone(fail),
+        fail_reads: Arc::new(AtomicBool::new(false)),
     };
     Registry::open_with(Some(Box::new(store)), max_per_slice).expect("registry")
 }
@@ -322,4 +328,53 @@ fn a_failed_write_keeps_every_lease_deadline() {
         r.view("shop/cart").expect("view").endpoints.is_empty(),
         "expired"
     );
+}
+
+/// C1: a store that could not even be read back after a failed write
+/// leaves memory untrusted and writes refused, but only until it reads
+/// again: the next write then reloads memory (and is refused, to be
+/// retried), and the writes after it go through, with no restart.
+#[test]
+fn a_store_that_reads_again_ends_the_broken_state() {
+    let tmp = temp_dir("broken");
+    let (fail, fail_reads) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let store = Flaky {
+        inner: Store::open(tmp.path()).expect("store"),
+        fail: Arc::clone(&fail),
+        fail_reads: Arc::clone(&fail_reads),
+    };
+    let mut r = Registry::open_with(Some(Box::new(store)), 4).expect("registry");
+    r.put_service(spec()).expect("service");
+    r.put_endpoints("shop/cart", vec![input(1)]).expect("put");
+    fail.store(true, Ordering::SeqCst);
+    fail_reads.store(true, Ordering::SeqCst);
+    // A group (as the API's group commit writes) whose commit fails, and
+    // whose reload fails too.
+    r.begin_group();
+    r.put_endpoints("shop/cart", vec![input(2)])
+        .expect("staged");
+    assert!(r.end_group().is_err());
+    assert!(r.is_broken(), "memory could not be reloaded");
+    assert!(r.put_endpoints("shop/cart", vec![input(3)]).is_err());
+    // The disk is back.
+    fail.store(false, Ordering::SeqCst);
+    fail_reads.store(false, Ordering::SeqCst);
+    let e = r
+        .put_endpoints("shop/cart", vec![input(4)])
+        .expect_err("computed on untrusted memory");
+    assert!(e.to_string().contains("retry"), "{e}");
+    assert!(!r.is_broken());
+    r.put_endpoints("shop/cart", vec![input(4)])
+        .expect("the retry goes through");
+    let ids: Vec<String> = r
+        .view("shop/cart")
+        .expect("view")
+        .endpoints
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, vec!["cart-1".to_owned(), "cart-4".to_owned()]);
 }

@@ -80,39 +80,44 @@ impl Registry {
         );
         services.sort();
         services.dedup();
-        let Some(store) = &self.store else {
-            return GroupFailed { error, services };
-        };
-        match store.load() {
-            Ok(loaded) => {
-                // Versions handed out since the last commit without a
-                // store write (activation errors, resets) were published:
-                // never hand them out again.
-                self.version = self.version.max(loaded.version);
-                let before = std::mem::take(&mut self.services);
-                self.services = restore::services(loaded, self.max_per_slice, Instant::now());
-                // Lease deadlines live in memory only: a failed group must
-                // not grant every TTL endpoint a fresh period (with a
-                // failing store, dead instances would never expire).
-                for (key, service) in &mut self.services {
-                    let Some(old) = before.get(key) else { continue };
-                    for (id, deadline) in &mut service.expires {
-                        if let Some(kept) = old.expires.get(id) {
-                            *deadline = *kept;
-                        }
-                    }
-                }
-                for key in self.service_keys() {
-                    if self.settle(&key).is_err() {
-                        break;
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "reloading the store after a failed commit");
-                self.broken = Some(e);
-            }
+        if self.store.is_some()
+            && let Err(e) = self.reload()
+        {
+            tracing::error!(error = %e, "reloading the store after a failed commit");
+            self.broken = Some(e);
         }
         GroupFailed { error, services }
+    }
+
+    /// Memory back to what the store holds (after a failed commit, or to
+    /// leave the broken state once the store reads again); lease deadlines
+    /// are kept, since they live in memory only.
+    pub(super) fn reload(&mut self) -> Result<(), StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let loaded = store.load()?;
+        // Versions handed out since the last commit without a store write
+        // (activation errors, resets) were published: never hand them out
+        // again.
+        self.version = self.version.max(loaded.version);
+        let before = std::mem::take(&mut self.services);
+        self.services = restore::services(loaded, self.max_per_slice, Instant::now());
+        // A failed group must not grant every TTL endpoint a fresh period
+        // (with a failing store, dead instances would never expire).
+        for (key, service) in &mut self.services {
+            let Some(old) = before.get(key) else { continue };
+            for (id, deadline) in &mut service.expires {
+                if let Some(kept) = old.expires.get(id) {
+                    *deadline = *kept;
+                }
+            }
+        }
+        for key in self.service_keys() {
+            if self.settle(&key).is_err() {
+                break;
+            }
+        }
+        Ok(())
     }
 }

@@ -166,6 +166,12 @@ impl Registry {
         self.version
     }
 
+    /// Whether a failed reload left memory untrusted: writes are refused
+    /// until the store reads again.
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
     /// Closes the store (on shutdown): later writes are refused, since
     /// they could no longer be made durable (a registry without a store
     /// stays memory-only).
@@ -211,8 +217,20 @@ impl Registry {
     /// Writes `batch` to the store (or stages it, inside a group); memory
     /// changes only after this returns Ok.
     fn commit(&mut self, batch: WriteBatch) -> Result<(), RegistryError> {
-        if let Some(e) = &self.broken {
-            return Err(e.clone().into());
+        if let Some(e) = self.broken.take() {
+            // A store that reads again (space freed, the disk back) ends
+            // the broken state; this write was computed on memory that
+            // could not be trusted, so it is refused: its caller retries.
+            // (Taken first: the reload's own slice writes come here too.)
+            if self.store.is_some() && self.reload().is_ok() {
+                tracing::info!("the store reads again; memory reloaded from it");
+                return Err(StoreError::Io(format!(
+                    "the store failed earlier ({e}) and was reloaded; retry the write"
+                ))
+                .into());
+            }
+            self.broken = Some(e.clone());
+            return Err(e.into());
         }
         if let Some(staged) = &mut self.staged {
             if self.store.is_some() {
