@@ -295,6 +295,7 @@ impl ProxyConfig {
             }
             listener::validate_listener(l, &clusters, congestion.as_deref()).at(&at)?;
             crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
+            l.http2.validate().at(format!("{at}.http2"))?;
             if let Some(tls) = &l.tls {
                 tls.validate().at(format!("{at}.tls"))?;
             }

@@ -176,9 +176,19 @@ impl Failure {
 /// retry condition it matches: a 5xx, or for a gRPC request a
 /// `grpc-status` in the headers (a trailers-only answer), taken as the HTTP
 /// status Envoy maps it to (UNAVAILABLE is a 503).
+///
+/// A gRPC response (`content-type: application/grpc`) that ends with its
+/// headers and has no `grpc-status` in them is INTERNAL (gRPC clients
+/// report a missing status so): a failure, retried on `internal`.
 pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<RetryOn>) {
+    use http_body::Body as _;
     let code = if grpc {
-        crate::request::grpc::status(resp.headers())
+        crate::request::grpc::status(resp.headers()).or_else(|| {
+            (resp.status() == http::StatusCode::OK
+                && crate::request::grpc::is_grpc(resp.headers())
+                && resp.body().is_end_stream())
+            .then_some(crate::request::grpc::code::INTERNAL)
+        })
     } else {
         None
     };
