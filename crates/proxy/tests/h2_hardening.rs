@@ -295,3 +295,55 @@ async fn a_grpc_response_without_grpc_status_counts_as_a_failure() {
     assert_eq!(status, http::StatusCode::OK);
     assert_eq!(up3.requests.load(Ordering::SeqCst), 2, "retried once");
 }
+
+/// G2: an upstream RST_STREAM on one stream does not drop the shared
+/// HTTP/2 connection; REFUSED_STREAM is retried (it was not processed),
+/// even when `retries.on` does not list it.
+#[tokio::test]
+async fn a_stream_reset_keeps_the_connection_and_refused_streams_are_retried() {
+    // Request 0 is refused, then every one is answered.
+    let up = h2_upstream(|n| {
+        if n == 0 {
+            Answer::Reset(h2::Reason::REFUSED_STREAM)
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let (_p, addr) = h2_proxy(&[up.addr], "").await;
+    let (status, backend, _) = get(&client(), addr, "/a", &[]).await;
+    assert_eq!((status, backend.as_str()), (http::StatusCode::OK, "raw"));
+    assert_eq!(
+        up.requests.load(Ordering::SeqCst),
+        2,
+        "refused, then retried"
+    );
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        1,
+        "on the same connection"
+    );
+
+    // Another reason: that request fails (not retried by default), the
+    // connection stays for the next one.
+    let up2 = h2_upstream(|n| {
+        if n == 0 {
+            Answer::Reset(h2::Reason::INTERNAL_ERROR)
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let (_p2, addr2) = h2_proxy(&[up2.addr], "").await;
+    let (status, _, _) = get(&client(), addr2, "/a", &[]).await;
+    assert_eq!(status, http::StatusCode::BAD_GATEWAY);
+    for _ in 0..3 {
+        let (status, _, _) = get(&client(), addr2, "/b", &[]).await;
+        assert_eq!(status, http::StatusCode::OK);
+    }
+    assert_eq!(
+        up2.connections.load(Ordering::SeqCst),
+        1,
+        "the connection was kept"
+    );
+}
