@@ -23,7 +23,7 @@ use http_body_util::combinators::BoxBody;
 use crate::config::{ClusterConfig, Http1Client, UpstreamProtocol, UpstreamTls};
 pub use connect::ConnectError;
 pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
-pub use tls::{TlsConfigError, TlsFault};
+pub use tls::{TlsClient, TlsConfigError, TlsFault};
 
 /// Body type sent upstream; its error is any (a downstream body's
 /// failure, whichever server read it).

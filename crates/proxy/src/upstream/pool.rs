@@ -299,6 +299,11 @@ impl EndpointPool {
         self.send_hyper(make, false).await
     }
 
+    /// The TLS client its connections are opened with (`tls:`), if any.
+    pub fn tls(&self) -> Option<&TlsClient> {
+        self.shared.settings.tls.as_ref()
+    }
+
     /// Whether HTTP/1.1 exchanges go over meshless's own connections.
     fn own(&self) -> bool {
         let s = &self.shared.settings;
