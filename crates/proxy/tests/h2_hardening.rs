@@ -347,3 +347,36 @@ async fn a_stream_reset_keeps_the_connection_and_refused_streams_are_retried() {
         "the connection was kept"
     );
 }
+
+/// G3: an upstream HTTP/2 connection whose peer stops answering (a frozen
+/// relay: no FIN, no bytes) is closed by its keep-alive PINGs
+/// (`connection_pool.connection_keepalive`), and the next request opens a
+/// new connection instead of waiting on the dead one.
+#[tokio::test]
+async fn a_silent_upstream_h2_connection_is_closed_by_keepalive_pings() {
+    let up = h2_upstream(|_| Answer::Ok).await;
+    let relay = Relay::start(up.addr).await;
+    let (p, addr) = h2_proxy(
+        &[relay.local_addr()],
+        "    connection_pool: { connection_keepalive: { interval: 100ms, timeout: 300ms } }\n    timeouts: { request: 60s }\n",
+    )
+    .await;
+    let c = client();
+    let (status, backend, _) = get(&c, addr, "/1", &[]).await;
+    assert_eq!((status, backend.as_str()), (http::StatusCode::OK, "raw"));
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1);
+    let open = || async {
+        let (_, body) = admin(&p, "/clusters").await;
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        v[0]["upstream_connections"].as_u64().expect("gauge")
+    };
+    assert_eq!(open().await, 1);
+    relay.freeze();
+    eventually("the silent connection is closed", || async {
+        open().await == 0
+    })
+    .await;
+    let (status, _, _) = get(&c, addr, "/2", &[]).await;
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2, "a new connection");
+}

@@ -45,6 +45,8 @@ pub struct Settings {
     /// none ahead).
     pub preconnect_milli: u32,
     pub tls: Option<TlsClient>,
+    /// HTTP/2 keep-alive PING interval (`None`: off) and timeout.
+    pub keepalive: (Option<Duration>, Duration),
 }
 
 /// Why an exchange got no response.
