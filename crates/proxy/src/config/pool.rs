@@ -107,10 +107,13 @@ pub struct UpstreamTls {
     /// Name sent as SNI and checked against the endpoint's certificate
     /// (Envoy's `sni`; endpoints are IP addresses, so it is required).
     pub server_name: String,
-    /// Offer the ALPN id of `upstream_protocol` (`h2` or `http/1.1`) and
-    /// refuse an endpoint that picks another (Envoy's `alpn_protocols`).
-    #[serde(default)]
-    pub alpn: bool,
+    /// `true`: offer the ALPN id of `upstream_protocol` (`h2` or
+    /// `http/1.1`) and refuse an endpoint that does not pick it (Envoy's
+    /// `alpn_protocols`); `false`: offer none. Absent: `h2` is offered
+    /// for `upstream_protocol: http2` (an endpoint that picks none is
+    /// still spoken HTTP/2 to), nothing for `http1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpn: Option<bool>,
 }
 
 impl UpstreamTls {
