@@ -380,3 +380,49 @@ async fn a_silent_upstream_h2_connection_is_closed_by_keepalive_pings() {
     assert_eq!(status, http::StatusCode::OK);
     assert_eq!(up.connections.load(Ordering::SeqCst), 2, "a new connection");
 }
+
+/// H1, the other form: streams reset in the same breath as they are
+/// opened (before the proxy accepts them) also end in a GOAWAY, and few
+/// reach the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_reset_before_accept_get_goaway() {
+    let up = silent_upstream().await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\nclusters:\n  - name: c\n    endpoints:\n      - {{ address: \"{}\" }}\n",
+        up.addr
+    );
+    let (_p, addr) = proxy(&yaml).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let ended = tokio::spawn(conn);
+    const STREAMS: usize = 3000;
+    let mut sent = 0;
+    for i in 0..STREAMS {
+        let Ok(c) = client.ready().await else { break };
+        client = c;
+        let req = http::Request::get(format!("http://{addr}/r{i}"))
+            .body(())
+            .expect("request");
+        let Ok((_resp, mut stream)) = client.send_request(req, true) else {
+            break;
+        };
+        stream.send_reset(h2::Reason::CANCEL);
+        sent += 1;
+        if ended.is_finished() {
+            break;
+        }
+    }
+    // The connection's end (a GOAWAY error or a clean close) is all
+    // that matters here.
+    let _ = tokio::time::timeout(DEADLINE, ended)
+        .await
+        .expect("the proxy ends the connection")
+        .expect("task");
+    let total = *up.accepted.borrow();
+    eprintln!("{sent} streams sent, {total} upstream connections");
+    assert!(sent < STREAMS, "all {sent} streams were accepted");
+    assert!(
+        total <= 200,
+        "{total} upstream connections for {sent} reset streams"
+    );
+}
