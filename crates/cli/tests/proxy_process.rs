@@ -408,3 +408,52 @@ fn examples_are_valid() {
         );
     }
 }
+
+/// T3: `--watch` retries a rejected reload once a file it failed on is
+/// fixed, a cluster's `tls.ca_file` included (the config file itself
+/// unchanged).
+#[test]
+fn watch_retries_a_reload_when_the_failing_ca_file_is_fixed() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("watch-ca");
+    let dir = tmp.path();
+    let [listen, admin] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let mut proxy = Running(
+        meshless()
+            .args(["proxy", "--watch", "--threads", "2", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn proxy"),
+    );
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
+
+    // v2 adds a TLS cluster whose CA file does not exist yet: rejected.
+    let ca = dir.join("ca.pem");
+    write_config(dir, listen, admin, backend, "v2");
+    let mut yaml = std::fs::read_to_string(&path).expect("read");
+    yaml.push_str(&format!(
+        "  - name: secure\n    endpoints: [{{ address: \"127.0.0.1:1\" }}]\n    tls: {{ ca_file: \"{}\", server_name: backend.test }}\n",
+        ca.display()
+    ));
+    std::fs::write(&path, yaml).expect("write");
+    wait_until("the reload is rejected", || {
+        http_get(admin, "/metrics")
+            .is_ok_and(|(_, m)| m.contains("meshless_proxy_reloads_total{result=\"failure\"}"))
+    });
+    assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
+
+    // The CA file appears: the same config is reloaded, and applies.
+    let cert = rcgen::generate_simple_self_signed(vec!["ca.test".to_owned()]).expect("cert");
+    std::fs::write(&ca, cert.cert.pem()).expect("write CA");
+    wait_until("the reload retried once the CA file is fixed", || {
+        http_get(listen, "/gone").is_ok_and(|r| r.1 == "v2")
+    });
+    signal(&proxy.0, "-TERM");
+    assert!(proxy.0.wait().expect("wait").success());
+}

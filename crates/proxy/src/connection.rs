@@ -198,24 +198,51 @@ async fn serve_h2<I>(
     downstream: Arc<Downstream>,
     io: I,
     peer: Peer,
-    draining: watch::Receiver<Drain>,
+    mut draining: watch::Receiver<Drain>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let settings = downstream.settings();
     let io = TokioIo::new(io);
+    let resets = crate::rapid_reset::ResetWatch::new(settings.http2.max_premature_resets);
+    let watch = Arc::clone(&resets);
+    let name = Arc::clone(&downstream.name);
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        crate::request::handle(
+        // hyper drops the answer's future when the client resets the
+        // stream: its upstream attempt ends with it.
+        watch.track(crate::request::handle(
             Arc::clone(&downstream),
             peer.clone(),
             req.map(Source::Hyper),
-        )
+        ))
     });
     let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
-    crate::drain::drive(conn, draining, None, |c| {
+    // A connection past its premature-reset limit drains as if its
+    // listener did: GOAWAY, the streams in flight finish.
+    let (drain_tx, drain_rx) = watch::channel(Drain::Serving);
+    let forward = async move {
+        let mode = tokio::select! {
+            d = draining.wait_for(|d| *d != Drain::Serving) => d.map_or(Drain::Now, |d| *d),
+            () = resets.tripped() => {
+                tracing::warn!(
+                    listener = %name,
+                    premature_resets = resets.premature(),
+                    "HTTP/2 client resets most of its streams early (rapid reset): GOAWAY"
+                );
+                Drain::Now
+            }
+        };
+        let _ = drain_tx.send(mode);
+        // Keeps the sender: a closed channel would read as a drain.
+        std::future::pending::<()>().await;
+    };
+    let driven = crate::drain::drive(conn, drain_rx, None, |c| {
         c.get_mut().as_mut().graceful_shutdown()
-    })
-    .await;
+    });
+    tokio::select! {
+        () = driven => {}
+        () = forward => {}
+    }
 }
 
 fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
@@ -225,7 +252,9 @@ fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
     b.timer(TokioTimer::new())
         .keep_alive_interval(t.idle)
         .keep_alive_timeout(t.request_headers)
-        .max_header_list_size(l.max_header_bytes + l.max_uri_bytes);
+        .max_header_list_size(l.max_header_bytes + l.max_uri_bytes)
+        .max_pending_accept_reset_streams(settings.http2.max_pending_accept_reset_streams as usize)
+        .max_local_error_reset_streams(settings.http2.max_local_error_reset_streams as usize);
     b
 }
 

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http::uri::Authority;
 use http::{Request, Uri};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -17,6 +18,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
 
 use crate::state::ProxyState;
+use crate::upstream::TlsClient;
 
 /// Runs until `stop` changes: every 100 ms, checks each cluster's endpoints
 /// whose `health_check.interval` has passed, and ticks outlier detection of
@@ -58,6 +60,7 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
             // its checks too (`LOCAL`: the check is the proxy's own
             // connection), or an endpoint that requires it refuses them.
             let local = cluster.config.proxy_protocol.is_some();
+            let http2 = cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2;
             for (i, authority) in cluster.authorities.iter().enumerate() {
                 let clients = clients.clone();
                 let cluster = Arc::clone(cluster);
@@ -65,14 +68,26 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                 let hc = hc.clone();
                 let authority = authority.clone();
                 tokio::spawn(async move {
+                    // A TLS cluster's endpoints are checked over TLS, with
+                    // the client (CA, SNI, ALPN) its requests use.
+                    let tls = cluster.endpoint_pools.get(i).and_then(|p| p.tls());
                     let check = async {
                         match &hc.grpc {
                             _ if hc.tcp => tcp_check(&authority, local).await,
                             Some(g) => {
-                                let client = clients.grpc(local);
-                                grpc_check(client, &authority, &g.service).await
+                                let via = match tls {
+                                    Some(tls) => Via::Tls(tls, local, true),
+                                    None => Via::Client(clients.grpc(local)),
+                                };
+                                grpc_check(via, &authority, &g.service).await
                             }
-                            None => http_check(clients.http(local), &authority, &hc.path).await,
+                            None => {
+                                let via = match tls {
+                                    Some(tls) => Via::Tls(tls, local, http2),
+                                    None => Via::Client(clients.http(local)),
+                                };
+                                http_check(via, &authority, &hc.path).await
+                            }
                         }
                     };
                     let passed = tokio::time::timeout(hc.timeout, check)
@@ -89,7 +104,71 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
 }
 
 type GrpcClient = Client<Connector, Full<Bytes>>;
-type HttpClient = Client<Connector, Empty<Bytes>>;
+type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// How a check's request is sent: by a shared plain client, or on a TLS
+/// connection of its own (the TLS client, whether it starts with a PROXY
+/// `LOCAL` header, whether it speaks HTTP/2).
+enum Via<'a> {
+    Client(&'a Client<Connector, Full<Bytes>>),
+    Tls(&'a TlsClient, bool, bool),
+}
+
+impl Via<'_> {
+    /// The URI of `path` at `authority` as this way sends it.
+    fn uri(&self, authority: &Authority, path: &str) -> Option<Uri> {
+        let scheme = match self {
+            Via::Client(_) => "http",
+            Via::Tls(..) => "https",
+        };
+        Uri::builder()
+            .scheme(scheme)
+            .authority(authority.clone())
+            .path_and_query(path)
+            .build()
+            .ok()
+    }
+
+    /// Sends `req`; `None` when no response head came.
+    async fn send(
+        &self,
+        authority: &Authority,
+        mut req: Request<Full<Bytes>>,
+    ) -> Option<http::Response<hyper::body::Incoming>> {
+        let (tls, local, http2) = match self {
+            Via::Client(c) => return c.request(req).await.ok(),
+            Via::Tls(tls, local, http2) => (*tls, *local, *http2),
+        };
+        let mut tcp = tokio::net::TcpStream::connect(authority.as_str())
+            .await
+            .ok()?;
+        let _ = tcp.set_nodelay(true);
+        if local {
+            tcp.write_all(&crate::proxy_protocol::encode_local())
+                .await
+                .ok()?;
+        }
+        let io = TokioIo::new(tls.handshake(tcp).await.ok()?);
+        if http2 {
+            let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await
+                .ok()?;
+            tokio::spawn(conn);
+            send.send_request(req).await.ok()
+        } else {
+            // HTTP/1.1: the path in the request line, the endpoint in `host`.
+            let host = HeaderValue::from_str(authority.as_str()).ok()?;
+            req.headers_mut().insert(http::header::HOST, host);
+            let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            *req.uri_mut() = Uri::try_from(path).ok()?;
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.ok()?;
+            tokio::spawn(conn);
+            send.send_request(req).await.ok()
+        }
+    }
+}
 
 /// The check clients: plain, and with a PROXY `LOCAL` header first.
 #[derive(Clone)]
@@ -189,20 +268,17 @@ async fn tcp_check(authority: &Authority, local: bool) -> bool {
 }
 
 /// GET `path`: 2xx and 3xx pass.
-async fn http_check(client: &HttpClient, authority: &Authority, path: &str) -> bool {
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(authority.clone())
-        .path_and_query(path)
-        .build();
-    let Ok(uri) = uri else { return false };
+async fn http_check(via: Via<'_>, authority: &Authority, path: &str) -> bool {
+    let Some(uri) = via.uri(authority, path) else {
+        return false;
+    };
     let req = Request::get(uri)
         .header("user-agent", "meshless-health-check")
-        .body(Empty::new());
+        .body(Full::new(Bytes::new()));
     let Ok(req) = req else { return false };
     matches!(
-        client.request(req).await,
-        Ok(resp) if resp.status().is_success() || resp.status().is_redirection()
+        via.send(authority, req).await,
+        Some(resp) if resp.status().is_success() || resp.status().is_redirection()
     )
 }
 
@@ -225,7 +301,7 @@ const SERVING: i32 = 1;
 /// `grpc.health.v1.Health/Check` for `service` over HTTP/2: passes on
 /// HTTP 200, `grpc-status` 0 and one response message saying `SERVING`
 /// (Envoy's gRPC health checker; the Kubernetes gRPC probe).
-async fn grpc_check(client: &GrpcClient, authority: &Authority, service: &str) -> bool {
+async fn grpc_check(via: Via<'_>, authority: &Authority, service: &str) -> bool {
     let msg = HealthCheckRequest {
         service: service.to_owned(),
     }
@@ -237,19 +313,16 @@ async fn grpc_check(client: &GrpcClient, authority: &Authority, service: &str) -
     framed.push(0);
     framed.extend_from_slice(&len.to_be_bytes());
     framed.extend_from_slice(&msg);
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(authority.clone())
-        .path_and_query("/grpc.health.v1.Health/Check")
-        .build();
-    let Ok(uri) = uri else { return false };
+    let Some(uri) = via.uri(authority, "/grpc.health.v1.Health/Check") else {
+        return false;
+    };
     let req = Request::post(uri)
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("user-agent", "meshless-health-check")
         .body(Full::new(Bytes::from(framed)));
     let Ok(req) = req else { return false };
-    let Ok(resp) = client.request(req).await else {
+    let Some(resp) = via.send(authority, req).await else {
         return false;
     };
     if resp.status() != http::StatusCode::OK {

@@ -28,6 +28,7 @@ pub mod placement;
 pub mod protocol;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod rapid_reset;
 pub mod request;
 pub mod router;
 pub mod snapshot;

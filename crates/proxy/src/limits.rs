@@ -29,6 +29,8 @@ pub struct ListenerSettings {
     pub socket: crate::sockopt::SocketOptions,
     /// What serves HTTP/1.1 downstream.
     pub http1: Http1Server,
+    /// HTTP/2 stream-reset limits (rapid reset, CVE-2023-44487).
+    pub http2: Http2Limits,
 }
 
 /// Downstream connections a listener serves at once by default.
@@ -108,6 +110,64 @@ fn default_idle() -> Duration {
 }
 fn default_stream_idle() -> Duration {
     Duration::from_secs(300)
+}
+
+/// `listeners[].http2:` limits on streams a downstream HTTP/2 client
+/// resets (CVE-2023-44487, "rapid reset"): a connection past any of them
+/// gets a GOAWAY.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http2Limits {
+    /// Streams reset by the client before they were accepted, pending at
+    /// once (h2's `max_pending_accept_reset_streams`; hyper's default 20).
+    #[serde(default = "default_max_pending_accept_reset_streams")]
+    pub max_pending_accept_reset_streams: u32,
+    /// Streams the proxy reset for protocol errors of the client (h2's
+    /// `max_local_error_reset_streams`; hyper's default 1024).
+    #[serde(default = "default_max_local_error_reset_streams")]
+    pub max_local_error_reset_streams: u32,
+    /// Streams the client reset before their response head, on one
+    /// connection: once this many and more than half of its streams were,
+    /// the connection gets a GOAWAY (Envoy's premature-reset rule, its
+    /// `premature_reset_total_stream_count` 100).
+    #[serde(default = "default_max_premature_resets")]
+    pub max_premature_resets: u32,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Self {
+        Self {
+            max_pending_accept_reset_streams: default_max_pending_accept_reset_streams(),
+            max_local_error_reset_streams: default_max_local_error_reset_streams(),
+            max_premature_resets: default_max_premature_resets(),
+        }
+    }
+}
+
+impl Http2Limits {
+    /// Each limit is at least 1 (none can be turned off).
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if self.max_pending_accept_reset_streams == 0
+            || self.max_local_error_reset_streams == 0
+            || self.max_premature_resets == 0
+        {
+            return Err(FieldError::new(
+                "",
+                "max_pending_accept_reset_streams, max_local_error_reset_streams and max_premature_resets must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn default_max_pending_accept_reset_streams() -> u32 {
+    20
+}
+fn default_max_local_error_reset_streams() -> u32 {
+    1024
+}
+fn default_max_premature_resets() -> u32 {
+    100
 }
 
 /// What a listener does with `TRACE` (RFC 9110 9.3.8: it echoes the

@@ -66,7 +66,7 @@ impl ListenerHandle {
         let (stop, stopped) = watch::channel(None);
         let downstream = Arc::new(Downstream::new(name, state, settings));
         let socket = Arc::new(listener);
-        let tls = Arc::new(ArcSwapOption::from(tls.map(Arc::new)));
+        let tls = Arc::new(ArcSwapOption::from(tls.map(|t| Arc::new(t.install()))));
         let task = tokio::spawn(accept_loop(
             Arc::clone(&downstream),
             Arc::clone(&socket),
@@ -89,9 +89,10 @@ impl ListenerHandle {
         self.tls.load_full()
     }
 
-    /// Connections accepted from now on use `tls` (or plain TCP for `None`).
+    /// Connections accepted from now on use `tls` (or plain TCP for
+    /// `None`); the certificates of a reloaded one are installed now.
     pub fn update_tls(&self, tls: Option<ListenerTls>) {
-        self.tls.store(tls.map(Arc::new));
+        self.tls.store(tls.map(|t| Arc::new(t.install())));
     }
 
     /// The listening socket (to hand to a new process).

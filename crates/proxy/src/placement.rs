@@ -126,6 +126,8 @@ impl Default for Placements {
             max_idle: 16,
             preconnect_milli: 1000,
             tls: None,
+            // HTTP/1.1 to peers: no HTTP/2 PINGs.
+            keepalive: (None, Duration::from_secs(10)),
         };
         Self {
             pool: Pool::new(settings, counters),

@@ -385,3 +385,48 @@ fn tls_settings_are_validated_as_data() {
         .to_string();
     assert!(err.contains("server_names[0]"), "{err}");
 }
+
+/// T2: a reload rejected because of a later listener changes nothing: the
+/// certificates of a listener checked before the failure are not
+/// installed (listener `web` keeps serving its old `a.test` certificate).
+#[tokio::test]
+async fn a_rejected_reload_installs_no_certificate() {
+    let dir = TempDir::new("tls-rejected");
+    let certs = write_all(&dir.0);
+    tls::write_cert(&dir.0, "c", &["c.test"]);
+    let b0 = backend("b0").await;
+    let web = tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "");
+    // A second TLS listener, after `web`.
+    let second = format!(
+        "  - name: second\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n    tls:\n      default_certificate: {{ certificate: \"{}\", key: \"{}\" }}\nclusters:\n",
+        dir.path("c.pem").display(),
+        dir.path("c.key").display()
+    );
+    let yaml = web.replacen("clusters:\n", &second, 1);
+    let file = dir.path("proxy.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let p = Proxy::start(common::on_test_http1(ProxyConfig::load(&file).unwrap()))
+        .await
+        .unwrap();
+    let addr = p.listener_addr("web").await.unwrap();
+    let client = tls::default_client();
+    let leaf = |conn| tls::leaf(&conn);
+    assert!(leaf(tls::connect(&client, addr, "a.test").await.unwrap()) == certs.a);
+
+    // `web`'s certificate for a.test changes, `second`'s file is gone.
+    let new_a = tls::write_cert(&dir.0, "a", &["a.test"]);
+    assert!(new_a != certs.a);
+    std::fs::remove_file(dir.path("c.pem")).unwrap();
+    let err = p.reload_from(&file).await.unwrap_err().to_string();
+    assert!(err.contains("listeners[1].tls"), "{err}");
+    assert!(
+        leaf(tls::connect(&client, addr, "a.test").await.unwrap()) == certs.a,
+        "a rejected reload installed web's new certificate"
+    );
+
+    // Once `second` is fixed, the reload installs the new one.
+    tls::write_cert(&dir.0, "c", &["c.test"]);
+    p.reload_from(&file).await.unwrap();
+    assert!(leaf(tls::connect(&client, addr, "a.test").await.unwrap()) == new_a);
+    p.shutdown().await;
+}

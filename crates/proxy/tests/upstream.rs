@@ -27,6 +27,8 @@ struct Seen {
     /// Most streams ever open at once on one connection.
     max_streams: AtomicUsize,
     sni: Mutex<Vec<String>>,
+    /// The ALPN id agreed on each TLS connection (empty: none).
+    alpn: Mutex<Vec<Vec<u8>>>,
 }
 
 /// Lowers a count on drop.
@@ -72,6 +74,8 @@ impl Upstream {
                             };
                             let sni = stream.get_ref().1.server_name().unwrap_or("").to_owned();
                             seen.sni.lock().unwrap().push(sni);
+                            let alpn = stream.get_ref().1.alpn_protocol().unwrap_or(b"").to_vec();
+                            seen.alpn.lock().unwrap().push(alpn);
                             serve(stream, &seen, rx, max_streams).await;
                         }
                         None => serve(tcp, &seen, rx, max_streams).await,
@@ -437,4 +441,70 @@ async fn a_missing_ca_file_is_refused_at_load() {
     };
     let text = err.to_string();
     assert!(text.contains("tls.ca_file"), "{text}");
+}
+
+/// Whether `/clusters` shows the endpoint at `addr` healthy.
+async fn healthy(p: &Proxy, addr: SocketAddr) -> bool {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v[0]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["address"] == addr.to_string())
+        .and_then(|e| e["healthy"].as_bool())
+        .unwrap()
+}
+
+/// T1: active health checks of a TLS cluster speak TLS with the
+/// cluster's client (CA, SNI; ALPN `h2` for HTTP/2), so a TLS endpoint
+/// passes them (plaintext checks would fail it).
+#[tokio::test]
+async fn health_checks_of_a_tls_cluster_use_its_tls_settings() {
+    for (protocol, alpn) in [("http1", &[][..]), ("http2", &[&b"h2"[..]][..])] {
+        let (ca, server) = pki("backend.test", alpn);
+        let up = Upstream::start(100, Some(server)).await;
+        let (_ca_dir, ca) = ca_file(&format!("hc-{protocol}"), &ca);
+        let extra = format!(
+            "    upstream_protocol: {protocol}\n{}    health_check: {{ path: /health, interval: 100ms, healthy_threshold: 1, unhealthy_threshold: 1 }}\n",
+            tls_yaml(&ca, "backend.test", !alpn.is_empty())
+        );
+        let (p, _addr) = proxy_to(&[up.addr], &extra).await;
+        eventually("three checks over TLS with the cluster's SNI", || async {
+            up.seen.sni.lock().unwrap().len() >= 3
+        })
+        .await;
+        assert!(
+            up.seen
+                .sni
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|s| s == "backend.test"),
+            "{protocol}"
+        );
+        assert!(healthy(&p, up.addr).await, "{protocol}: the checks pass");
+        p.shutdown().await;
+    }
+}
+
+/// T4: a cluster with `upstream_protocol: http2` and `tls` (no `alpn`
+/// given) offers `h2` in ALPN; an endpoint that agrees to none is still
+/// spoken HTTP/2 to.
+#[tokio::test]
+async fn tls_to_an_http2_cluster_offers_h2_by_default() {
+    for (server_alpn, agreed) in [(&[&b"h2"[..]][..], &b"h2"[..]), (&[][..], &b""[..])] {
+        let (ca, server) = pki("backend.test", server_alpn);
+        let up = Upstream::start(100, Some(server)).await;
+        let (_ca_dir, ca) = ca_file("h2-default", &ca);
+        let extra = format!(
+            "    upstream_protocol: http2\n    tls: {{ ca_file: \"{}\", server_name: backend.test }}\n",
+            ca.display()
+        );
+        let (p, addr) = proxy_to(&[up.addr], &extra).await;
+        let (status, _, body) = get(&client(), addr, "/", &[]).await;
+        assert_eq!((status.as_u16(), body.as_str()), (200, "ok\n"));
+        assert_eq!(*up.seen.alpn.lock().unwrap(), vec![agreed.to_vec()]);
+        p.shutdown().await;
+    }
 }

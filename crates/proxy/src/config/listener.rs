@@ -63,6 +63,9 @@ pub struct ListenerConfig {
     /// (the connection state machine on meshless-h1).
     #[serde(default)]
     pub http1: crate::limits::Http1Server,
+    /// HTTP/2 stream-reset limits (rapid reset).
+    #[serde(default)]
+    pub http2: crate::limits::Http2Limits,
 }
 
 impl ListenerConfig {
@@ -81,6 +84,7 @@ impl ListenerConfig {
             proxy_protocol: self.proxy_protocol.clone(),
             socket: self.socket.clone(),
             http1: self.http1,
+            http2: self.http2.clone(),
         }
     }
 }

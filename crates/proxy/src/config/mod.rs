@@ -233,7 +233,10 @@ impl ProxyConfig {
         Ok(config)
     }
 
-    /// Every certificate and key file the listeners' `tls` blocks name.
+    /// Every certificate and key file the listeners' `tls` blocks name,
+    /// then the CA file of every cluster's `tls` (what `--watch` watches
+    /// besides the config file: a reload such a file failed is retried
+    /// once it changes).
     pub fn tls_files(&self) -> Vec<std::path::PathBuf> {
         let mut files = Vec::new();
         for tls in self.listeners.iter().filter_map(|l| l.tls.as_ref()) {
@@ -242,6 +245,9 @@ impl ProxyConfig {
             for c in &tls.certificates {
                 files.extend([c.certificate.clone(), c.key.clone()]);
             }
+        }
+        for tls in self.clusters.iter().filter_map(|c| c.tls.as_ref()) {
+            files.push(tls.ca_file.clone());
         }
         files
     }
@@ -295,6 +301,7 @@ impl ProxyConfig {
             }
             listener::validate_listener(l, &clusters, congestion.as_deref()).at(&at)?;
             crate::limits::validate(l.max_connections, &l.limits, &l.timeouts).at(&at)?;
+            l.http2.validate().at(format!("{at}.http2"))?;
             if let Some(tls) = &l.tls {
                 tls.validate().at(format!("{at}.tls"))?;
             }

@@ -133,6 +133,10 @@ pub enum RetryOn {
     ConnectFailure,
     /// The connection broke before a response.
     Reset,
+    /// HTTP/2: the endpoint refused the stream (REFUSED_STREAM; it did not
+    /// process the request). Always retried when a retry is possible,
+    /// listed or not.
+    RefusedStream,
     /// A 5xx response.
     #[serde(rename = "5xx")]
     FiveXx,

@@ -69,8 +69,9 @@ impl RetryPolicy {
     }
 
     /// Whether a failure of kind `on` may be retried (the budget aside).
+    /// A refused stream (never processed) is, listed in `on` or not.
     pub fn may_retry(&self, on: RetryOn) -> bool {
-        self.attempts < self.max_attempts && self.on.contains(&on)
+        self.attempts < self.max_attempts && (on == RetryOn::RefusedStream || self.on.contains(&on))
     }
 
     /// A pick that avoids endpoints already tried (when the cluster has
@@ -103,6 +104,9 @@ pub enum Failure {
     ConnectFailed,
     /// The connection broke before response headers.
     Reset,
+    /// The HTTP/2 endpoint refused the stream (REFUSED_STREAM): the
+    /// request was not processed.
+    Refused,
     /// No response headers within `timeouts.request`.
     Timeout,
     /// The downstream request body was malformed or cut: the client's fault.
@@ -125,7 +129,7 @@ impl Failure {
             | Failure::Pending
             | Failure::BadRequest => Outcome::Cancelled,
             Failure::ConnectFailed | Failure::Tls(_) => Outcome::ConnectFailed,
-            Failure::Reset => Outcome::Reset,
+            Failure::Reset | Failure::Refused => Outcome::Reset,
             Failure::Timeout => Outcome::Timeout,
         }
     }
@@ -135,6 +139,7 @@ impl Failure {
         match self {
             Failure::ConnectFailed | Failure::Tls(_) => Some(RetryOn::ConnectFailure),
             Failure::Reset => Some(RetryOn::Reset),
+            Failure::Refused => Some(RetryOn::RefusedStream),
             _ => None,
         }
     }
@@ -148,7 +153,7 @@ impl Failure {
                 "upstream connect failed\n",
                 "connect_failed",
             ),
-            Failure::Reset => {
+            Failure::Reset | Failure::Refused => {
                 LocalReply::text(StatusCode::BAD_GATEWAY, "upstream reset\n", "reset")
             }
             Failure::Timeout => {
@@ -176,9 +181,19 @@ impl Failure {
 /// retry condition it matches: a 5xx, or for a gRPC request a
 /// `grpc-status` in the headers (a trailers-only answer), taken as the HTTP
 /// status Envoy maps it to (UNAVAILABLE is a 503).
+///
+/// A gRPC response (`content-type: application/grpc`) that ends with its
+/// headers and has no `grpc-status` in them is INTERNAL (gRPC clients
+/// report a missing status so): a failure, retried on `internal`.
 pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<RetryOn>) {
+    use http_body::Body as _;
     let code = if grpc {
-        crate::request::grpc::status(resp.headers())
+        crate::request::grpc::status(resp.headers()).or_else(|| {
+            (resp.status() == http::StatusCode::OK
+                && crate::request::grpc::is_grpc(resp.headers())
+                && resp.body().is_end_stream())
+            .then_some(crate::request::grpc::code::INTERNAL)
+        })
     } else {
         None
     };
@@ -216,6 +231,7 @@ pub async fn send(
         Ok(Err(SendError::Connect(ConnectError::Connect))) => Err(Failure::ConnectFailed),
         Ok(Err(SendError::Connect(ConnectError::Tls(f)))) => Err(Failure::Tls(f)),
         Ok(Err(SendError::Http(_) | SendError::Exchange(_))) => Err(Failure::Reset),
+        Ok(Err(SendError::Refused)) => Err(Failure::Refused),
         Err(_) if fault.is_set() => Err(Failure::ClientBody),
         Err(_) => Err(Failure::Timeout),
     }

@@ -87,6 +87,10 @@ pub struct Completion {
     /// The request is gRPC: local replies and a deadline cut answer with a
     /// `grpc-status`, and the one in the response's trailers is the outcome.
     pub grpc: bool,
+    /// A gRPC response whose `grpc-status` has not come yet (none in its
+    /// headers): if its stream ends without one in trailers either, the
+    /// call failed (gRPC clients see INTERNAL), and is recorded so.
+    pub grpc_status_due: bool,
     /// The request's trace context (always; spans only with `tracing:`).
     pub trace: crate::request::trace::RequestTrace,
     /// Wakes a held request when this one ends (dropped after `guard`).
@@ -119,6 +123,7 @@ impl Completion {
             bytes: 0,
             deadline: None,
             grpc: crate::request::grpc::is_grpc(&parts.headers),
+            grpc_status_due: false,
             trace: crate::request::trace::RequestTrace::from_headers(&parts.headers),
             capacity: None,
         }
@@ -132,10 +137,26 @@ impl Completion {
         let Some(code) = grpc::status(headers).filter(|_| self.grpc) else {
             return;
         };
-        self.status = grpc::http_status(code);
+        self.grpc_status_due = false;
+        self.set_grpc_code(code);
+    }
+
+    /// The outcome of a gRPC call answered with `code`.
+    fn set_grpc_code(&mut self, code: u32) {
+        self.status = crate::request::grpc::http_status(code);
         if let Some(g) = self.guard.as_mut() {
             g.set_outcome(Outcome::Status(self.status));
         }
+    }
+
+    /// Notes a gRPC response head: without `grpc-status` (not a
+    /// trailers-only answer), the status is due in its trailers.
+    pub fn grpc_response(&mut self, status: http::StatusCode, headers: &http::HeaderMap) {
+        use crate::request::grpc;
+        self.grpc_status_due = self.grpc
+            && status == http::StatusCode::OK
+            && grpc::is_grpc(headers)
+            && grpc::status(headers).is_none();
     }
 
     /// `client_abort` (the client left first), `client_error` (its body
@@ -172,6 +193,11 @@ impl Completion {
 
 impl Drop for Completion {
     fn drop(&mut self) {
+        if self.end == End::Complete && self.grpc_status_due {
+            // The stream ended without a `grpc-status`: the call failed
+            // (gRPC clients report INTERNAL), the endpoint's fault.
+            self.set_grpc_code(crate::request::grpc::code::INTERNAL);
+        }
         if let Some(mut g) = self.guard.take() {
             // A body broken by the upstream is the endpoint's; one broken
             // because the client's side broke is not, and neither is one

@@ -144,6 +144,7 @@ pub fn proxied(
 ) -> Response<ProxyBody> {
     let status = resp.status();
     record.status = status.as_u16();
+    record.grpc_response(status, resp.headers());
     record.grpc_outcome(resp.headers());
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     strip_hop_by_hop(resp.headers_mut(), switching);

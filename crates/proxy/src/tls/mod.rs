@@ -67,6 +67,9 @@ pub struct ListenerTls {
     /// How long a handshake may take after the accept.
     pub handshake_timeout: Duration,
     keep: Keep,
+    /// The certificates of a reload, for the kept resolver: stored by
+    /// [`ListenerTls::install`] once the whole reload is accepted.
+    staged: Option<CertTable>,
 }
 
 impl ListenerTls {
@@ -80,13 +83,24 @@ impl ListenerTls {
         Self::with(settings, keep)
     }
 
-    /// The TLS side after a reload to `settings` and `table`: new
-    /// handshakes see the new certificates; sessions and ticket keys stay.
+    /// The TLS side after a reload to `settings` and `table`; sessions and
+    /// ticket keys stay. Nothing changes for the running listener (whose
+    /// resolver it shares) until [`ListenerTls::install`]: a reload
+    /// rejected later leaves the running certificates in place.
     pub fn reloaded(&self, settings: &TlsSettings, table: CertTable) -> Result<Self, TlsError> {
         let keep = self.keep.clone();
-        let next = Self::with(settings, keep)?;
-        next.keep.resolver.store(table);
+        let mut next = Self::with(settings, keep)?;
+        next.staged = Some(table);
         Ok(next)
+    }
+
+    /// Makes the certificates of [`ListenerTls::reloaded`] the ones new
+    /// handshakes see (on the resolver shared with the running side).
+    pub fn install(mut self) -> Self {
+        if let Some(table) = self.staged.take() {
+            self.keep.resolver.store(table);
+        }
+        self
     }
 
     fn with(settings: &TlsSettings, keep: Keep) -> Result<Self, TlsError> {
@@ -114,6 +128,7 @@ impl ListenerTls {
             config: Arc::new(config),
             handshake_timeout: settings.handshake_timeout,
             keep,
+            staged: None,
         })
     }
 

@@ -122,8 +122,12 @@ pub async fn open(
             Ok(Sender::Http1(sender))
         }
         UpstreamProtocol::Http2 => {
+            let (interval, timeout) = settings.keepalive;
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
+                .keep_alive_interval(interval)
+                .keep_alive_timeout(timeout)
+                .keep_alive_while_idle(true)
                 .handshake(io)
                 .await
                 .map_err(|_| ConnectError::Connect)?;

@@ -23,7 +23,7 @@ use http_body_util::combinators::BoxBody;
 use crate::config::{ClusterConfig, Http1Client, UpstreamProtocol, UpstreamTls};
 pub use connect::ConnectError;
 pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
-pub use tls::{TlsConfigError, TlsFault};
+pub use tls::{TlsClient, TlsConfigError, TlsFault};
 
 /// Body type sent upstream; its error is any (a downstream body's
 /// failure, whichever server read it).
@@ -74,6 +74,8 @@ pub struct PoolKey {
     /// `preconnect_ratio` in thousandths.
     preconnect_milli: u32,
     tls: Option<UpstreamTls>,
+    /// HTTP/2 keep-alive PING interval (`None`: off) and timeout.
+    keepalive: (Option<Duration>, Duration),
 }
 
 impl PoolKey {
@@ -88,6 +90,10 @@ impl PoolKey {
             max_idle: c.connection_pool.max_idle_per_endpoint,
             preconnect_milli,
             tls: c.tls.clone(),
+            keepalive: {
+                let k = &c.connection_pool.connection_keepalive;
+                ((!k.interval.is_zero()).then_some(k.interval), k.timeout)
+            },
         }
     }
 }
@@ -107,6 +113,7 @@ pub fn pool(key: &PoolKey, counters: Arc<ClusterCounters>) -> Result<Pool, TlsCo
         max_idle: key.max_idle as usize,
         preconnect_milli: key.preconnect_milli,
         tls,
+        keepalive: key.keepalive,
     };
     Ok(Pool::new(settings, counters))
 }

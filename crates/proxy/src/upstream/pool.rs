@@ -45,6 +45,8 @@ pub struct Settings {
     /// none ahead).
     pub preconnect_milli: u32,
     pub tls: Option<TlsClient>,
+    /// HTTP/2 keep-alive PING interval (`None`: off) and timeout.
+    pub keepalive: (Option<Duration>, Duration),
 }
 
 /// Why an exchange got no response.
@@ -56,6 +58,23 @@ pub enum SendError {
     Http(hyper::Error),
     /// meshless's own HTTP/1.1 exchange failed before the response head.
     Exchange(ExchangeError),
+    /// The HTTP/2 endpoint refused the stream (RST_STREAM REFUSED_STREAM):
+    /// it did not process the request, which is always safe to retry.
+    Refused,
+}
+
+/// The reason of an HTTP/2 stream reset behind `e` (RST_STREAM, from the
+/// peer or ours), if that is what it is: an error of one stream, not of
+/// its connection (GOAWAY, I/O).
+fn stream_reset(e: &hyper::Error) -> Option<h2::Reason> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.reason().filter(|_| h2.is_reset() && !h2.is_go_away());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// A cluster's pools, by endpoint address.
@@ -282,6 +301,11 @@ impl EndpointPool {
         self.send_hyper(make, false).await
     }
 
+    /// The TLS client its connections are opened with (`tls:`), if any.
+    pub fn tls(&self) -> Option<&TlsClient> {
+        self.shared.settings.tls.as_ref()
+    }
+
     /// Whether HTTP/1.1 exchanges go over meshless's own connections.
     fn own(&self) -> bool {
         let s = &self.shared.settings;
@@ -304,9 +328,17 @@ impl EndpointPool {
             match lease.send(req).await {
                 Ok(resp) => return Ok((resp.map(ResponseBody::Hyper), lease)),
                 Err(mut e) => {
-                    lease.discard();
+                    // One stream's reset leaves its HTTP/2 connection to
+                    // the other streams; anything else takes it out.
+                    let reset = stream_reset(e.error());
+                    if reset.is_none() {
+                        lease.discard();
+                    }
                     match e.take_message() {
                         Some(back) if !fresh => req = back,
+                        _ if reset == Some(h2::Reason::REFUSED_STREAM) => {
+                            return Err(SendError::Refused);
+                        }
                         _ => return Err(SendError::Http(e.into_error())),
                     }
                 }

@@ -94,7 +94,7 @@ impl TlsFault {
 pub struct TlsClient {
     config: Arc<ClientConfig>,
     server_name: ServerName<'static>,
-    /// The ALPN id the endpoint must pick, when one is offered.
+    /// The ALPN id the endpoint must pick, when one is required.
     alpn: Option<&'static [u8]>,
 }
 
@@ -107,11 +107,17 @@ impl TlsClient {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let alpn: Option<&'static [u8]> = tls.alpn.then_some(match protocol {
+        let id: &'static [u8] = match protocol {
             UpstreamProtocol::Http1 => b"http/1.1",
             UpstreamProtocol::Http2 => b"h2",
-        });
-        config.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+        };
+        // Offered when asked, and by default for HTTP/2; required only
+        // when asked.
+        let offered = tls.alpn.unwrap_or(protocol == UpstreamProtocol::Http2);
+        if offered {
+            config.alpn_protocols = vec![id.to_vec()];
+        }
+        let alpn = (tls.alpn == Some(true)).then_some(id);
         let server_name = ServerName::try_from(tls.server_name.clone())
             .map_err(|_| TlsConfigError::ServerName(tls.server_name.clone()))?;
         Ok(Self {

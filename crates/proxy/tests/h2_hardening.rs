@@ -1,0 +1,428 @@
+//! HTTP/2, gRPC and TLS hardening: rapid reset, gRPC status, upstream
+//! stream errors and keep-alive, health checks over TLS, reloads.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+/// A TCP upstream that counts the connections it accepted (total) and
+/// those still open, and never answers (every request is held until the
+/// proxy closes the connection).
+struct Silent {
+    addr: SocketAddr,
+    accepted: watch::Receiver<usize>,
+    open: Arc<AtomicUsize>,
+}
+
+async fn silent_upstream() -> Silent {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, accepted) = watch::channel(0usize);
+    let open = Arc::new(AtomicUsize::new(0));
+    let open2 = Arc::clone(&open);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tx.send_modify(|n| *n += 1);
+            open2.fetch_add(1, Ordering::SeqCst);
+            let open = Arc::clone(&open2);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Silent {
+        addr,
+        accepted,
+        open,
+    }
+}
+
+/// H1 (CVE-2023-44487, rapid reset): a client that opens streams and
+/// resets each once the proxy has started its upstream attempt gets a
+/// GOAWAY after a bounded number of them, and each reset cancels its
+/// upstream attempt (the upstream sees its connection closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_gets_goaway_and_bounded_upstream_connections() {
+    let up = silent_upstream().await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\nclusters:\n  - name: c\n    endpoints:\n      - {{ address: \"{}\" }}\n",
+        up.addr
+    );
+    let (_p, addr) = proxy(&yaml).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let (done_tx, mut done) = watch::channel(None::<Result<(), h2::Error>>);
+    tokio::spawn(async move {
+        let r = conn.await;
+        let _ = done_tx.send(Some(r));
+    });
+    const STREAMS: usize = 1000;
+    let mut sent = 0;
+    let mut accepted = up.accepted.clone();
+    for i in 0..STREAMS {
+        let ready = tokio::select! {
+            r = client.ready() => r,
+            _ = done.wait_for(Option::is_some) => break,
+        };
+        let Ok(c) = ready else { break };
+        client = c;
+        let req = http::Request::get(format!("http://{addr}/r{i}"))
+            .body(())
+            .expect("request");
+        let Ok((_resp, mut stream)) = client.send_request(req, true) else {
+            break;
+        };
+        sent += 1;
+        // Reset once the proxy has opened its upstream connection for it
+        // (an accepted stream: h2's pending-accept limit does not count it).
+        tokio::select! {
+            r = tokio::time::timeout(DEADLINE, accepted.wait_for(|n| *n > i)) => {
+                r.expect("the upstream sees the attempt").expect("counter");
+            }
+            _ = done.wait_for(Option::is_some) => break,
+        }
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    // The connection ends (GOAWAY) well before every stream was sent.
+    tokio::time::timeout(DEADLINE, done.wait_for(Option::is_some))
+        .await
+        .expect("the proxy ends the connection")
+        .expect("watch");
+    let total = *up.accepted.borrow();
+    eprintln!("{sent} streams sent, {total} upstream connections");
+    assert!(sent < STREAMS, "all {sent} streams were accepted");
+    assert!(
+        total <= 200,
+        "{total} upstream connections for {sent} reset streams"
+    );
+    // Every reset stream's upstream attempt was cancelled.
+    eventually(
+        "the upstream connections of reset streams close",
+        || async { up.open.load(Ordering::SeqCst) == 0 },
+    )
+    .await;
+}
+
+/// What the raw HTTP/2 upstream does with one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// `200`, a body, end of stream.
+    Ok,
+    /// A gRPC response (`application/grpc`, one message) whose stream ends
+    /// without `grpc-status` (no trailers).
+    GrpcNoStatus,
+    /// A gRPC response head that ends the stream, without `grpc-status`.
+    GrpcHeadOnlyNoStatus,
+    /// RST_STREAM with this reason.
+    Reset(h2::Reason),
+}
+
+/// A raw HTTP/2 (h2c) upstream answering request `n` (counted from 0 over
+/// every connection) with `answer(n)`; counts connections and requests.
+struct H2Upstream {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+}
+
+async fn h2_upstream(answer: fn(usize) -> Answer) -> H2Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (conns, reqs) = (Arc::clone(&connections), Arc::clone(&requests));
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            conns.fetch_add(1, Ordering::SeqCst);
+            let reqs = Arc::clone(&reqs);
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    let n = reqs.fetch_add(1, Ordering::SeqCst);
+                    let grpc = || {
+                        http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .expect("response")
+                    };
+                    match answer(n) {
+                        Answer::Ok => {
+                            let resp = http::Response::builder()
+                                .status(200)
+                                .header("x-backend", "raw")
+                                .body(())
+                                .expect("response");
+                            if let Ok(mut body) = respond.send_response(resp, false) {
+                                let _ = body.send_data(bytes::Bytes::from_static(b"ok\n"), true);
+                            }
+                        }
+                        Answer::GrpcNoStatus => {
+                            if let Ok(mut body) = respond.send_response(grpc(), false) {
+                                let msg = bytes::Bytes::from_static(&[0, 0, 0, 0, 0]);
+                                let _ = body.send_data(msg, true);
+                            }
+                        }
+                        Answer::GrpcHeadOnlyNoStatus => {
+                            let _ = respond.send_response(grpc(), true);
+                        }
+                        Answer::Reset(reason) => respond.send_reset(reason),
+                    }
+                }
+            });
+        }
+    });
+    H2Upstream {
+        addr,
+        connections,
+        requests,
+    }
+}
+
+/// A proxy in front of one HTTP/2 endpoint at `addr`; `extra` is more of
+/// the cluster's YAML (indented 4).
+async fn h2_proxy(addrs: &[SocketAddr], extra: &str) -> (meshless_proxy::Proxy, SocketAddr) {
+    let endpoints: String = addrs
+        .iter()
+        .map(|a| format!("      - {{ address: \"{a}\" }}\n"))
+        .collect();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\nclusters:\n  - name: c\n    upstream_protocol: http2\n    endpoints:\n{endpoints}{extra}"
+    );
+    proxy(&yaml).await
+}
+
+/// The sum of `meshless_proxy_requests_total` samples of `class`.
+async fn requests_of_class(p: &meshless_proxy::Proxy, class: &str) -> f64 {
+    let page = admin(p, "/metrics").await.1;
+    let tag = format!("class=\"{class}\"");
+    page.lines()
+        .filter(|l| l.starts_with("meshless_proxy_requests_total{") && l.contains(&tag))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One gRPC-looking POST through the proxy; its status and whether its
+/// body ended cleanly.
+async fn grpc_post(addr: SocketAddr) -> (http::StatusCode, bool) {
+    use http_body_util::BodyExt;
+    let req = http::Request::post(format!("http://{addr}/pkg.Svc/Call"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(&[
+            0, 0, 0, 0, 0,
+        ])))
+        .expect("request");
+    let resp = h2_client().request(req).await.expect("response");
+    let status = resp.status();
+    (status, resp.into_body().collect().await.is_ok())
+}
+
+/// G1: a gRPC response whose stream ends without `grpc-status` (neither
+/// in its headers nor in trailers) is a failure (INTERNAL, a 5xx), not a
+/// success: in metrics, for outlier detection and for retries.
+#[tokio::test]
+async fn a_grpc_response_without_grpc_status_counts_as_a_failure() {
+    let up = h2_upstream(|_| Answer::GrpcNoStatus).await;
+    let (p, addr) = h2_proxy(&[up.addr], "").await;
+    let (status, ended) = grpc_post(addr).await;
+    assert_eq!(status, http::StatusCode::OK);
+    assert!(ended);
+    eventually("the call is counted as a 5xx", || async {
+        requests_of_class(&p, "5xx").await == 1.0
+    })
+    .await;
+    assert_eq!(requests_of_class(&p, "2xx").await, 0.0);
+
+    // Outlier detection sees the failures: the endpoint is ejected.
+    let up2 = h2_upstream(|_| Answer::GrpcNoStatus).await;
+    let fine = h2_upstream(|_| Answer::Ok).await;
+    let (p2, addr2) = h2_proxy(
+        &[up2.addr, fine.addr],
+        "    outlier_detection: { consecutive_5xx: 2, max_ejection_percent: 50 }\n",
+    )
+    .await;
+    let failing = up2.addr.to_string();
+    eventually(
+        "the endpoint answering without grpc-status is ejected",
+        || async {
+            let _ = grpc_post(addr2).await;
+            let (_, body) = admin(&p2, "/clusters").await;
+            let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+            v[0]["endpoints"]
+                .as_array()
+                .expect("endpoints")
+                .iter()
+                .any(|e| e["address"] == failing.as_str() && e["ejected"].as_bool() == Some(true))
+        },
+    )
+    .await;
+
+    // A head-only gRPC answer without `grpc-status` is INTERNAL at once:
+    // retried on `internal` (the second answer is a proper one).
+    let up3 = h2_upstream(|n| {
+        if n == 0 {
+            Answer::GrpcHeadOnlyNoStatus
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let (_p3, addr3) = h2_proxy(
+        &[up3.addr],
+        "    retries: { count: 1, on: [internal], all_methods: true }\n",
+    )
+    .await;
+    let (status, _) = grpc_post(addr3).await;
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(up3.requests.load(Ordering::SeqCst), 2, "retried once");
+}
+
+/// G2: an upstream RST_STREAM on one stream does not drop the shared
+/// HTTP/2 connection; REFUSED_STREAM is retried (it was not processed),
+/// even when `retries.on` does not list it.
+#[tokio::test]
+async fn a_stream_reset_keeps_the_connection_and_refused_streams_are_retried() {
+    // Request 0 is refused, then every one is answered.
+    let up = h2_upstream(|n| {
+        if n == 0 {
+            Answer::Reset(h2::Reason::REFUSED_STREAM)
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let (_p, addr) = h2_proxy(&[up.addr], "").await;
+    let (status, backend, _) = get(&client(), addr, "/a", &[]).await;
+    assert_eq!((status, backend.as_str()), (http::StatusCode::OK, "raw"));
+    assert_eq!(
+        up.requests.load(Ordering::SeqCst),
+        2,
+        "refused, then retried"
+    );
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        1,
+        "on the same connection"
+    );
+
+    // Another reason: that request fails (not retried by default), the
+    // connection stays for the next one.
+    let up2 = h2_upstream(|n| {
+        if n == 0 {
+            Answer::Reset(h2::Reason::INTERNAL_ERROR)
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let (_p2, addr2) = h2_proxy(&[up2.addr], "").await;
+    let (status, _, _) = get(&client(), addr2, "/a", &[]).await;
+    assert_eq!(status, http::StatusCode::BAD_GATEWAY);
+    for _ in 0..3 {
+        let (status, _, _) = get(&client(), addr2, "/b", &[]).await;
+        assert_eq!(status, http::StatusCode::OK);
+    }
+    assert_eq!(
+        up2.connections.load(Ordering::SeqCst),
+        1,
+        "the connection was kept"
+    );
+}
+
+/// G3: an upstream HTTP/2 connection whose peer stops answering (a frozen
+/// relay: no FIN, no bytes) is closed by its keep-alive PINGs
+/// (`connection_pool.connection_keepalive`), and the next request opens a
+/// new connection instead of waiting on the dead one.
+#[tokio::test]
+async fn a_silent_upstream_h2_connection_is_closed_by_keepalive_pings() {
+    let up = h2_upstream(|_| Answer::Ok).await;
+    let relay = Relay::start(up.addr).await;
+    let (p, addr) = h2_proxy(
+        &[relay.local_addr()],
+        "    connection_pool: { connection_keepalive: { interval: 100ms, timeout: 300ms } }\n    timeouts: { request: 60s }\n",
+    )
+    .await;
+    let c = client();
+    let (status, backend, _) = get(&c, addr, "/1", &[]).await;
+    assert_eq!((status, backend.as_str()), (http::StatusCode::OK, "raw"));
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1);
+    let open = || async {
+        let (_, body) = admin(&p, "/clusters").await;
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        v[0]["upstream_connections"].as_u64().expect("gauge")
+    };
+    assert_eq!(open().await, 1);
+    relay.freeze();
+    eventually("the silent connection is closed", || async {
+        open().await == 0
+    })
+    .await;
+    let (status, _, _) = get(&c, addr, "/2", &[]).await;
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2, "a new connection");
+}
+
+/// H1, the other form: streams reset in the same breath as they are
+/// opened (before the proxy accepts them) also end in a GOAWAY, and few
+/// reach the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_reset_before_accept_get_goaway() {
+    let up = silent_upstream().await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 5s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\nclusters:\n  - name: c\n    endpoints:\n      - {{ address: \"{}\" }}\n",
+        up.addr
+    );
+    let (_p, addr) = proxy(&yaml).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let ended = tokio::spawn(conn);
+    const STREAMS: usize = 3000;
+    let mut sent = 0;
+    for i in 0..STREAMS {
+        let Ok(c) = client.ready().await else { break };
+        client = c;
+        let req = http::Request::get(format!("http://{addr}/r{i}"))
+            .body(())
+            .expect("request");
+        let Ok((_resp, mut stream)) = client.send_request(req, true) else {
+            break;
+        };
+        stream.send_reset(h2::Reason::CANCEL);
+        sent += 1;
+        if ended.is_finished() {
+            break;
+        }
+    }
+    // The connection's end (a GOAWAY error or a clean close) is all
+    // that matters here.
+    let _ = tokio::time::timeout(DEADLINE, ended)
+        .await
+        .expect("the proxy ends the connection")
+        .expect("task");
+    let total = *up.accepted.borrow();
+    eprintln!("{sent} streams sent, {total} upstream connections");
+    assert!(sent < STREAMS, "all {sent} streams were accepted");
+    assert!(
+        total <= 200,
+        "{total} upstream connections for {sent} reset streams"
+    );
+}
