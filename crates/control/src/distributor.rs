@@ -236,8 +236,8 @@ impl Distributor {
     /// A follower replica's forwarded load of `service` (replacing its
     /// last); with `activate` or requests queued, wakes the scaler as a
     /// proxy's activation request would. Unknown services are ignored.
-    pub fn record_remote_load(&self, service: &str, report: &RemoteLoad) {
-        if self.registry().service_version(service).is_none() {
+    pub async fn record_remote_load(&self, service: &str, report: &RemoteLoad) {
+        if !self.knows_service(service).await {
             return;
         }
         let mut remote = self
@@ -255,20 +255,55 @@ impl Distributor {
         );
         drop(remote);
         if report.activate || report.queued > 0 {
-            self.request_activation(service, report.node.clone());
+            self.activate_known(service, report.node.clone());
         }
+    }
+
+    /// Whether the registry holds `service`, without blocking an executor
+    /// thread: the commit thread holds the registry lock through a
+    /// group's fsync (seconds on a stalled disk), so when the lock is
+    /// taken the check waits on tokio's blocking pool instead.
+    async fn knows_service(&self, service: &str) -> bool {
+        match self.registry.try_lock() {
+            Ok(reg) => return reg.service_version(service).is_some(),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                return p.into_inner().service_version(service).is_some();
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        self.metrics.registry_waits_offloaded.inc();
+        let registry = Arc::clone(&self.registry);
+        let service = service.to_owned();
+        tokio::task::spawn_blocking(move || {
+            registry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .service_version(&service)
+                .is_some()
+        })
+        .await
+        .unwrap_or(false)
     }
 
     /// A proxy on `node` holds requests for `service`: remembers the node
     /// (the last asker wins; empty: none) and wakes the service's scaler.
     /// A service the registry does not hold is ignored (nothing could
     /// start it; remembering it would let a proxy grow these maps).
-    pub fn request_activation(&self, service: &str, node: String) {
+    pub async fn request_activation(&self, service: &str, node: String) {
         let read = Instant::now();
-        if self.registry().service_version(service).is_none() {
+        if !self.knows_service(service).await {
             tracing::debug!(%service, "activation request for an unknown service ignored");
             return;
         }
+        self.activate_at(service, node, read);
+    }
+
+    /// [`Distributor::request_activation`] of a service known to exist.
+    fn activate_known(&self, service: &str, node: String) {
+        self.activate_at(service, node, Instant::now());
+    }
+
+    fn activate_at(&self, service: &str, node: String, read: Instant) {
         self.metrics.activation_requests.inc();
         self.activation_reads
             .lock()
@@ -729,11 +764,12 @@ pub(crate) mod tests {
 
     /// Activation requests name services from the network: one the
     /// registry does not hold starts nothing and is not remembered.
-    #[test]
-    fn an_activation_request_for_an_unknown_service_is_ignored() {
+    #[tokio::test]
+    async fn an_activation_request_for_an_unknown_service_is_ignored() {
         let (registry, d) = distributor(16);
         for i in 0..100 {
-            d.request_activation(&format!("ns/nope-{i}"), "n1".into());
+            d.request_activation(&format!("ns/nope-{i}"), "n1".into())
+                .await;
         }
         assert!(d.activations.lock().expect("lock").is_empty());
         assert!(d.activation_nodes.lock().expect("lock").is_empty());
@@ -750,9 +786,9 @@ pub(crate) mod tests {
             })
             .expect("service");
         let before = Instant::now();
-        d.request_activation("ns/a", "n1".into());
+        d.request_activation("ns/a", "n1".into()).await;
         let after = Instant::now();
-        d.request_activation("ns/a", "n2".into());
+        d.request_activation("ns/a", "n2".into()).await;
         assert_eq!(d.take_activation_node("ns/a").as_deref(), Some("n2"));
         assert_eq!(d.metrics.activation_requests.get(), 2);
         // The first request's read is kept until the scaling loop takes it.

@@ -198,7 +198,8 @@ async fn route(state: &Arc<PlaneState>, req: Request<Incoming>) -> Result<Reply,
                 read_json(req.into_body(), state.config.max_body_bytes).await?;
             state
                 .distributor
-                .record_remote_load(&format!("{ns}/{name}"), &report);
+                .record_remote_load(&format!("{ns}/{name}"), &report)
+                .await;
             Ok(json(StatusCode::OK, &serde_json::json!({})))
         }
         (&Method::GET, ["v1", "services", ns, name]) => view(state, format!("{ns}/{name}")).await,

@@ -573,7 +573,7 @@ async fn on_message(
             } else {
                 a.node
             };
-            f.d.request_activation(&a.service, node);
+            f.d.request_activation(&a.service, node).await;
         }
         client_message::Msg::Hello(_) | client_message::Msg::Ack(_) => {}
     }

@@ -134,16 +134,21 @@ async fn a_stalled_commit_leaves_the_executor_serving() {
         std::thread::sleep(Duration::from_millis(5));
     }
     // More calls that need the registry than the runtime has workers: a
-    // list, a view, a renewal and a delete (its own store write).
+    // list, a view, a renewal, a delete (its own store write) and a
+    // follower's load reports (which check that the service exists).
+    let load = r#"{"replica":"follower-1","in_flight":3,"queued":0}"#;
     let waiting: Vec<_> = [
-        ("GET", "/v1/services"),
-        ("GET", "/v1/services/shop/cart"),
-        ("POST", "/v1/services/shop/cart/endpoints/e1/renew"),
-        ("GET", "/v1/services"),
-        ("DELETE", "/v1/services/shop/gone"),
+        ("GET", "/v1/services", ""),
+        ("GET", "/v1/services/shop/cart", ""),
+        ("POST", "/v1/services/shop/cart/endpoints/e1/renew", ""),
+        ("GET", "/v1/services", ""),
+        ("DELETE", "/v1/services/shop/gone", ""),
+        ("POST", "/v1/services/shop/cart/load", load),
+        ("POST", "/v1/services/shop/cart/load", load),
+        ("POST", "/v1/services/shop/cart/load", load),
     ]
     .into_iter()
-    .map(|(method, path)| std::thread::spawn(move || request(api, method, path, "")))
+    .map(|(method, path, body)| std::thread::spawn(move || request(api, method, path, body)))
     .collect();
     // Each of them finds the registry locked (counted), and the executor
     // still answers what needs no registry.
@@ -157,7 +162,8 @@ async fn a_stalled_commit_leaves_the_executor_serving() {
     };
     let probe = std::thread::spawn(move || {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while offloaded() < 4.0 {
+        // Every call but the delete (always on the blocking pool).
+        while offloaded() < 7.0 {
             assert!(
                 Instant::now() < deadline,
                 "calls did not wait off the executor"
