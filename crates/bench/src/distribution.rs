@@ -190,6 +190,7 @@ async fn subscriber(
                     service: SERVICE.into(),
                     size,
                     zone_aware: ask.zone_aware,
+                    index: None,
                 })
                 .into_iter()
                 .collect(),

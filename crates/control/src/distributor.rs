@@ -403,6 +403,7 @@ impl Distributor {
             reset: delta.reset,
             activation_error: delta.activation_error.clone().unwrap_or_default(),
             settings: delta.settings.as_ref().map(settings_to_wire),
+            subset_index: None,
         };
         let subsets = self.lock_subsets().apply(&wire).map(|per_key| {
             let bytes = subset_bytes(&per_key);
@@ -481,6 +482,7 @@ impl Distributor {
                     reset: true,
                     activation_error: String::new(),
                     settings: reg.settings(service).map(settings_to_wire),
+                    subset_index: None,
                 });
                 if let Some(v) = current {
                     cache.insert(service.clone(), (v, bytes.clone()));
@@ -590,8 +592,11 @@ impl Distributor {
         size: u32,
         zone: Option<&str>,
         identity: &str,
+        wanted: Option<u64>,
     ) -> (SubsetLease<'_>, EncodedPair) {
-        let (key, floor, bytes) = self.lock_subsets().register(service, size, zone, identity);
+        let (key, floor, bytes) = self
+            .lock_subsets()
+            .register_asking(service, size, zone, identity, wanted);
         self.metrics.subset_subscriptions.inc();
         let lease = SubsetLease {
             d: self,

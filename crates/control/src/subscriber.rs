@@ -55,9 +55,10 @@ fn delta_msg(bytes: bytes::Bytes) -> ServerMessage {
     }
 }
 
-/// How one service is followed as a subset: its size, and the zone it
-/// prefers (a zone-aware request from a subscriber that named its zone).
-type SubsetAsk = (u32, Option<String>);
+/// How one service is followed as a subset: its size, the zone it
+/// prefers (a zone-aware request from a subscriber that named its zone),
+/// and the index the subscriber held before (given back when free).
+type SubsetAsk = (u32, Option<String>, Option<u64>);
 
 /// The services a `Hello` or `Subscribe` asks for: every watched service,
 /// and how those asked as subsets are followed (size 0: whole). `zone` is
@@ -73,7 +74,7 @@ fn requested(
         watched.insert(s.service.clone());
         if s.size > 0 {
             let zone = (s.zone_aware && !zone.is_empty()).then(|| zone.to_owned());
-            sizes.insert(s.service, (s.size, zone));
+            sizes.insert(s.service, (s.size, zone, s.index));
         }
     }
     (watched, sizes)
@@ -180,10 +181,10 @@ impl<'a> Follow<'a> {
     /// Starts following `service` as the subset `ask`: its reset.
     async fn lease(&mut self, service: &str, ask: SubsetAsk) -> Result<(), StreamEnd> {
         self.floors.remove(service);
-        let (size, zone) = ask;
-        let (lease, bytes) = self
-            .d
-            .lease_subset(service, size, zone.as_deref(), &self.identity);
+        let (size, zone, wanted) = ask;
+        let (lease, bytes) =
+            self.d
+                .lease_subset(service, size, zone.as_deref(), &self.identity, wanted);
         self.leases.insert(service.to_owned(), lease);
         self.send_delta(&bytes).await
     }
@@ -258,7 +259,7 @@ impl<'a> Follow<'a> {
             .filter(|(service, l)| {
                 sizes
                     .get(*service)
-                    .map(|(size, zone)| (*size, zone.as_deref()))
+                    .map(|(size, zone, _)| (*size, zone.as_deref()))
                     != Some((l.key.size, l.key.zone.as_deref()))
             })
             .map(|(service, _)| service.clone())
@@ -601,6 +602,7 @@ mod tests {
             service: service.into(),
             size,
             zone_aware: false,
+            index: None,
         };
         let (watched, sizes) = requested(
             vec!["ns/a".into()],
@@ -608,7 +610,7 @@ mod tests {
             "z1",
         );
         assert_eq!(watched, ["ns/a", "ns/b", "ns/c"].map(String::from).into());
-        assert_eq!(sizes, [("ns/c".to_owned(), (10, None))].into());
+        assert_eq!(sizes, [("ns/c".to_owned(), (10, None, None))].into());
     }
 
     /// A zone-aware request takes the `Hello`'s zone; without a zone it is
@@ -619,11 +621,15 @@ mod tests {
             service: service.into(),
             size: 5,
             zone_aware: true,
+            index: None,
         };
         let (_, sizes) = requested(Vec::new(), vec![sub("ns/a")], "z1");
-        assert_eq!(sizes, [("ns/a".to_owned(), (5, Some("z1".into())))].into());
+        assert_eq!(
+            sizes,
+            [("ns/a".to_owned(), (5, Some("z1".into()), None))].into()
+        );
         let (_, sizes) = requested(Vec::new(), vec![sub("ns/a")], "");
-        assert_eq!(sizes, [("ns/a".to_owned(), (5, None))].into());
+        assert_eq!(sizes, [("ns/a".to_owned(), (5, None, None))].into());
     }
 
     /// Deltas already queued when the task wakes leave in one batch (up to
@@ -673,7 +679,7 @@ mod tests {
         let metrics = Arc::new(ControlMetrics::new());
         let d = Distributor::new(Arc::clone(&registry), metrics, 4096);
         let mut rx = d.tx.subscribe();
-        let (lease, _) = d.lease_subset("ns/a", 1, None, "n");
+        let (lease, _) = d.lease_subset("ns/a", 1, None, "n", None);
         let n = crate::distributor::SUBSET_WINDOW + 10;
         for _ in 0..n {
             let v = registry.lock().expect("lock").next_version();

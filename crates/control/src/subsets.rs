@@ -14,10 +14,14 @@
 //!   equals, at every version, the view's endpoints restricted to its
 //!   members: a delta carries the members that changed, the ones that came
 //!   in (whole), and the ones that went out (removed), nothing else.
-//! - Indices: an identity takes the lowest index free in its group and
-//!   keeps it while any stream of that identity holds it; the last one to
-//!   leave frees it (a returning identity takes the lowest free again,
-//!   usually its old one). Indices `0 .. S` with no gap balance load best.
+//! - Indices: an identity takes the index it asks for (the one it held on
+//!   an earlier stream, `SubsetRequest.index`) when no other identity
+//!   holds it, else the lowest index free in its group, and keeps it while
+//!   any stream of that identity holds it; the last one to leave frees it.
+//!   A plane restart forgets every index, and proxies that reconnect in
+//!   any order get their old ones back (no reshuffle). Indices `0 .. S`
+//!   with no gap balance load best: asked-for indices keep the density
+//!   they had when handed out, and new identities fill gaps first.
 //!
 //! Cost: a round's order (endpoints by `(order_key(round, id), id)`) is
 //! kept per round in use and updated per added or removed endpoint
@@ -187,10 +191,19 @@ struct Group {
     slots_moved: bool,
 }
 
+/// The highest index a subscriber may ask for back: an index costs one
+/// round's order of the endpoints, so a stream cannot make the plane keep
+/// arbitrarily many.
+pub const MAX_ASKED_INDEX: u64 = 1 << 16;
+
 impl Group {
-    /// The lowest index no identity holds.
-    fn free_index(&self) -> u64 {
+    /// `wanted` when no identity holds it (and it is at most
+    /// [`MAX_ASKED_INDEX`]), else the lowest index no identity holds.
+    fn free_index(&self, wanted: Option<u64>) -> u64 {
         let used: BTreeSet<u64> = self.holders.values().map(|&(i, _)| i).collect();
+        if let Some(w) = wanted.filter(|w| *w <= MAX_ASKED_INDEX && !used.contains(w)) {
+            return w;
+        }
         (0..).find(|i| !used.contains(i)).unwrap_or(0)
     }
 }
@@ -499,8 +512,8 @@ impl View {
             .collect()
     }
 
-    /// A reset holding `members` only.
-    fn reset_bytes(&self, service: &str, members: &[Arc<str>]) -> EncodedPair {
+    /// A reset holding `members` only, for the subscriber at `index`.
+    fn reset_bytes(&self, service: &str, members: &[Arc<str>], index: u64) -> EncodedPair {
         EncodedPair::encode(&v1::Delta {
             version: self.version,
             service: service.to_owned(),
@@ -509,6 +522,7 @@ impl View {
             reset: true,
             activation_error: String::new(),
             settings: self.settings.clone(),
+            subset_index: Some(index),
         })
     }
 }
@@ -561,7 +575,7 @@ impl Subsets {
             if !view.may_move(&key, n_before, delta.reset) {
                 // Same members: only changes to them (and settings).
                 let members = view.members_of(&key);
-                if let Some(bytes) = member_delta(view, delta, members, members) {
+                if let Some(bytes) = member_delta(view, delta, &key, members, members) {
                     out.insert(key, bytes);
                 }
                 continue;
@@ -572,7 +586,7 @@ impl Subsets {
                 .get_mut(&key.group())
                 .and_then(|g| g.members.insert(key.index, new.clone()))
                 .unwrap_or_default();
-            if let Some(bytes) = member_delta(&*view, delta, &old, &new) {
+            if let Some(bytes) = member_delta(&*view, delta, &key, &old, &new) {
                 out.insert(key, bytes);
             }
         }
@@ -588,6 +602,20 @@ impl Subsets {
         size: u32,
         zone: Option<&str>,
         identity: &str,
+    ) -> (SubsetKey, u64, EncodedPair) {
+        self.register_asking(service, size, zone, identity, None)
+    }
+
+    /// [`Subsets::register`], asking for index `wanted` (the one `identity`
+    /// held on an earlier stream): given when no other identity holds it.
+    /// An identity that holds an index already keeps it.
+    pub fn register_asking(
+        &mut self,
+        service: &str,
+        size: u32,
+        zone: Option<&str>,
+        identity: &str,
+        wanted: Option<u64>,
     ) -> (SubsetKey, u64, EncodedPair) {
         let view = self.services.entry(service.to_owned()).or_default();
         let zone: Option<Arc<str>> = zone.filter(|z| !z.is_empty()).map(Arc::from);
@@ -605,7 +633,7 @@ impl Subsets {
                 *index
             }
             None => {
-                let index = group.free_index();
+                let index = group.free_index(wanted);
                 group.holders.insert(identity.to_owned(), (index, 1));
                 group.members.insert(index, Vec::new());
                 index
@@ -614,7 +642,7 @@ impl Subsets {
         let key = SubsetKey { size, zone, index };
         view.ensure_rounds();
         let members = view.compute(&key);
-        let bytes = view.reset_bytes(service, &members);
+        let bytes = view.reset_bytes(service, &members, index);
         if let Some(g) = view.groups.get_mut(&key.group()) {
             g.members.insert(index, members);
         }
@@ -635,7 +663,7 @@ impl Subsets {
             );
         };
         let members = view.members_of(key);
-        (view.version, view.reset_bytes(service, members))
+        (view.version, view.reset_bytes(service, members, key.index))
     }
 
     /// One stream of `identity` leaves the group of `key` of `service`;
@@ -687,11 +715,12 @@ impl Subsets {
 fn member_delta(
     view: &View,
     delta: &v1::Delta,
+    key: &SubsetKey,
     old: &[Arc<str>],
     new: &[Arc<str>],
 ) -> Option<EncodedPair> {
     if delta.reset {
-        return Some(view.reset_bytes(&delta.service, new));
+        return Some(view.reset_bytes(&delta.service, new, key.index));
     }
     let removed: Vec<String> = old
         .iter()
@@ -722,6 +751,7 @@ fn member_delta(
         reset: false,
         activation_error: String::new(),
         settings: delta.settings.clone(),
+        subset_index: None,
     }))
 }
 

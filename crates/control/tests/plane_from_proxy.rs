@@ -535,3 +535,84 @@ async fn a_restart_keeps_api_changes_to_a_service_the_file_seeds() {
     assert_eq!(ids(&view), vec!["a".to_owned()], "{view}");
     plane.shutdown().await;
 }
+
+/// A stream following `shop/cart` as a subset of 2, as `subscriber`,
+/// asking for `index` back; its first reset (members sorted, and the index
+/// the plane gave).
+async fn subset_stream(
+    grpc: SocketAddr,
+    subscriber: &str,
+    index: Option<u64>,
+) -> (
+    Vec<String>,
+    Option<u64>,
+    tokio::sync::mpsc::Sender<ClientMessage>,
+) {
+    let mut client = DistributionClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(ClientMessage {
+        msg: Some(client_message::Msg::Hello(v1::Hello {
+            subsets: vec![v1::SubsetRequest {
+                service: "shop/cart".into(),
+                size: 2,
+                zone_aware: false,
+                index,
+            }],
+            subscriber: subscriber.into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("hello");
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let d = next_delta(&mut inbound).await;
+    assert!(d.reset, "a subset starts with its reset: {d:?}");
+    let mut members: Vec<String> = d.upserted.into_iter().map(|e| e.id).collect();
+    members.sort();
+    // Keep the stream open (its index held) while the sender lives.
+    tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+    (members, d.subset_index, tx)
+}
+
+/// A control-plane restart forgets every subset index; proxies reconnect
+/// in any order, each asking for the index it held (`SubsetRequest.index`,
+/// learnt from `Delta.subset_index`), and get their old subsets back
+/// instead of each other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plane_restart_gives_subscribers_their_subsets_back() {
+    let tmp = tempfile::Builder::new()
+        .prefix("meshless-plane-")
+        .tempdir()
+        .expect("dir");
+    let dir = tmp.path().to_path_buf();
+    let plane = ControlPlane::start(control_config(Some(dir.clone())))
+        .await
+        .expect("plane");
+    register(plane.api_addr(), 6).await;
+    let (x_members, x_index, x_tx) = subset_stream(plane.grpc_addr(), "node-x", None).await;
+    let (y_members, y_index, y_tx) = subset_stream(plane.grpc_addr(), "node-y", None).await;
+    assert_eq!((x_index, y_index), (Some(0), Some(1)), "lowest free first");
+    assert_ne!(x_members, y_members);
+    drop((x_tx, y_tx));
+    plane.shutdown().await;
+
+    let plane = ControlPlane::start(control_config(Some(dir.clone())))
+        .await
+        .expect("plane");
+    // The other order this time: y first.
+    let (y_after, y_index_after, _y) = subset_stream(plane.grpc_addr(), "node-y", y_index).await;
+    let (x_after, x_index_after, _x) = subset_stream(plane.grpc_addr(), "node-x", x_index).await;
+    assert_eq!((x_index_after, y_index_after), (x_index, y_index));
+    assert_eq!(x_after, x_members, "node-x keeps its subset");
+    assert_eq!(y_after, y_members, "node-y keeps its subset");
+    // A newcomer asking for a held index gets the lowest free one instead.
+    let (_, z_index, _z) = subset_stream(plane.grpc_addr(), "node-z", Some(0)).await;
+    assert_eq!(z_index, Some(2));
+    plane.shutdown().await;
+}

@@ -305,3 +305,61 @@ fn unknown_services_leave_no_view_behind() {
     s.release("ns/real", &key, "proxy-a");
     assert_eq!(s.services(), 1);
 }
+
+proptest! {
+    /// A plane restart forgets the indices: subscribers that come back in
+    /// any order, each asking for the index it held, get it back with the
+    /// same members, and the indices stay `0 .. k` (balance holds).
+    #[test]
+    fn returning_subscribers_get_their_indices_back_in_any_order(
+        n in 1u8..40,
+        size in 1u32..8,
+        k in 1usize..12,
+        order in Just(()).prop_perturb(|_, mut rng| rng.next_u64()),
+    ) {
+        let eps: Vec<v1::Endpoint> = (0..n).map(|i| ep(&format!("pod-{i}"), 1)).collect();
+        let mut before = Subsets::default();
+        before.seed("ns/a", 1, eps.clone(), None);
+        let held: Vec<(String, SubsetKey, Vec<String>)> = (0..k)
+            .map(|i| {
+                let who = format!("node-{i}");
+                let (key, _, _) = before.register("ns/a", size, None, &who);
+                let members = before.members("ns/a", &key);
+                (who, key, members)
+            })
+            .collect();
+        let mut after = Subsets::default();
+        after.seed("ns/a", 1, eps, None);
+        let mut returning = held.clone();
+        // A permutation drawn from `order`.
+        let mut seed = order;
+        for i in (1..returning.len()).rev() {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            returning.swap(i, (seed >> 33) as usize % (i + 1));
+        }
+        let mut indices = Vec::new();
+        for (who, key, members) in &returning {
+            let (again, _, _) = after.register_asking("ns/a", size, None, who, Some(key.index));
+            prop_assert_eq!(again.index, key.index);
+            prop_assert_eq!(&after.members("ns/a", &again), members);
+            indices.push(again.index);
+        }
+        indices.sort_unstable();
+        prop_assert_eq!(indices, (0..k as u64).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn an_asked_index_held_by_another_or_absurd_gives_the_lowest_free() {
+    let mut s = Subsets::default();
+    let eps: Vec<v1::Endpoint> = (0..10).map(|i| ep(&format!("p{i}"), 1)).collect();
+    s.seed("ns/a", 1, eps, None);
+    let (a, _, _) = s.register_asking("ns/a", 3, None, "a", Some(1));
+    assert_eq!(a.index, 1);
+    let (b, _, _) = s.register_asking("ns/a", 3, None, "b", Some(1));
+    assert_eq!(b.index, 0, "1 is a's");
+    let (c, _, _) = s.register_asking("ns/a", 3, None, "c", Some(u64::MAX));
+    assert_eq!(c.index, 2);
+    let (a2, _, _) = s.register_asking("ns/a", 3, None, "a", Some(7));
+    assert_eq!(a2.index, 1, "an identity holding an index keeps it");
+}

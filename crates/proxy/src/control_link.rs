@@ -81,9 +81,23 @@ fn requests(w: &Watched) -> Requests {
             service: service.clone(),
             size: ask.size,
             zone_aware: ask.zone_aware,
+            index: None,
         })
         .collect();
     (w.services.iter().cloned().collect(), subsets)
+}
+
+/// Per service: the subset index the control plane last gave this proxy
+/// (`Delta.subset_index`), kept across streams.
+type Indices = BTreeMap<String, u64>;
+
+/// `subsets` asking each for the index held before (so that a restarted
+/// control plane gives it back instead of reshuffling subsets).
+fn asking_held(mut subsets: Vec<v1::SubsetRequest>, held: &Indices) -> Vec<v1::SubsetRequest> {
+    for s in &mut subsets {
+        s.index = held.get(&s.service).copied();
+    }
+    subsets
 }
 
 /// This proxy's identity for subset indices: its node name, else an id
@@ -133,6 +147,7 @@ pub async fn run(
     let mut resume = Resume::default();
     let mut backoff = BACKOFF_MIN;
     let mut received = false;
+    let mut indices = Indices::new();
     let subscriber = subscriber_identity(&node);
     loop {
         let link = Link {
@@ -141,6 +156,7 @@ pub async fn run(
             resume: &mut resume,
             subscriber: &subscriber,
             received: &mut received,
+            indices: &mut indices,
         };
         let session = session(
             &state,
@@ -215,6 +231,8 @@ struct Link<'a> {
     subscriber: &'a str,
     /// Raised when the stream delivers a message.
     received: &'a mut bool,
+    /// The subset indices held, asked for again on the next stream.
+    indices: &'a mut Indices,
 }
 
 /// One stream, from connect to disconnect.
@@ -233,6 +251,7 @@ async fn session(
         resume,
         subscriber,
         received,
+        indices,
     } = link;
     let mut report = tokio::time::interval(LOAD_REPORT);
     let channel = GrpcEndpoint::from_shared(uri.to_owned())?
@@ -271,7 +290,7 @@ async fn session(
                 .get()
                 .map(ToString::to_string)
                 .unwrap_or_default(),
-            subsets,
+            subsets: asking_held(subsets, indices),
             subscriber: subscriber.to_owned(),
             compact: true,
         })),
@@ -323,6 +342,9 @@ async fn session(
                     Some(server_message::Msg::Delta(bytes)) => {
                         let delta = decode_delta(&bytes)?;
                         let (v, reset) = (delta.version, delta.reset);
+                        if let Some(index) = delta.subset_index {
+                            indices.insert(delta.service.clone(), index);
+                        }
                         // Only a stream past its snapshot was a good one
                         // (the backoff restarts after it): one that fails
                         // inside its snapshot every time must back off.
@@ -381,6 +403,8 @@ async fn session(
                 snapshot_covers = None;
                 table.retain(|s, _| services.contains(s));
                 merge.retain(|s| services.iter().any(|w| w == s));
+                indices.retain(|s, _| services.contains(s));
+                let subsets = asking_held(subsets, indices);
                 let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services, subsets })) };
                 tx.send(sub).await?;
             }

@@ -180,6 +180,7 @@ fn delta_bytes(upserted: Vec<v1::Endpoint>, removed: Vec<String>, reset: bool) -
         reset,
         activation_error: String::new(),
         settings: None,
+        subset_index: None,
     };
     let msg = v1::ServerMessage {
         msg: Some(v1::server_message::Msg::Delta(
