@@ -100,6 +100,39 @@ fn default_weight() -> u32 {
     1
 }
 
+/// The longest endpoint id the registration API accepts (a Kubernetes
+/// DNS subdomain name's limit).
+pub const MAX_ENDPOINT_ID_LEN: usize = 253;
+
+/// Whether `id` can name an endpoint in the registration API: it must be
+/// addressable as one path segment (`.../endpoints/ID`, never
+/// percent-decoded), so 1..=253 of `[A-Za-z0-9._:-]` (Kubernetes names,
+/// pod names, and IP addresses as the Kubernetes source uses them), and
+/// not `.` or `..`. The reason when it is not.
+pub fn check_endpoint_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if id.len() > MAX_ENDPOINT_ID_LEN {
+        return Err(format!(
+            "must be at most {MAX_ENDPOINT_ID_LEN} characters, got {}",
+            id.len()
+        ));
+    }
+    if id == "." || id == ".." {
+        return Err(format!("{id:?} cannot be addressed by path"));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        return Err(format!(
+            "{c:?} not allowed: an id is letters, digits, '.', '_', ':' and '-' (it must be addressable as a path segment)"
+        ));
+    }
+    Ok(())
+}
+
 impl EndpointInput {
     /// A ready endpoint of weight 1 at `address:port`, no placement, no TTL.
     pub fn new(id: impl Into<String>, address: IpAddr, port: u16) -> Self {

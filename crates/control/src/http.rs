@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::api::{
     BulkInput, EndpointInput, ErrorReply, RemoteLoad, RenewReply, ServiceInput, ServiceList,
-    ServiceListItem, ServiceSpec, VersionReply,
+    ServiceListItem, ServiceSpec, VersionReply, check_endpoint_id,
 };
 use crate::registry::RegistryError;
 use crate::state::{PlaneState, UNAUTHENTICATED};
@@ -107,9 +107,9 @@ pub fn error(status: StatusCode, message: impl std::fmt::Display) -> Reply {
 fn registry_error(e: RegistryError) -> Reply {
     let status = match e {
         RegistryError::Invalid(_) => StatusCode::BAD_REQUEST,
-        RegistryError::UnknownService(_) | RegistryError::UnknownEndpoint { .. } => {
-            StatusCode::NOT_FOUND
-        }
+        RegistryError::UnknownService(_)
+        | RegistryError::UnknownEndpoint { .. }
+        | RegistryError::UnknownEndpointAt { .. } => StatusCode::NOT_FOUND,
         RegistryError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, e)
@@ -134,13 +134,22 @@ where
         })?
         .to_bytes();
     let de = &mut serde_json::Deserializer::from_slice(&body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         error(
             StatusCode::BAD_REQUEST,
             format!("body: {path}: {}", e.into_inner()),
         )
-    })
+    })?;
+    // One JSON value and nothing after it but whitespace: `{..}garbage`
+    // or two concatenated objects are refused, not half-read.
+    de.end().map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("body: trailing characters after the JSON value: {e}"),
+        )
+    })?;
+    Ok(value)
 }
 
 fn version(v: u64) -> Reply {
@@ -312,6 +321,8 @@ async fn write(
                     format!("id: body says {:?}, path says {id:?}", body.id),
                 ));
             }
+            check_endpoint_id(&body.id)
+                .map_err(|reason| error(StatusCode::BAD_REQUEST, format!("id: {reason}")))?;
             let (_, v) = state
                 .write_grouped(move |r| r.put_endpoints(&key, vec![body]))
                 .await
@@ -348,16 +359,39 @@ async fn write(
     }
 }
 
+/// Why a bulk call is refused before it reaches the registry: an id that
+/// cannot be addressed, or one both put and deleted (contradictory).
+fn check_bulk(body: &BulkInput) -> Result<(), String> {
+    for (i, e) in body.put.iter().enumerate() {
+        check_endpoint_id(&e.id).map_err(|reason| format!("put[{i}].id: {reason}"))?;
+    }
+    for (i, id) in body.delete.iter().enumerate() {
+        check_endpoint_id(id).map_err(|reason| format!("delete[{i}]: {reason}"))?;
+        if let Some(p) = body.put.iter().position(|e| e.id == *id) {
+            return Err(format!(
+                "delete[{i}]: {id:?} is also put (put[{p}]): one call either puts or deletes an id"
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn bulk(state: &Arc<PlaneState>, key: String, body: BulkInput) -> Reply {
+    if let Err(e) = check_bulk(&body) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     let ids: Vec<EndpointId> = body.delete.into_iter().map(EndpointId::new).collect();
     let written = state
         .write_grouped(move |r| {
+            // All or nothing: an unknown delete refuses the puts too (as a
+            // single DELETE of it is a 404), and nothing is written.
+            r.require_endpoints(&key, &ids)?;
             let mut v = r.version();
             if !body.put.is_empty() {
                 v = r.put_endpoints(&key, body.put)?;
             }
             if !ids.is_empty() {
-                v = r.delete_endpoints(&key, &ids, false)?;
+                v = r.delete_endpoints(&key, &ids, true)?;
             }
             Ok(v)
         })
@@ -399,6 +433,21 @@ mod tests {
         let bytes = reply.into_body().collect().await.expect("body").to_bytes();
         let e: ErrorReply = serde_json::from_slice(&bytes).expect("error json");
         (status, e.error)
+    }
+
+    #[tokio::test]
+    async fn trailing_characters_after_the_body_are_400() {
+        let spaced = " {\"id\":\"x\",\"addresses\":[\"10.0.0.1\"],\"port\":80} \n";
+        let read = read_json::<EndpointInput, _>(body(spaced), 1024).await;
+        assert!(read.is_ok(), "whitespace around the value is fine");
+        for text in [
+            r#"{"id":"x","addresses":["10.0.0.1"],"port":80}garbage"#,
+            r#"{"id":"x","addresses":["10.0.0.1"],"port":80}{"id":"y","addresses":["10.0.0.1"],"port":80}"#,
+        ] {
+            let (s, e) = status_and_error::<EndpointInput>(text, 1024).await;
+            assert_eq!(s, StatusCode::BAD_REQUEST);
+            assert!(e.starts_with("body: trailing characters"), "{e}");
+        }
     }
 
     #[tokio::test]

@@ -76,7 +76,7 @@ async fn routes_answer_with_versions_views_and_errors_that_name_the_problem() {
     assert!(v2 > v1, "versions grow");
     let bulk = BulkInput {
         put: vec![ep(2), ep(3)],
-        delete: vec!["cart-1".into(), "absent".into()],
+        delete: vec!["cart-1".into()],
     };
     let v3 = c.bulk(SVC, &bulk).await.expect("bulk");
     assert!(v3 > v2);
@@ -301,6 +301,108 @@ async fn sparse_slices_are_compacted_once_the_service_is_quiet() {
         v.endpoints
             .iter()
             .all(|e| e.slice.as_deref() == Some(v.slices[0].name.as_str()))
+    );
+    plane.shutdown().await;
+}
+
+/// Bulk calls are all or nothing and agree with single calls: an unknown
+/// delete is a 404 naming its index (no write, no version), an id both put
+/// and deleted is a 400; ids must be addressable by path; a body with
+/// anything after its JSON value is a 400.
+#[tokio::test]
+async fn bulk_calls_agree_with_single_calls_and_ids_and_bodies_are_checked() {
+    let (plane, c) = start("").await;
+    c.put_service(SVC, &ServiceInput::default())
+        .await
+        .expect("service");
+    let v1 = c.put_endpoint(SVC, &ep(1)).await.expect("endpoint");
+    let bulk = "/v1/services/shop/cart/endpoints";
+
+    // C10: unknown delete, alone or with puts: 404, nothing written.
+    let (s, e) = raw_error(&c, Method::POST, bulk, r#"{"delete":["nosuch"]}"#).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(e.starts_with("delete[0]:") && e.contains("nosuch"), "{e}");
+    let (s, e) = raw_error(
+        &c,
+        Method::POST,
+        bulk,
+        r#"{"put":[{"id":"cart-5","addresses":["10.0.0.5"],"port":80}],"delete":["cart-1","nosuch"]}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(e.starts_with("delete[1]:"), "{e}");
+    let (s, e) = raw_error(
+        &c,
+        Method::POST,
+        bulk,
+        r#"{"put":[{"id":"cart-1","addresses":["10.0.0.1"],"port":80}],"delete":["cart-1"]}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(e.starts_with("delete[0]:") && e.contains("put[0]"), "{e}");
+    let view = c.service(SVC).await.expect("view");
+    let ids: Vec<&str> = view.endpoints.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["cart-1"], "nothing of the refused calls applied");
+    assert_eq!(view.version, v1, "no version consumed by refused calls");
+
+    // C7: ids that cannot be addressed by path.
+    for (body, at) in [
+        (
+            r#"{"put":[{"id":"a/b","addresses":["10.0.0.1"],"port":80}]}"#,
+            "put[0].id:",
+        ),
+        (
+            r#"{"put":[{"id":" ","addresses":["10.0.0.1"],"port":80}]}"#,
+            "put[0].id:",
+        ),
+        (
+            r#"{"put":[{"id":"..","addresses":["10.0.0.1"],"port":80}]}"#,
+            "put[0].id:",
+        ),
+        (
+            r#"{"put":[{"id":"a\tb","addresses":["10.0.0.1"],"port":80}]}"#,
+            "put[0].id:",
+        ),
+        (r#"{"delete":["a%2Fb"]}"#, "delete[0]:"),
+    ] {
+        let (s, e) = raw_error(&c, Method::POST, bulk, body).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        assert!(e.starts_with(at), "{body}: {e}");
+    }
+    let long = Box::leak(
+        format!(
+            r#"{{"put":[{{"id":"{}","addresses":["10.0.0.1"],"port":80}}]}}"#,
+            "a".repeat(254)
+        )
+        .into_boxed_str(),
+    );
+    let (s, e) = raw_error(&c, Method::POST, bulk, long).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(e.starts_with("put[0].id:") && e.contains("253"), "{e}");
+    // Kubernetes-like names and IP-address ids are fine.
+    let ok = r#"{"put":[{"id":"cart-7d9f8b6c5d-x2k4q","addresses":["10.0.0.2"],"port":80},{"id":"fd00::1","addresses":["fd00::1"],"port":80},{"id":"Pod_1.a","addresses":["10.0.0.3"],"port":80}]}"#;
+    let (s, _) = c.raw(Method::POST, bulk, ok).await.expect("answer");
+    assert_eq!(s, StatusCode::OK);
+
+    // C6: trailing garbage or a second value after the body.
+    for body in [
+        r#"{"id":"cart-8","addresses":["10.0.0.8"],"port":80}garbage"#,
+        r#"{"id":"cart-8","addresses":["10.0.0.8"],"port":80}{"id":"cart-8","addresses":["10.0.0.8"],"port":81}"#,
+    ] {
+        let (s, e) = raw_error(
+            &c,
+            Method::PUT,
+            "/v1/services/shop/cart/endpoints/cart-8",
+            body,
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(e.starts_with("body: trailing characters"), "{e}");
+    }
+    let view = c.service(SVC).await.expect("view");
+    assert!(
+        view.endpoints.iter().all(|e| e.id != "cart-8"),
+        "not stored"
     );
     plane.shutdown().await;
 }

@@ -42,6 +42,14 @@ pub enum RegistryError {
     Invalid(#[from] FieldError),
     #[error("unknown service {0:?}")]
     UnknownService(String),
+    /// A bulk call's delete of an endpoint the service does not hold: `at`
+    /// names it in the request (`delete[i]`).
+    #[error("{at}: service {service:?} has no endpoint {id:?}")]
+    UnknownEndpointAt {
+        at: String,
+        service: String,
+        id: String,
+    },
     #[error("service {service:?} has no endpoint {id:?}")]
     UnknownEndpoint { service: String, id: String },
     #[error(transparent)]
@@ -425,6 +433,10 @@ impl Registry {
                 id: missing.to_string(),
             });
         }
+        if !ids.iter().any(|id| svc.endpoints.contains_key(id)) {
+            // Nothing to delete: no store write, no version, no delta.
+            return Ok(self.version);
+        }
         let version = self.version + 1;
         let mut batch = WriteBatch {
             version,
@@ -449,6 +461,27 @@ impl Registry {
             }
         }
         Ok(version)
+    }
+
+    /// Refuses unless service `key` holds every one of `ids`; the error
+    /// names the first missing as `delete[i]` (a bulk call's index).
+    pub fn require_endpoints(&self, key: &str, ids: &[EndpointId]) -> Result<(), RegistryError> {
+        let svc = self
+            .services
+            .get(key)
+            .ok_or_else(|| RegistryError::UnknownService(key.to_owned()))?;
+        match ids
+            .iter()
+            .enumerate()
+            .find(|(_, id)| !svc.endpoints.contains_key(*id))
+        {
+            Some((i, id)) => Err(RegistryError::UnknownEndpointAt {
+                at: format!("delete[{i}]"),
+                service: key.to_owned(),
+                id: id.to_string(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Extends an endpoint's TTL by its period.
