@@ -33,6 +33,8 @@ pub enum PlaneError {
         path: String,
         source: std::io::Error,
     },
+    #[error("token_file {path}: empty: the file must hold the bearer token")]
+    EmptyToken { path: String },
     #[error("services[{index}]: {source}")]
     StaticService { index: usize, source: RegistryError },
     #[error(transparent)]
@@ -71,15 +73,22 @@ impl ControlPlane {
         store: Option<Box<dyn Storage>>,
     ) -> Result<Self, PlaneError> {
         let token = match &config.token_file {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
+            Some(p) => {
+                let token = std::fs::read_to_string(p)
                     .map_err(|source| PlaneError::Token {
                         path: p.display().to_string(),
                         source,
                     })?
                     .trim()
-                    .to_owned(),
-            ),
+                    .to_owned();
+                // An empty token would refuse every call whatever it sent.
+                if token.is_empty() {
+                    return Err(PlaneError::EmptyToken {
+                        path: p.display().to_string(),
+                    });
+                }
+                Some(token)
+            }
             None => None,
         };
         let registry = Arc::new(Mutex::new(Registry::open_with(

@@ -17,17 +17,23 @@ pub const UNAUTHENTICATED: &str = "a valid bearer token is required";
 
 /// The bearer-token check of the registration API and the stream: with no
 /// token configured everything passes; otherwise the `authorization`
-/// value must be exactly `Bearer TOKEN` (compared in constant time).
+/// value must be `Bearer TOKEN`: the scheme in any case (RFC 7235: the
+/// auth-scheme is case-insensitive), one or more spaces, then the token
+/// (compared in constant time).
 #[derive(Debug, Clone, Default)]
 pub struct Auth {
+    /// `Bearer TOKEN` (what this plane sends) and where TOKEN starts.
     expected: Option<Arc<str>>,
 }
+
+/// The scheme and its separator, as this plane sends it.
+const BEARER: &str = "Bearer ";
 
 impl Auth {
     /// Requires `token` when given.
     pub fn new(token: Option<&str>) -> Self {
         Self {
-            expected: token.map(|t| Arc::from(format!("Bearer {t}"))),
+            expected: token.map(|t| Arc::from(format!("{BEARER}{t}"))),
         }
     }
 
@@ -39,11 +45,18 @@ impl Auth {
 
     /// Whether a request with this `authorization` value may pass.
     pub fn allows(&self, authorization: Option<&str>) -> bool {
-        let Some(want) = &self.expected else {
+        let Some(expected) = &self.expected else {
             return true;
         };
-        let got = authorization.unwrap_or("").as_bytes();
-        let want = want.as_bytes();
+        let want = expected[BEARER.len()..].as_bytes();
+        let got = authorization.unwrap_or("");
+        let Some((scheme, credential)) = got.split_once(' ') else {
+            return false;
+        };
+        if !scheme.eq_ignore_ascii_case(BEARER.trim_end()) {
+            return false;
+        }
+        let got = credential.trim_start_matches(' ').as_bytes();
         // Every byte is compared whatever the first difference.
         let diff = got.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b));
         diff == 0 && got.len() == want.len()
@@ -195,17 +208,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auth_passes_only_the_exact_bearer_value() {
+    fn auth_passes_only_the_bearer_token() {
         let open = Auth::new(None);
         assert!(open.allows(None) && open.allows(Some("anything")));
         let auth = Auth::new(Some("s3cret"));
         assert!(auth.allows(Some("Bearer s3cret")));
+        assert!(
+            auth.allows(Some("bearer s3cret")),
+            "the scheme is case-insensitive"
+        );
+        assert!(auth.allows(Some("BEARER  s3cret")));
         for bad in [
             None,
             Some(""),
+            Some("Bearer"),
+            Some("Bearer "),
             Some("Bearer s3cre"),
             Some("Bearer s3cret2"),
-            Some("bearer s3cret"),
+            Some("Bearer S3CRET"),
+            Some("Bearers3cret"),
+            Some("Basic s3cret"),
             Some("s3cret"),
         ] {
             assert!(!auth.allows(bad), "{bad:?}");

@@ -335,7 +335,28 @@ async fn a_token_guards_the_api_and_the_stream() {
     let (mut inbound, _tx) = open_stream(grpc, Some("s3cret"), "shop/cart").await;
     let d = next_delta(&mut inbound).await;
     assert!(d.reset && d.upserted.iter().any(|e| e.id == "b0"), "{d:?}");
+    // The scheme is case-insensitive (RFC 7235); the token is not.
+    for (value, want) in [
+        ("bearer s3cret", StatusCode::OK),
+        ("BEARER  s3cret", StatusCode::OK),
+        ("bearer S3CRET", StatusCode::UNAUTHORIZED),
+        ("Basic s3cret", StatusCode::UNAUTHORIZED),
+    ] {
+        let req = Request::get(format!("http://{api}/v1/services"))
+            .header("authorization", value)
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let got = client().request(req).await.expect("response").status();
+        assert_eq!(got, want, "{value}");
+    }
     plane.shutdown().await;
+    // An empty token file would refuse every call: refused at start.
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, " \n").expect("empty token");
+    let mut cfg = control_config(None);
+    cfg.token_file = Some(empty);
+    let err = ControlPlane::start(cfg).await.err().expect("refused");
+    assert!(err.to_string().contains("empty"), "{err}");
     // Non-loopback addresses without a token are refused at load time.
     let err = ControlConfig::parse("api_address: 0.0.0.0:9400\n", "c.yaml").expect_err("no token");
     assert!(err.to_string().contains("token_file"), "{err}");
