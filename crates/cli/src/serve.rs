@@ -253,6 +253,10 @@ pub fn control(args: ControlArgs) -> Result<()> {
     let mut config = ControlConfig::load(&args.config)?;
     if args.data_dir.is_some() {
         config.data_dir = args.data_dir;
+        // The override is checked like the file's value (`--data-dir ""`).
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--data-dir: {e}"))?;
     }
     if args.check {
         println!("{}: ok", args.config.display());

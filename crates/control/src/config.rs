@@ -155,6 +155,12 @@ impl ServiceScaling {
     }
 }
 
+/// The longest `batch_period` accepted.
+pub const MAX_BATCH_PERIOD: Duration = Duration::from_secs(10);
+
+/// The smallest `max_body_bytes` accepted: room for a small write.
+pub const MIN_MAX_BODY_BYTES: usize = 256;
+
 fn default_api_address() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9400))
 }
@@ -266,6 +272,38 @@ impl ControlConfig {
         }
         if self.stream_interval > Duration::from_secs(1) {
             return Err(FieldError::new("stream_interval", "must be at most 1s"));
+        }
+        if self.batch_period > MAX_BATCH_PERIOD {
+            // Writes are acknowledged at once but reach proxies only at
+            // the period's end: hours would be "never".
+            return Err(FieldError::new(
+                "batch_period",
+                format!("must be at most {}s", MAX_BATCH_PERIOD.as_secs()),
+            ));
+        }
+        if self.max_body_bytes < MIN_MAX_BODY_BYTES {
+            return Err(FieldError::new(
+                "max_body_bytes",
+                format!(
+                    "must be at least {MIN_MAX_BODY_BYTES} (smaller refuses every write with 413)"
+                ),
+            ));
+        }
+        if self
+            .data_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(FieldError::new(
+                "data_dir",
+                "must not be empty (omit it to keep the registry in memory only)",
+            ));
+        }
+        if self.api_address == self.grpc_address && self.api_address.port() != 0 {
+            return Err(FieldError::new(
+                "grpc_address",
+                format!("must differ from api_address (both {})", self.api_address),
+            ));
         }
         let exposed = !self.api_address.ip().is_loopback() || !self.grpc_address.ip().is_loopback();
         if exposed && self.token_file.is_none() {
@@ -407,6 +445,35 @@ mod tests {
         let e = ControlConfig::parse("api_address: \"0.0.0.0:9400\"\n", "f").expect_err("token");
         assert!(e.to_string().contains("token_file"), "{e}");
         assert!(ControlConfig::parse("history: 0\n", "f").is_err());
+    }
+
+    #[test]
+    fn values_that_make_the_plane_useless_are_refused_with_their_field() {
+        for (text, field) in [
+            ("max_body_bytes: 0\n", "max_body_bytes:"),
+            ("max_body_bytes: 255\n", "max_body_bytes:"),
+            ("data_dir: \"\"\n", "data_dir:"),
+            (
+                "api_address: 127.0.0.1:9400\ngrpc_address: 127.0.0.1:9400\n",
+                "grpc_address:",
+            ),
+            ("batch_period: 100000h\n", "batch_period:"),
+            ("batch_period: 11s\n", "batch_period:"),
+        ] {
+            let e = ControlConfig::parse(text, "f.yaml").expect_err(text);
+            assert!(
+                e.to_string().starts_with(&format!("f.yaml: {field}")),
+                "{text}: {e}"
+            );
+        }
+        for text in [
+            "max_body_bytes: 256\n",
+            "batch_period: 10s\n",
+            "data_dir: /var/lib/meshless\n",
+            "api_address: 127.0.0.1:0\ngrpc_address: 127.0.0.1:0\n",
+        ] {
+            assert!(ControlConfig::parse(text, "f").is_ok(), "{text}");
+        }
         assert_eq!(
             ControlConfig::parse("{}", "f").expect("empty"),
             ControlConfig::default()
