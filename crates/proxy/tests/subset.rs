@@ -312,3 +312,109 @@ async fn a_zone_aware_subset_takes_its_own_zone_first() {
     p2.shutdown().await;
     plane.shutdown().await;
 }
+
+/// `/clusters`' `cart` endpoints: (address, weight).
+async fn cart_weights(p: &meshless_proxy::Proxy) -> BTreeMap<String, u64> {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let clusters = v
+        .as_array()
+        .cloned()
+        .or_else(|| v["clusters"].as_array().cloned())
+        .unwrap_or_default();
+    clusters
+        .iter()
+        .filter(|c| c["name"] == "cart")
+        .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| Some((e["address"].as_str()?.to_owned(), e["weight"].as_u64()?)))
+        .collect()
+}
+
+/// A control-plane restart (same store) with the proxies coming back in
+/// the other order: each proxy asks for the subset index it held and gets
+/// its own subset back, instead of the one of whoever reconnected first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plane_restart_leaves_every_proxy_its_subset() {
+    const K: usize = 2;
+    let dir = tempfile::tempdir().expect("dir");
+    let plane = ControlPlane::start(plane_config(Some(dir.path().to_path_buf())))
+        .await
+        .expect("plane");
+    let mut live: BTreeMap<String, Backend> = BTreeMap::new();
+    for i in 0..6 {
+        live.insert(format!("e-{i}"), backend(&format!("e-{i}")).await);
+    }
+    let initial: Vec<(&str, SocketAddr)> = live
+        .iter()
+        .map(|(id, b)| (id.as_str(), b.local_addr()))
+        .collect();
+    register_cart(plane.api_addr(), &initial).await;
+    let ids: Vec<&str> = live.keys().map(String::as_str).collect();
+    let subset_of = |index: u64| -> BTreeSet<String> {
+        subset(&ids, index, K)
+            .into_iter()
+            .map(|id| live[id].local_addr().to_string())
+            .collect()
+    };
+    // One relay per proxy, so the test decides who reconnects first.
+    let relays = [
+        Relay::start(plane.grpc_addr()).await,
+        Relay::start(plane.grpc_addr()).await,
+    ];
+    let relay_addrs = [relays[0].local_addr(), relays[1].local_addr()];
+    let extra = format!("    subset: {{ size: {K} }}\n");
+    let mut proxies = Vec::new();
+    for (i, relay) in relay_addrs.iter().enumerate() {
+        let (p, _) = proxy(&cart_proxy_yaml(*relay, &extra)).await;
+        // Connected one after the other: indices 0 then 1.
+        let want = subset_of(i as u64);
+        eventually("the proxy holds its subset", || async {
+            cluster_addresses(&p, "cart")
+                .await
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+                == want
+        })
+        .await;
+        proxies.push(p);
+    }
+    assert_ne!(subset_of(0), subset_of(1));
+
+    for r in relays {
+        r.stop().await;
+    }
+    plane.shutdown().await;
+    let plane = ControlPlane::start(plane_config(Some(dir.path().to_path_buf())))
+        .await
+        .expect("plane restarts");
+    let api = plane.api_addr();
+    // The second proxy first.
+    let second = Relay::start_on(relay_addrs[1], plane.grpc_addr()).await;
+    subscribed(api, 1).await;
+    let first = Relay::start_on(relay_addrs[0], plane.grpc_addr()).await;
+    subscribed(api, 2).await;
+    // A change every member sees (weight 2, same ids): a proxy showing it
+    // follows the restarted plane.
+    let reweighted: Vec<serde_json::Value> = initial
+        .iter()
+        .map(|(id, a)| {
+            let mut e = endpoint_json(id, *a);
+            e["weight"] = 2.into();
+            e
+        })
+        .collect();
+    put_cart_endpoints(api, reweighted).await;
+    for (i, p) in proxies.iter().enumerate() {
+        eventually("the proxy follows the restarted plane", || async {
+            let w = cart_weights(p).await;
+            w.len() == K && w.values().all(|w| *w == 2)
+        })
+        .await;
+        let got: BTreeSet<String> = cart_weights(p).await.into_keys().collect();
+        assert_eq!(got, subset_of(i as u64), "proxy {i} keeps its subset");
+    }
+    drop(proxies);
+    first.stop().await;
+    second.stop().await;
+    plane.shutdown().await;
+}
