@@ -406,3 +406,82 @@ async fn bulk_calls_agree_with_single_calls_and_ids_and_bodies_are_checked() {
     );
     plane.shutdown().await;
 }
+
+/// Addresses a proxy cannot dial as an instance, duplicated addresses,
+/// duplicate or malformed port names and over-long zones are refused with
+/// the field at fault.
+#[tokio::test]
+async fn addresses_and_port_names_are_checked_like_kubernetes() {
+    let (plane, c) = start("").await;
+    let svc = "/v1/services/shop/cart";
+    for (body, field) in [
+        (
+            r#"{"ports":[{"name":"http","port":80},{"name":"http","port":81}]}"#,
+            "ports[1].name",
+        ),
+        (r#"{"ports":[{"name":"","port":80}]}"#, "ports[0].name"),
+        (r#"{"ports":[{"name":"HTTP!","port":80}]}"#, "ports[0].name"),
+    ] {
+        let (s, e) = raw_error(&c, Method::PUT, svc, body).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        assert!(e.starts_with(field), "{body}: {e}");
+    }
+    let (s, _) = c
+        .raw(
+            Method::PUT,
+            svc,
+            r#"{"ports":[{"name":"http","port":80},{"name":"grpc","port":81},{"port":82}]}"#,
+        )
+        .await
+        .expect("answer");
+    assert_eq!(s, StatusCode::OK);
+    let path = "/v1/services/shop/cart/endpoints/x";
+    for (body, field) in [
+        (
+            r#"{"id":"x","addresses":["0.0.0.0"],"port":80}"#,
+            "addresses[0]",
+        ),
+        (r#"{"id":"x","addresses":["::"],"port":80}"#, "addresses[0]"),
+        (
+            r#"{"id":"x","addresses":["255.255.255.255"],"port":80}"#,
+            "addresses[0]",
+        ),
+        (
+            r#"{"id":"x","addresses":["224.0.0.1"],"port":80}"#,
+            "addresses[0]",
+        ),
+        (
+            r#"{"id":"x","addresses":["10.0.0.1","10.0.0.1"],"port":80}"#,
+            "addresses[1]",
+        ),
+        (
+            r#"{"id":"x","addresses":["10.0.0.1"],"port":80,"node":"bad node\n"}"#,
+            "node",
+        ),
+    ] {
+        let (s, e) = raw_error(&c, Method::PUT, path, body).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        assert!(e.contains(&format!("].{field}:")), "{body}: {e}");
+    }
+    let long_zone = Box::leak(
+        format!(
+            r#"{{"id":"x","addresses":["10.0.0.1"],"port":80,"zone":"{}"}}"#,
+            "z".repeat(64)
+        )
+        .into_boxed_str(),
+    );
+    let (s, e) = raw_error(&c, Method::PUT, path, long_zone).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(e.contains("].zone:"), "{e}");
+    assert!(c.service(SVC).await.expect("view").endpoints.is_empty());
+    let (s, _) = c
+        .raw(
+            Method::PUT,
+            path,
+            r#"{"id":"x","addresses":["10.0.0.1","fd00::1"],"port":80,"zone":"us-east-1a","node":"ip-10-0-12-34.ec2.internal"}"#,
+        )
+        .await
+        .expect("answer");
+    assert_eq!(s, StatusCode::OK);
+    plane.shutdown().await;
+}

@@ -112,6 +112,40 @@ pub struct Registry {
     owners: BTreeMap<String, String>,
 }
 
+/// Why `input` cannot be registered beyond its id and ranges: an address
+/// no proxy can dial as an instance (unspecified = the proxy itself,
+/// multicast, broadcast), an address listed twice, or a zone or node name
+/// longer than Kubernetes allows (63, 253). The field path under `at`.
+fn check_placement(at: &str, input: &EndpointInput) -> Result<(), RegistryError> {
+    let mut seen = BTreeSet::new();
+    for (j, a) in input.addresses.iter().enumerate() {
+        let broadcast = matches!(a, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+        if a.is_unspecified() || a.is_multicast() || broadcast {
+            return Err(invalid(
+                format!("{at}.addresses[{j}]"),
+                format!("{a} is not an instance address (unspecified, multicast or broadcast)"),
+            ));
+        }
+        if !seen.insert(*a) {
+            return Err(invalid(
+                format!("{at}.addresses[{j}]"),
+                format!("duplicate address {a}"),
+            ));
+        }
+    }
+    for (field, value, max) in [("zone", &input.zone, 63), ("node", &input.node, 253)] {
+        if let Some(v) = value
+            && (v.len() > max || v.chars().any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return Err(invalid(
+                format!("{at}.{field}"),
+                format!("must be at most {max} characters, without spaces or control characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryError> {
     let ok = !value.is_empty()
         && value.len() <= max
@@ -265,7 +299,17 @@ impl Registry {
         validate_name("namespace", &spec.namespace, 63)?;
         validate_name("name", &spec.name, 63)?;
         let mut seen = BTreeSet::new();
+        let mut names = BTreeSet::new();
         for (i, p) in spec.ports.iter().enumerate() {
+            if let Some(name) = &p.name {
+                validate_name(&format!("ports[{i}].name"), name, 63)?;
+                if !names.insert(name.as_str()) {
+                    return Err(invalid(
+                        format!("ports[{i}].name"),
+                        format!("duplicate port name {name:?}"),
+                    ));
+                }
+            }
             if p.port == 0 {
                 return Err(invalid(format!("ports[{i}].port"), "must be 1..=65535"));
             }
@@ -372,6 +416,7 @@ impl Registry {
                     format!("must be 1..={MAX_WEIGHT}"),
                 ));
             }
+            check_placement(&at, &input)?;
             let e = into_stored(input);
             e.endpoint
                 .validate()
