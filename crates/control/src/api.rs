@@ -212,7 +212,7 @@ pub struct ServiceListItem {
 }
 
 /// Every error reply: `{"error": "..."}`, naming the field at fault when
-/// one is (`body: endpoints[0].weight: ...`).
+/// one is (`body: put[0].weight: ...`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorReply {
     pub error: String,

@@ -326,7 +326,7 @@ async fn write(
             let (_, v) = state
                 .write_grouped(move |r| r.put_endpoints(&key, vec![body]))
                 .await
-                .map_err(registry_error)?;
+                .map_err(|e| registry_error(single_endpoint(e)))?;
             Ok(version(v))
         }
         (Method::DELETE, ["endpoints", id]) => {
@@ -355,7 +355,46 @@ async fn write(
             let body: BulkInput = read_json(req.into_body(), max).await?;
             Ok(bulk(state, key, body).await)
         }
-        _ => Err(error(StatusCode::NOT_FOUND, ROUTES)),
+        (_, rest) => Err(match allowed(rest) {
+            Some(allow) => {
+                let mut reply = error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!("method {} not allowed here: {allow}", req.method()),
+                );
+                reply
+                    .headers_mut()
+                    .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+                reply
+            }
+            None => error(StatusCode::NOT_FOUND, ROUTES),
+        }),
+    }
+}
+
+/// The methods a path under `/v1/services/NS/NAME` (`rest` after it)
+/// answers, for a 405's `Allow`; `None`: no such path (404).
+fn allowed(rest: &[&str]) -> Option<&'static str> {
+    match rest {
+        [] => Some("GET, PUT, DELETE"),
+        ["endpoints"] | ["load"] | ["endpoints", _, "renew"] => Some("POST"),
+        ["endpoints", _] => Some("PUT, DELETE"),
+        _ => None,
+    }
+}
+
+/// A single PUT's error names the fields of its body, not the bulk call's
+/// `put[0]` the registry names them by.
+fn single_endpoint(e: RegistryError) -> RegistryError {
+    match e {
+        RegistryError::Invalid(mut f) => {
+            if let Some(rest) = f.path.strip_prefix("put[0].") {
+                f.path = rest.to_owned();
+            } else if f.path == "put[0]" {
+                f.path = meshless_model::field_error::TOP_LEVEL.to_owned();
+            }
+            RegistryError::Invalid(f)
+        }
+        other => other,
     }
 }
 

@@ -54,7 +54,10 @@ fn writes_are_validated_and_nothing_is_stored_on_error() {
     let e = r
         .put_endpoints("shop/cart", vec![input(1), zero_port])
         .expect_err("port 0");
-    assert!(e.to_string().contains("endpoints[1]"), "{e}");
+    assert!(
+        e.to_string().starts_with("put[1].port: "),
+        "the field, without the model's \"endpoint ID:\" prefix: {e}"
+    );
     assert_eq!(r.version(), v, "nothing stored");
     assert_eq!(r.view("shop/cart").expect("view").endpoints.len(), 0);
     let e = r

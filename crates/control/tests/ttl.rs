@@ -101,5 +101,5 @@ fn renewing_what_has_no_ttl_or_does_not_exist_fails_by_name() {
     let e = r
         .put_endpoints("shop/cart", vec![with_ttl("zero", Some(0))])
         .expect_err("ttl 0");
-    assert!(e.to_string().contains("endpoints[0].ttl_seconds"), "{e}");
+    assert!(e.to_string().contains("put[0].ttl_seconds"), "{e}");
 }

@@ -146,6 +146,25 @@ fn check_placement(at: &str, input: &EndpointInput) -> Result<(), RegistryError>
     Ok(())
 }
 
+/// An endpoint's validation error at the field it concerns (under `at`),
+/// without the model's "endpoint ID:" prefix.
+fn endpoint_invalid(at: &str, err: &meshless_model::EndpointError) -> RegistryError {
+    use meshless_model::EndpointError as E;
+    let field = match err {
+        E::EmptyId => "id",
+        E::NoAddress { .. } => "addresses",
+        E::ZeroPort { .. } => "port",
+        E::BadWeight { .. } => "weight",
+        E::InconsistentConditions { .. } => "conditions",
+    };
+    let text = err.to_string();
+    // "endpoint ID: FIELD: reason" / "endpoint id: reason": the reason.
+    let reason = text
+        .split_once(&format!("{field}: "))
+        .map_or(text.as_str(), |(_, r)| r);
+    invalid(format!("{at}.{field}"), reason.to_owned())
+}
+
 fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryError> {
     let ok = !value.is_empty()
         && value.len() <= max
@@ -401,7 +420,8 @@ impl Registry {
         let mut ids = BTreeSet::new();
         let mut stored = Vec::with_capacity(inputs.len());
         for (i, input) in inputs.into_iter().enumerate() {
-            let at = format!("endpoints[{i}]");
+            // As the bulk call's body names it; a single PUT strips it.
+            let at = format!("put[{i}]");
             if let Some(t) = input.ttl_seconds
                 && !(1..=MAX_TTL_SECONDS).contains(&t)
             {
@@ -420,7 +440,7 @@ impl Registry {
             let e = into_stored(input);
             e.endpoint
                 .validate()
-                .map_err(|err| invalid(at.clone(), err.to_string()))?;
+                .map_err(|err| endpoint_invalid(&at, &err))?;
             if !ids.insert(e.endpoint.id.clone()) {
                 return Err(invalid(
                     format!("{at}.id"),
