@@ -169,6 +169,11 @@ impl SliceSet {
         for slice in self.slices.values_mut() {
             let before = slice.endpoints.len();
             slice.endpoints.retain(|id, _| desired.contains_key(id));
+            // Over the limit (stored under a larger `max_endpoints_per_slice`):
+            // the excess is placed again below, like new endpoints.
+            while slice.endpoints.len() > max {
+                slice.endpoints.pop_last();
+            }
             let mut changed = slice.endpoints.len() != before;
             for (id, ep) in slice.endpoints.iter_mut() {
                 placed.insert(id.clone());

@@ -149,3 +149,43 @@ fn settings_travel_with_deltas_and_survive_a_restart() {
         Some("header:x-user")
     );
 }
+
+/// Lowering `max_endpoints_per_slice` applies to what is stored: a restart
+/// re-packs the slices over the new limit (every endpoint in exactly one
+/// slice), and the store holds the re-packed slices (the next restart
+/// finds them as they are).
+#[test]
+fn a_lower_max_per_slice_repacks_stored_slices_at_restart() {
+    let tmp = temp_dir("repack");
+    let dir = tmp.path();
+    {
+        let mut r = Registry::open(Some(Store::open(dir).expect("store")), 100).expect("registry");
+        r.put_service(spec()).expect("service");
+        r.put_endpoints("shop/cart", (0..35).map(input).collect())
+            .expect("endpoints");
+        r.reconcile("shop/cart").expect("reconcile");
+        assert_eq!(r.view("shop/cart").expect("view").slices.len(), 1);
+    }
+    let slices_after_open = || {
+        let r = Registry::open(Some(Store::open(dir).expect("store")), 10).expect("registry");
+        let view = r.view("shop/cart").expect("view");
+        let mut placed: Vec<String> = view
+            .slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().cloned())
+            .collect();
+        placed.sort();
+        let mut ids: Vec<String> = view.endpoints.iter().map(|e| e.id.clone()).collect();
+        ids.sort();
+        assert_eq!(placed, ids, "every endpoint in exactly one slice");
+        assert!(
+            view.slices.iter().all(|s| s.endpoints.len() <= 10),
+            "{:?}",
+            view.slices
+        );
+        view.slices
+    };
+    let first = slices_after_open();
+    assert_eq!(first.len(), 4);
+    assert_eq!(slices_after_open(), first, "stored as re-packed");
+}
