@@ -88,16 +88,28 @@ fn requests(w: &Watched) -> Requests {
 }
 
 /// Per service: the subset index the control plane last gave this proxy
-/// (`Delta.subset_index`), kept across streams.
-type Indices = BTreeMap<String, u64>;
+/// (`Delta.subset_index`) and the request it was for (size, zone-aware),
+/// kept across streams.
+type Indices = BTreeMap<String, (u32, bool, u64)>;
 
-/// `subsets` asking each for the index held before (so that a restarted
-/// control plane gives it back instead of reshuffling subsets).
+/// `subsets` asking each for the index held before for the same request
+/// (so that a restarted control plane gives it back instead of
+/// reshuffling subsets; an index of another size is another group's).
 fn asking_held(mut subsets: Vec<v1::SubsetRequest>, held: &Indices) -> Vec<v1::SubsetRequest> {
     for s in &mut subsets {
-        s.index = held.get(&s.service).copied();
+        s.index = held
+            .get(&s.service)
+            .filter(|(size, zone_aware, _)| (*size, *zone_aware) == (s.size, s.zone_aware))
+            .map(|(_, _, index)| *index);
     }
     subsets
+}
+
+/// Remembers `index` for `service` under the request `asked` holds for it.
+fn hold_index(held: &mut Indices, asked: &[v1::SubsetRequest], service: &str, index: u64) {
+    if let Some(s) = asked.iter().find(|s| s.service == service) {
+        held.insert(service.to_owned(), (s.size, s.zone_aware, index));
+    }
 }
 
 /// This proxy's identity for subset indices: its node name, else an id
@@ -278,6 +290,8 @@ async fn session(
     // What a snapshot on this stream covers; none once the requests change.
     let mut snapshot_covers = Some(asked.clone());
     let (services, subsets) = asked;
+    // The subset requests this stream made last (for `hold_index`).
+    let mut asked_subsets = subsets.clone();
     let hello = ClientMessage {
         msg: Some(client_message::Msg::Hello(v1::Hello {
             node: node.name.clone().unwrap_or_default(),
@@ -343,7 +357,7 @@ async fn session(
                         let delta = decode_delta(&bytes)?;
                         let (v, reset) = (delta.version, delta.reset);
                         if let Some(index) = delta.subset_index {
-                            indices.insert(delta.service.clone(), index);
+                            hold_index(indices, &asked_subsets, &delta.service, index);
                         }
                         // Only a stream past its snapshot was a good one
                         // (the backoff restarts after it): one that fails
@@ -404,6 +418,7 @@ async fn session(
                 table.retain(|s, _| services.contains(s));
                 merge.retain(|s| services.iter().any(|w| w == s));
                 indices.retain(|s, _| services.contains(s));
+                asked_subsets.clone_from(&subsets);
                 let subsets = asking_held(subsets, indices);
                 let sub = ClientMessage { msg: Some(client_message::Msg::Subscribe(v1::Subscribe { services, subsets })) };
                 tx.send(sub).await?;
@@ -507,5 +522,41 @@ impl Connected {
 impl Drop for Connected {
     fn drop(&mut self) {
         self.0.set(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(service: &str, size: u32, zone_aware: bool) -> v1::SubsetRequest {
+        v1::SubsetRequest {
+            service: service.into(),
+            size,
+            zone_aware,
+            index: None,
+        }
+    }
+
+    /// An index is asked for again only by the same request: another size
+    /// (or zone awareness) is another group, where it means nothing.
+    #[test]
+    fn a_held_index_is_asked_for_by_the_same_request_only() {
+        let mut held = Indices::new();
+        let asked = [ask("ns/a", 3, false), ask("ns/b", 2, true)];
+        hold_index(&mut held, &asked, "ns/a", 4);
+        hold_index(&mut held, &asked, "ns/b", 1);
+        hold_index(&mut held, &asked, "ns/not-asked", 9);
+        let again = asking_held(
+            vec![
+                ask("ns/a", 3, false),
+                ask("ns/b", 5, true),
+                ask("ns/c", 3, false),
+            ],
+            &held,
+        );
+        let indices: Vec<Option<u64>> = again.iter().map(|s| s.index).collect();
+        assert_eq!(indices, [Some(4), None, None]);
+        assert_eq!(held.len(), 2);
     }
 }
