@@ -98,15 +98,7 @@ impl ProcessSpec {
                 ),
             ));
         }
-        if self.probe_interval < MIN_PROBE_INTERVAL {
-            return Err(FieldError::new(
-                "probe_interval",
-                format!(
-                    "must be at least {MIN_PROBE_INTERVAL:?} (a probe loop without a pause), got {:?}",
-                    self.probe_interval
-                ),
-            ));
-        }
+        meshless_model::probe_backoff::check_probe_interval(self.probe_interval)?;
         if self.start_timeout.is_zero() {
             return Err(FieldError::new("start_timeout", "must be above 0s"));
         }
@@ -119,10 +111,6 @@ impl ProcessSpec {
         Ok(())
     }
 }
-
-/// The shortest `probe_interval` accepted: the probe's first wait
-/// (200 µs), so its doubling backoff always pauses.
-pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(200);
 
 /// `readiness:` of a process instance.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,6 +15,20 @@ use std::time::Duration;
 /// The first wait between probes.
 pub const FIRST_PROBE_WAIT: Duration = Duration::from_micros(200);
 
+/// Checks a configured `probe_interval` (the cap): at least
+/// [`FIRST_PROBE_WAIT`], so the probe loop always pauses.
+pub fn check_probe_interval(cap: Duration) -> Result<(), crate::FieldError> {
+    if cap < FIRST_PROBE_WAIT {
+        return Err(crate::FieldError::new(
+            "probe_interval",
+            format!(
+                "must be at least {FIRST_PROBE_WAIT:?} (a probe loop without a pause), got {cap:?}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Waits between readiness probes, doubling from [`FIRST_PROBE_WAIT`] to a cap.
 #[derive(Debug, Clone)]
 pub struct ProbeBackoff {

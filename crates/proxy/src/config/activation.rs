@@ -59,22 +59,10 @@ impl Activation {
         if self.queue_timeout.is_zero() {
             return Err(FieldError::new("queue_timeout", "must be above 0s"));
         }
-        if self.probe_interval < MIN_PROBE_INTERVAL {
-            return Err(FieldError::new(
-                "probe_interval",
-                format!(
-                    "must be at least {MIN_PROBE_INTERVAL:?} (a probe loop without a pause), got {:?}",
-                    self.probe_interval
-                ),
-            ));
-        }
+        meshless_model::probe_backoff::check_probe_interval(self.probe_interval)?;
         Ok(())
     }
 }
-
-/// The shortest `probe_interval` accepted: the probe's first wait
-/// (200 µs), so its doubling backoff always pauses.
-pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(200);
 
 fn default_max_queued() -> u32 {
     10_000
