@@ -102,16 +102,7 @@ async fn the_first_request_scales_a_deployment_from_zero() {
     let (plane, stop, _tasks) = plane(&control_yaml(&kubeconfig, "cp-1")).await;
     eventually("this replica leads", || async { is_leader(&plane) }).await;
 
-    let yaml = format!(
-        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\n\
-         listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\n\
-         clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n",
-        plane.grpc_addr()
-    );
-    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
-        .await
-        .unwrap();
-    let addr = proxy.listener_addr("web").await.unwrap();
+    let (proxy, addr) = lazy_proxy(plane.grpc_addr()).await;
     // The service is known (with no endpoint) before the request is sent.
     eventually("the service reaches the registry", || async {
         plane.state.lock().view("shop/lazy").is_some()
@@ -457,16 +448,7 @@ async fn replicas_changed_behind_the_scalers_back_are_set_again() {
     let follower = tokio::spawn(workloads::follow(Arc::clone(&fake), workload, pods_stopped));
     let (plane, stop, _tasks) = plane(&control_yaml(&kubeconfig, "cp-1")).await;
     eventually("this replica leads", || async { is_leader(&plane) }).await;
-    let yaml = format!(
-        "admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\n\
-         listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: lazy }}]\n\
-         clusters:\n  - name: lazy\n    service: shop/lazy\n    activation: {{ queue_timeout: 15s, probe_interval: 5ms }}\n",
-        plane.grpc_addr()
-    );
-    let proxy = Proxy::start(ProxyConfig::parse(&yaml, "proxy.yaml").unwrap())
-        .await
-        .unwrap();
-    let addr = proxy.listener_addr("web").await.unwrap();
+    let (proxy, addr) = lazy_proxy(plane.grpc_addr()).await;
     eventually("the service reaches the registry", || async {
         plane.state.lock().view("shop/lazy").is_some()
     })

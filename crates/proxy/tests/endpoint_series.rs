@@ -34,17 +34,9 @@ fn labelled(page: &str) -> BTreeSet<String> {
 
 /// The endpoint ids of cluster `cart` in `/clusters`.
 async fn cluster_ids(p: &meshless_proxy::Proxy) -> BTreeSet<String> {
-    let (_, body) = admin(p, "/clusters").await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let clusters = v
-        .as_array()
-        .cloned()
-        .or_else(|| v["clusters"].as_array().cloned())
-        .unwrap_or_default();
-    clusters
+    cluster_endpoints(p, "cart")
+        .await
         .iter()
-        .filter(|c| c["name"] == "cart")
-        .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
         .filter_map(|e| e["id"].as_str().map(str::to_owned))
         .collect()
 }

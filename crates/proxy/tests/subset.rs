@@ -315,17 +315,9 @@ async fn a_zone_aware_subset_takes_its_own_zone_first() {
 
 /// `/clusters`' `cart` endpoints: (address, weight).
 async fn cart_weights(p: &meshless_proxy::Proxy) -> BTreeMap<String, u64> {
-    let (_, body) = admin(p, "/clusters").await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let clusters = v
-        .as_array()
-        .cloned()
-        .or_else(|| v["clusters"].as_array().cloned())
-        .unwrap_or_default();
-    clusters
+    cluster_endpoints(p, "cart")
+        .await
         .iter()
-        .filter(|c| c["name"] == "cart")
-        .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
         .filter_map(|e| Some((e["address"].as_str()?.to_owned(), e["weight"].as_u64()?)))
         .collect()
 }

@@ -553,8 +553,9 @@ pub fn cart_proxy_yaml(grpc: SocketAddr, cluster_extra: &str) -> String {
     )
 }
 
-/// Addresses of the endpoints the proxy's cluster `name` holds now, from `/clusters`.
-pub async fn cluster_addresses(p: &Proxy, name: &str) -> Vec<String> {
+/// The endpoints (as JSON objects) the proxy's cluster `name` holds now,
+/// from `/clusters`.
+pub async fn cluster_endpoints(p: &Proxy, name: &str) -> Vec<serde_json::Value> {
     let (_, body) = admin(p, "/clusters").await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     let clusters = v
@@ -566,6 +567,14 @@ pub async fn cluster_addresses(p: &Proxy, name: &str) -> Vec<String> {
         .iter()
         .filter(|c| c["name"] == name)
         .flat_map(|c| c["endpoints"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Addresses of the endpoints the proxy's cluster `name` holds now, from `/clusters`.
+pub async fn cluster_addresses(p: &Proxy, name: &str) -> Vec<String> {
+    cluster_endpoints(p, name)
+        .await
+        .iter()
         .filter_map(|e| e["address"].as_str().map(str::to_owned))
         .collect()
 }
