@@ -147,6 +147,7 @@ def measure(pid, workdir, scenario):
     events = totals(dump)
     ir = events["Ir"]
     if os.environ.get("KEEP"):
+        os.makedirs(os.environ["KEEP"], exist_ok=True)
         shutil.copy(dump, os.path.join(os.environ["KEEP"], f"callgrind.{scenario}.out"))
     misses = "".join(f"  {name} {events[name] / served:7,.1f}"
                      for name in ("D1mr", "D1mw", "DLmr", "DLmw") if name in events)

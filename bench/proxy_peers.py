@@ -28,7 +28,8 @@ BASELINE = os.environ.get("BASELINE")
 
 BACKEND = 18000
 PORTS = {"direct": (18000, 18010), "haproxy": (18001, 18011), "nginx": (18002, 18012), "meshless": (18003, 18003),
-         "baseline": (18005, 18005), "meshless_h1": (18007, 18007)}
+         "baseline": (18005, 18005), "meshless_h1": (18007, 18007),
+         "meshless_up": (18020, 18020)}
 
 BACKEND_CONF = """
 worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
@@ -108,6 +109,11 @@ def start(name, workdir):
         if name == "meshless_h1":
             # The same binary, HTTP/1 served by meshless's own state machine.
             conf = conf.replace("    routes:", "    http1: meshless\n    routes:")
+        if name == "meshless_up":
+            # The same binary, upstream HTTP/1.1 on meshless's own
+            # connection (`clusters[].http1: meshless`) as well.
+            conf = conf.replace("    routes:", "    http1: meshless\n    routes:")
+            conf = conf.replace("    endpoints:", "    http1: meshless\n    endpoints:")
         open(path, "w").write(conf)
         binary = BASELINE if name == "baseline" else MESHLESS
         cmd = [binary, "proxy", "--threads", "1", "--config", path]
@@ -204,13 +210,15 @@ SCENARIOS = [
     ("h2", "HTTP/2, 4 connections x 32 streams"),
     ("idle", f"{IDLE_CONNECTIONS} idle keep-alive connections"),
 ]
-# meshless_h1: the same binary with `listeners[].http1: meshless`.
+# meshless_h1: the same binary with `listeners[].http1: meshless`;
+# meshless_up: that, and `clusters[].http1: meshless` (not run unless named
+# in PEERS: older binaries refuse the field).
 TARGETS = ["direct", "haproxy", "nginx", "meshless", "meshless_h1"] + (["baseline"] if BASELINE else [])
 # A subset, for a quick look: ONLY=idle,ka32 PEERS=haproxy,meshless.
 if os.environ.get("ONLY"):
     SCENARIOS = [s for s in SCENARIOS if s[0] in os.environ["ONLY"].split(",")]
 if os.environ.get("PEERS"):
-    TARGETS = [t for t in TARGETS if t in os.environ["PEERS"].split(",")]
+    TARGETS = [t for t in TARGETS + ["meshless_up"] if t in os.environ["PEERS"].split(",")]
 
 
 def med(values):
@@ -259,7 +267,7 @@ def main():
                 rs = results.get((name, scenario), [])
                 rows[name] = med([r["bytes_per_conn"] for r in rs])
                 print(f"| {name} | {fmt(rows[name], 0)} | {sum(r['failed'] for r in rs)} |")
-            for mine in ("meshless", "meshless_h1", "baseline"):
+            for mine in ("meshless", "meshless_h1", "meshless_up", "baseline"):
                 if mine in rows and rows.get("haproxy"):
                     print(f"| {mine} / haproxy | {fmt(rows[mine] / rows['haproxy'], 2)} | |")
             print()
@@ -275,7 +283,7 @@ def main():
             agg[name] = a
             lat = fmt(a["p50"], 3) if scenario == "h2" else f"{fmt(a['p50'], 3)} / {fmt(a['p99'], 3)}"
             print(f"| {name} | {fmt(a['rps'], 0)} | {lat} | {fmt(a['cpu_us'])} | {fmt(a['rss_mb'])} | {a['failed']} |")
-        for mine in ("meshless", "meshless_h1", "baseline"):
+        for mine in ("meshless", "meshless_h1", "meshless_up", "baseline"):
             if mine not in agg or "haproxy" not in agg:
                 continue
             m, h = agg[mine], agg["haproxy"]

@@ -46,6 +46,31 @@ pub struct ColdstartSettings {
     /// one for the proxy (as separate processes would have); 0: both share
     /// the benchmark's runtime.
     pub own_runtimes: usize,
+    /// The proxy's HTTP/1.1 connections to the instance
+    /// (`clusters[].http1`).
+    pub upstream_http1: UpstreamHttp1,
+}
+
+/// The proxy's upstream HTTP/1.1 client in the benchmark
+/// (`clusters[].http1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamHttp1 {
+    /// hyper's client (the proxy's default): a connection task per
+    /// upstream connection.
+    #[default]
+    Hyper,
+    /// meshless's own connection, driven by the request's task.
+    Meshless,
+}
+
+impl UpstreamHttp1 {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Hyper => "hyper",
+            Self::Meshless => "meshless",
+        }
+    }
 }
 
 /// The client of the measured cold starts (not part of the system: the
@@ -68,6 +93,7 @@ pub struct ColdstartReport {
     pub runs: usize,
     pub client: ClientKind,
     pub own_runtimes: usize,
+    pub upstream_http1: UpstreamHttp1,
     pub first_response_ms_p50: f64,
     pub baseline_ms_p50: f64,
     pub overhead_ms_p50: f64,
@@ -351,6 +377,7 @@ async fn stack(
     (target, max): (u32, u32),
     otlp: Option<&str>,
     release: Option<u32>,
+    upstream_http1: UpstreamHttp1,
     rts: Runtimes<'_>,
 ) -> Result<Stack> {
     let release = release.map_or_else(String::new, |n| format!(", release_concurrency: {n}"));
@@ -367,8 +394,9 @@ async fn stack(
     let plane = on(rts.plane, ControlPlane::start(control)).await??;
     let proxy = ProxyConfig::parse(
         &format!(
-            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s{release} }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
-            plane.grpc_addr()
+            "{tracing}admin: {{ address: \"127.0.0.1:0\" }}\ncontrol: {{ address: \"{}\" }}\nlisteners:\n  - {{ name: web, address: \"127.0.0.1:0\", routes: [{{ cluster: cold }}] }}\nclusters:\n  - name: cold\n    service: bench/cold\n    http1: {}\n    balancer: {{ policy: least_request }}\n    activation: {{ queue_timeout: 60s{release} }}\n    circuit_breakers: {{ max_requests: 100000, max_pending: 100000, max_connections: 100000 }}\n",
+            plane.grpc_addr(),
+            upstream_http1.name()
         ),
         "bench",
     )?;
@@ -486,7 +514,15 @@ async fn run_burst(
     rts: Runtimes<'_>,
 ) -> Result<Burst> {
     let n = args.burst;
-    let stack = stack(cmd, (10, 20), None, args.release_concurrency, rts).await?;
+    let stack = stack(
+        cmd,
+        (10, 20),
+        None,
+        args.release_concurrency,
+        args.upstream_http1,
+        rts,
+    )
+    .await?;
     let addr = stack.addr;
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
@@ -679,7 +715,15 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         let own = baseline(&cmd).await?;
         let b = own.listening.as_secs_f64() * 1000.0;
         let bn = own.notified.as_secs_f64() * 1000.0;
-        let stack = stack(&cmd, (10, 5), Some(&otlp), args.release_concurrency, rts).await?;
+        let stack = stack(
+            &cmd,
+            (10, 5),
+            Some(&otlp),
+            args.release_concurrency,
+            args.upstream_http1,
+            rts,
+        )
+        .await?;
         let start = Instant::now();
         let status = match args.client {
             ClientKind::Hyper => get(&client, stack.addr).await?,
@@ -742,6 +786,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         runs: args.runs,
         client: args.client,
         own_runtimes: args.own_runtimes,
+        upstream_http1: args.upstream_http1,
         first_response_ms_p50: percentile(&first, 0.5),
         baseline_ms_p50: percentile(&base, 0.5),
         overhead_ms_p50: percentile(&overhead, 0.5),

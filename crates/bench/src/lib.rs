@@ -12,7 +12,7 @@ mod process;
 pub mod spans;
 pub mod writes;
 
-pub use coldstart::{ClientKind, ColdstartReport, ColdstartSettings};
+pub use coldstart::{ClientKind, ColdstartReport, ColdstartSettings, UpstreamHttp1};
 pub use distribution::{DistributionBenchReport, DistributionBenchSettings};
 pub use writes::WriteBenchReport;
 

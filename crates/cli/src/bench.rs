@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use meshless_bench::{ClientKind, ColdstartSettings, DistributionBenchSettings};
+use meshless_bench::{ClientKind, ColdstartSettings, DistributionBenchSettings, UpstreamHttp1};
 
 /// Measurements that back the performance claims.
 #[derive(Debug, Subcommand)]
@@ -97,6 +97,10 @@ pub struct ColdstartArgs {
     /// runtime shared with the benchmark's client).
     #[arg(long, default_value_t = 0)]
     pub own_runtimes: usize,
+    /// The proxy's upstream HTTP/1.1 client (`clusters[].http1`): `hyper`
+    /// (the proxy's default) or `meshless`.
+    #[arg(long, default_value = "hyper", value_parser = parse_upstream_http1)]
+    pub upstream_http1: UpstreamHttp1,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -107,6 +111,14 @@ fn parse_client(s: &str) -> Result<ClientKind, String> {
         "hyper" => Ok(ClientKind::Hyper),
         "raw" => Ok(ClientKind::Raw),
         other => Err(format!("`{other}`: expected `hyper` or `raw`")),
+    }
+}
+
+fn parse_upstream_http1(s: &str) -> Result<UpstreamHttp1, String> {
+    match s {
+        "hyper" => Ok(UpstreamHttp1::Hyper),
+        "meshless" => Ok(UpstreamHttp1::Meshless),
+        other => Err(format!("`{other}`: expected `hyper` or `meshless`")),
     }
 }
 
@@ -143,6 +155,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 release_concurrency: a.release_concurrency,
                 client: a.client,
                 own_runtimes: a.own_runtimes,
+                upstream_http1: a.upstream_http1,
             };
             let report = rt.block_on(meshless_bench::coldstart::run(&settings))?;
             crate::simulate::print(a.json, &report)
