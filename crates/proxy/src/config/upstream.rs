@@ -25,11 +25,11 @@ pub enum UpstreamProtocol {
 pub enum Http1Client {
     /// hyper's client connection, driven by a task of its own per
     /// connection (a channel and a oneshot per request).
-    #[default]
     Hyper,
-    /// meshless's own (`crate::upstream::h1`): the request's task writes
-    /// the request and reads the response itself. Requests that ask to
-    /// upgrade still go through hyper.
+    /// meshless's own (`crate::upstream::h1`, the default): the request's
+    /// task writes the request and reads the response itself. Requests
+    /// that ask to upgrade still go through hyper.
+    #[default]
     Meshless,
 }
 

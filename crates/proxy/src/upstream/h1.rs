@@ -120,6 +120,64 @@ struct Sending {
     done: bool,
     /// Writing failed: nothing more is written, the connection is not reused.
     failed: Option<io::Error>,
+    /// A chunked body's trailers to send: the fields the request's
+    /// `Trailer` names (hyper's client sends only those), once the body
+    /// gave them (boxed: rare).
+    trailers: Option<Box<Trailers>>,
+}
+
+/// The trailer fields a chunked request may send, and those it sent.
+#[derive(Default)]
+struct Trailers {
+    /// Named by the request's `Trailer` fields (lower case).
+    allowed: Vec<HeaderName>,
+    sent: Option<HeaderMap>,
+}
+
+/// Fields never sent as trailers (hyper's client's rule, RFC 9110 6.5.1:
+/// framing, routing, authentication and content metadata).
+static NOT_TRAILERS: [HeaderName; 12] = [
+    header::AUTHORIZATION,
+    header::CACHE_CONTROL,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LENGTH,
+    header::CONTENT_RANGE,
+    header::CONTENT_TYPE,
+    header::HOST,
+    header::MAX_FORWARDS,
+    header::SET_COOKIE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::TE,
+];
+
+impl Trailers {
+    /// The fields a request's `Trailer` names, if it names any.
+    fn declared(h: &HeaderMap) -> Option<Box<Self>> {
+        let allowed: Vec<HeaderName> = h
+            .get_all(header::TRAILER)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .filter(|n| !NOT_TRAILERS.contains(n))
+            .collect();
+        (!allowed.is_empty()).then(|| {
+            Box::new(Self {
+                allowed,
+                sent: None,
+            })
+        })
+    }
+
+    /// The fields to write with the last chunk.
+    fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.sent
+            .iter()
+            .flat_map(|m| m.iter())
+            .filter(|(n, _)| self.allowed.contains(n))
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+    }
 }
 
 impl Sending {
@@ -143,6 +201,10 @@ impl Sending {
         let mut out = BytesMut::with_capacity(512);
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
+        let trailers = match encoding {
+            Encoding::Chunked => Trailers::declared(h),
+            Encoding::Length(_) => None,
+        };
         let sending = Self {
             out,
             big: None,
@@ -150,6 +212,7 @@ impl Sending {
             body,
             encoding,
             failed: None,
+            trailers,
         };
         Ok((sending, keep_alive))
     }
@@ -194,9 +257,17 @@ impl Sending {
                 match Pin::new(body).poll_frame(cx) {
                     Poll::Pending => waiting = true,
                     Poll::Ready(Some(Ok(frame))) => {
-                        // Trailers are not sent upstream (see docs/config.md).
-                        if let Ok(data) = frame.into_data() {
-                            self.data(data)?;
+                        match frame.into_data() {
+                            Ok(data) => self.data(data)?,
+                            // Sent with the last chunk, when the request
+                            // declared them (else dropped, as hyper does).
+                            Err(frame) => {
+                                if let (Ok(t), Some(trailers)) =
+                                    (frame.into_trailers(), self.trailers.as_mut())
+                                {
+                                    trailers.sent = Some(t);
+                                }
+                            }
                         }
                         continue;
                     }
@@ -248,7 +319,10 @@ impl Sending {
 
     fn end(&mut self) -> Result<(), ExchangeError> {
         match self.encoding {
-            Encoding::Chunked => self.out.put_slice(b"0\r\n\r\n"),
+            Encoding::Chunked => match self.trailers.take() {
+                Some(t) => response::write_last_chunk(&mut self.out, t.fields())?,
+                None => self.out.put_slice(b"0\r\n\r\n"),
+            },
             Encoding::Length(left) if left > 0 => return Err(ExchangeError::Length),
             Encoding::Length(_) => {}
         }
@@ -454,6 +528,11 @@ fn take_head(
         return Ok(None);
     };
     let (status, version, framing) = (head.status, head.version, head.framing);
+    // The upstream's own reason phrase, kept as hyper's client keeps it
+    // (only when it is not the canonical one): both servers write it.
+    let reason = (Some(head.reason) != status.canonical_reason())
+        .then(|| hyper::ext::ReasonPhrase::try_from(head.reason.as_bytes()).ok())
+        .flatten();
     let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
     for h in framing.forwarded(head.headers) {
         let name = h.name.as_ptr() as usize - base;
@@ -473,6 +552,9 @@ fn take_head(
     parts.status = status;
     parts.version = version;
     parts.headers = headers;
+    if let Some(reason) = reason {
+        parts.extensions.insert(reason);
+    }
     Ok(Some((parts, framing)))
 }
 
@@ -764,6 +846,38 @@ mod tests {
             .collect();
         assert_eq!(te.len(), 2);
         assert_eq!(te[1].1, "chunked");
+    }
+
+    /// A body of unknown length with data, then trailers.
+    fn with_trailers(trailers: &[(&'static str, &'static str)]) -> UpstreamBody {
+        let mut map = HeaderMap::new();
+        for (n, v) in trailers {
+            map.append(*n, HeaderValue::from_static(v));
+        }
+        let frames = vec![
+            Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"ab"))),
+            Ok(Frame::trailers(map)),
+        ];
+        StreamBody::new(tokio_stream::iter(frames)).boxed()
+    }
+
+    #[tokio::test]
+    async fn chunked_request_trailers_are_sent_as_hypers_client_sends_them() {
+        let sent = [("x-a", "1"), ("x-b", "2"), ("host", "evil"), ("x-c", "3")];
+        // Only the fields `Trailer` names, never a routing or framing one.
+        let declared = [("trailer", "x-a, Host"), ("trailer", "x-c")];
+        let wire = written(request(Method::POST, &declared, with_trailers(&sent))).await;
+        let (_, body) = split(&wire.expect("written"));
+        assert_eq!(body, b"2\r\nab\r\n0\r\nx-a: 1\r\nx-c: 3\r\n\r\n");
+        // None named: none sent.
+        let wire = written(request(Method::POST, &[], with_trailers(&sent))).await;
+        let (_, body) = split(&wire.expect("written"));
+        assert_eq!(body, b"2\r\nab\r\n0\r\n\r\n");
+        // A body with a length has no room for trailers.
+        let given = [("trailer", "x-a"), ("content-length", "2")];
+        let wire = written(request(Method::POST, &given, with_trailers(&sent))).await;
+        let (_, body) = split(&wire.expect("written"));
+        assert_eq!(body, b"ab");
     }
 
     #[tokio::test]

@@ -65,9 +65,9 @@ pub fn test_http1() -> meshless_proxy::h1serve::Http1Server {
     }
 }
 
-/// The HTTP/1.1 client the suites' clusters use: the default (`hyper`)
-/// unless the environment says `MESHLESS_TEST_UPSTREAM_HTTP1=meshless`
-/// (or `=hyper`).
+/// The HTTP/1.1 client the suites' clusters use: the default (`meshless`)
+/// unless the environment says `MESHLESS_TEST_UPSTREAM_HTTP1=hyper` (how
+/// CI runs the proxy suites on hyper's client too) or `=meshless`.
 pub fn test_upstream_http1() -> meshless_proxy::config::Http1Client {
     use meshless_proxy::config::Http1Client;
     match std::env::var("MESHLESS_TEST_UPSTREAM_HTTP1").as_deref() {
