@@ -8,7 +8,9 @@
 //! - The view of a service here is exactly what was published: it changes
 //!   only by [`Subsets::apply`] of each published delta, in version order.
 //! - For every index held in a group, `members` equals `subset()` of the
-//!   view's endpoint ids (`tests/subsets.rs` checks this after any
+//!   ids of the view's endpoints subsets are drawn from: the ready (or
+//!   starting) ones that are not terminating, or the serving ones when
+//!   there is none of those (`tests/subsets.rs` checks this after any
 //!   sequence of changes).
 //! - What a subscriber received (its reset, then its filtered deltas)
 //!   equals, at every version, the view's endpoints restricted to its
@@ -110,7 +112,16 @@ enum Part {
 struct View {
     /// The version of the last delta applied.
     version: u64,
+    /// The endpoints subsets are drawn from ([`in_subsets`]): the ready
+    /// ones and those still starting, or while there is none of those,
+    /// the serving ones (terminating but still serving).
     endpoints: BTreeMap<String, v1::Endpoint>,
+    /// The others: in no subset until the rule takes them.
+    waiting: BTreeMap<String, v1::Endpoint>,
+    /// No endpoint is ready or starting: subsets are drawn from the
+    /// serving ones (a proxy uses a terminating endpoint that still
+    /// serves when it has no ready one).
+    serving_fallback: bool,
     /// Endpoint ids per zone (every endpoint is in exactly one, `""` for
     /// none).
     zones: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
@@ -486,7 +497,19 @@ impl View {
         } else if let Some(s) = &delta.settings {
             self.settings = Some(s.clone());
         }
+        if delta.reset {
+            self.waiting.clear();
+        }
         for e in &delta.upserted {
+            if !in_subsets(e, self.serving_fallback) {
+                // Out of every subset until it is ready again.
+                self.waiting.insert(e.id.clone(), e.clone());
+                if let Some(old) = self.endpoints.remove(&e.id) {
+                    self.order_remove(&e.id, &old.zone);
+                }
+                continue;
+            }
+            self.waiting.remove(&e.id);
             match self.endpoints.insert(e.id.clone(), e.clone()) {
                 None => self.order_insert(&e.id, &e.zone),
                 // Moved to another zone: out of the old zone's orders,
@@ -499,9 +522,49 @@ impl View {
             }
         }
         for id in &delta.removed {
+            self.waiting.remove(id);
             if let Some(old) = self.endpoints.remove(id) {
                 self.order_remove(id, &old.zone);
             }
+        }
+        self.update_fallback();
+    }
+
+    /// Moves to the serving fallback when no endpoint is ready or
+    /// starting any more, and back when one is: the endpoints the new rule
+    /// takes come in, the ones it leaves go out (each as if added or
+    /// removed).
+    fn update_fallback(&mut self) {
+        let fallback = !self
+            .endpoints
+            .values()
+            .chain(self.waiting.values())
+            .any(|e| in_subsets(e, false));
+        if fallback == self.serving_fallback {
+            return;
+        }
+        self.serving_fallback = fallback;
+        let leaving: Vec<v1::Endpoint> = self
+            .endpoints
+            .values()
+            .filter(|e| !in_subsets(e, fallback))
+            .cloned()
+            .collect();
+        for e in leaving {
+            self.endpoints.remove(&e.id);
+            self.order_remove(&e.id, &e.zone);
+            self.waiting.insert(e.id.clone(), e);
+        }
+        let coming: Vec<v1::Endpoint> = self
+            .waiting
+            .values()
+            .filter(|e| in_subsets(e, fallback))
+            .cloned()
+            .collect();
+        for e in coming {
+            self.waiting.remove(&e.id);
+            self.order_insert(&e.id, &e.zone);
+            self.endpoints.insert(e.id.clone(), e);
         }
     }
 
@@ -525,6 +588,17 @@ impl View {
             subset_index: Some(index),
         })
     }
+}
+
+/// Whether subsets are drawn from `e`: ready, or still starting (a proxy
+/// holding requests for a service at zero may probe it), and not
+/// terminating; under the `serving_fallback` (no such endpoint in the
+/// service), serving. A not-ready or terminating endpoint (a pod failing
+/// its readiness probe, one on its way out in a rolling update) leaves
+/// every subset that held it, and another takes its place, as if it were
+/// removed; it comes back as if added once ready.
+fn in_subsets(e: &v1::Endpoint, serving_fallback: bool) -> bool {
+    ((e.ready || e.starting) && !e.terminating) || (serving_fallback && e.serving)
 }
 
 /// Whether sorted `ids` holds `id`.
@@ -690,7 +764,11 @@ impl Subsets {
         // A view made only because a subscriber named a service that was
         // never published (a typo, a service not created yet): gone with
         // its last group, so unknown names cannot grow the map.
-        if view.groups.is_empty() && view.version == 0 && view.endpoints.is_empty() {
+        if view.groups.is_empty()
+            && view.version == 0
+            && view.endpoints.is_empty()
+            && view.waiting.is_empty()
+        {
             self.services.remove(service);
         }
     }

@@ -228,6 +228,87 @@ async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
     plane.shutdown().await;
 }
 
+/// Puts endpoint `id` of `b` on its way out: not ready, still serving,
+/// terminating (a pod in its grace period, before its endpoint is
+/// deleted).
+async fn put_terminating(api: SocketAddr, id: &str, b: &Backend) {
+    let mut body = endpoint_json(id, b.local_addr());
+    body["conditions"] =
+        serde_json::json!({ "ready": false, "serving": true, "terminating": true });
+    let (s, text) = api_call(
+        api,
+        Method::PUT,
+        &format!("/v1/services/shop/cart/endpoints/{id}"),
+        body,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{text}");
+}
+
+/// A subset member on its way out (terminating, as every pod of a rolling
+/// update is before its endpoint is deleted) leaves the proxy's subset
+/// and a ready endpoint takes its place: the subset is drawn from the
+/// ready endpoints. When every endpoint is terminating, the subset is
+/// drawn from the serving ones, which the proxy still uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_members_are_replaced_by_ready_endpoints() {
+    let plane = ControlPlane::start(plane_config(None))
+        .await
+        .expect("plane");
+    let api = plane.api_addr();
+    let mut live: BTreeMap<String, Backend> = BTreeMap::new();
+    for i in 0..N {
+        live.insert(format!("pod-{i}"), backend(&format!("pod-{i}")).await);
+    }
+    let initial: Vec<(&str, SocketAddr)> = live
+        .iter()
+        .map(|(id, b)| (id.as_str(), b.local_addr()))
+        .collect();
+    register_cart(api, &initial).await;
+    let yaml = cart_proxy_yaml(
+        plane.grpc_addr(),
+        &format!("    subset: {{ size: {SIZE} }}\n"),
+    );
+    let (p, addr) = proxy(&yaml).await;
+    follows_the_model(&p, &live).await;
+
+    // Its members terminate: ready ones take their places.
+    let ids: Vec<String> = live.keys().cloned().collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let members: Vec<String> = subset(&ids, 0, SIZE)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let mut ending: BTreeMap<String, Backend> = BTreeMap::new();
+    for id in &members {
+        put_terminating(api, id, &live[id]).await;
+        ending.extend(live.remove_entry(id));
+    }
+    follows_the_model(&p, &live).await;
+    let c = client();
+    let before: BTreeMap<&String, u64> = ending.iter().map(|(id, b)| (id, b.requests())).collect();
+    for _ in 0..20 {
+        let (status, _, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    for (id, b) in &ending {
+        assert_eq!(b.requests(), before[id], "{id} is terminating");
+    }
+
+    // Every endpoint terminating: the serving ones are drawn from, and
+    // requests still succeed.
+    for (id, b) in &live {
+        put_terminating(api, id, b).await;
+    }
+    live.append(&mut ending);
+    follows_the_model(&p, &live).await;
+    for _ in 0..10 {
+        let (status, _, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    p.shutdown().await;
+}
+
 /// Waits until proxy `p` (in `zone`, the first zone-aware subscriber of
 /// its zone: index 0) holds exactly `zone_subset()` of `live` (id ->
 /// (zone, backend)).
