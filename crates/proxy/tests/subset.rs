@@ -109,28 +109,44 @@ async fn follows_a_subset_of(
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
+/// A control plane with `N` endpoints `{prefix}-{i}` of shop/cart (each a
+/// backend) and a proxy following a subset of `SIZE` of it, once the
+/// proxy holds `subset()` of them.
+async fn subset_of_cart(
+    prefix: &str,
+) -> (
+    ControlPlane,
+    BTreeMap<String, Backend>,
+    meshless_proxy::Proxy,
+    SocketAddr,
+) {
     let plane = ControlPlane::start(plane_config(None))
         .await
         .expect("plane");
-    let api = plane.api_addr();
     let mut live: BTreeMap<String, Backend> = BTreeMap::new();
     for i in 0..N {
-        live.insert(format!("old-{i}"), backend(&format!("old-{i}")).await);
+        let id = format!("{prefix}-{i}");
+        live.insert(id.clone(), backend(&id).await);
     }
     let initial: Vec<(&str, SocketAddr)> = live
         .iter()
         .map(|(id, b)| (id.as_str(), b.local_addr()))
         .collect();
-    register_cart(api, &initial).await;
+    register_cart(plane.api_addr(), &initial).await;
     let yaml = cart_proxy_yaml(
         plane.grpc_addr(),
         &format!("    subset: {{ size: {SIZE} }}\n"),
     );
     let (p, addr) = proxy(&yaml).await;
-    let p = Arc::new(p);
     follows_the_model(&p, &live).await;
+    (plane, live, p, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subset_follows_a_rolling_update_without_failing_a_request() {
+    let (plane, mut live, p, addr) = subset_of_cart("old").await;
+    let api = plane.api_addr();
+    let p = Arc::new(p);
 
     let stop = Arc::new(AtomicBool::new(false));
     let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -252,25 +268,8 @@ async fn put_terminating(api: SocketAddr, id: &str, b: &Backend) {
 /// drawn from the serving ones, which the proxy still uses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminating_members_are_replaced_by_ready_endpoints() {
-    let plane = ControlPlane::start(plane_config(None))
-        .await
-        .expect("plane");
+    let (plane, mut live, p, addr) = subset_of_cart("pod").await;
     let api = plane.api_addr();
-    let mut live: BTreeMap<String, Backend> = BTreeMap::new();
-    for i in 0..N {
-        live.insert(format!("pod-{i}"), backend(&format!("pod-{i}")).await);
-    }
-    let initial: Vec<(&str, SocketAddr)> = live
-        .iter()
-        .map(|(id, b)| (id.as_str(), b.local_addr()))
-        .collect();
-    register_cart(api, &initial).await;
-    let yaml = cart_proxy_yaml(
-        plane.grpc_addr(),
-        &format!("    subset: {{ size: {SIZE} }}\n"),
-    );
-    let (p, addr) = proxy(&yaml).await;
-    follows_the_model(&p, &live).await;
 
     // Its members terminate: ready ones take their places.
     let ids: Vec<String> = live.keys().cloned().collect();
