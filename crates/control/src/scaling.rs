@@ -29,6 +29,7 @@ use crate::config::{ScalerConfig, ServiceScaling};
 use crate::kubernetes::{ScaleOutcome, ScaleRequest, ScaleTarget};
 use crate::metrics::ReadyLabels;
 use crate::process_scaler::{self, ProcessSpec};
+use crate::registry::Registry;
 use crate::starts::InstanceStart;
 use crate::state::PlaneState;
 use crate::webhook::Webhook;
@@ -125,8 +126,16 @@ struct Placed {
 }
 
 /// Registers the instance with conditions `c`; while it starts, proxies
-/// may probe it unless `probed` is false (`readiness: notify`).
-fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions, probed: bool) {
+/// may probe it unless `probed` is false (`readiness: notify`). The write
+/// never blocks the executor on the disk ([`PlaneState::write_offloaded`]).
+async fn put(
+    state: &PlaneState,
+    service: &str,
+    id: &str,
+    at: &Placed,
+    c: Conditions,
+    probed: bool,
+) {
     let input = EndpointInput {
         id: id.to_owned(),
         addresses: vec![at.address.ip()],
@@ -139,14 +148,18 @@ fn put(state: &PlaneState, service: &str, id: &str, at: &Placed, c: Conditions, 
         // Not ready only while starting: proxies may probe it.
         starting: probed && !c.ready && !c.terminating,
     };
-    if let Err(e) = state.write(|r| r.put_endpoints(service, vec![input])) {
+    let owned = service.to_owned();
+    let write = move |r: &mut Registry| r.put_endpoints(&owned, vec![input]);
+    if let Err(e) = state.write_offloaded(write).await {
         tracing::error!(service, instance = id, error = %e, "cannot register instance");
     }
 }
 
-fn remove(state: &PlaneState, service: &str, id: &str) {
+async fn remove(state: &PlaneState, service: &str, id: &str) {
     let ids = [EndpointId::new(id)];
-    if let Err(e) = state.write(|r| r.delete_endpoints(service, &ids, false)) {
+    let owned = service.to_owned();
+    let write = move |r: &mut Registry| r.delete_endpoints(&owned, &ids, false);
+    if let Err(e) = state.write_offloaded(write).await {
         tracing::error!(service, instance = id, error = %e, "cannot remove instance");
     }
 }
@@ -164,14 +177,20 @@ fn is_instance_id(service: &str, id: &str) -> bool {
 /// shutdown whose removal did not complete). Their processes died with the
 /// plane or run unmanaged; either way proxies must not use them, and with
 /// them gone a request at zero activates a fresh instance.
-fn forget_stale_instances(state: &PlaneState, service: &str) {
-    let stale: Vec<EndpointId> = state.lock().view(service).map_or_else(Vec::new, |v| {
-        v.endpoints
-            .iter()
-            .filter(|e| is_instance_id(service, &e.id))
-            .map(|e| EndpointId::new(e.id.as_str()))
-            .collect()
-    });
+async fn forget_stale_instances(state: &Arc<PlaneState>, service: &str) {
+    let owned = service.to_owned();
+    let stale: Vec<EndpointId> = state
+        .with_registry(move |_, r| {
+            r.view(&owned).map_or_else(Vec::new, |v| {
+                v.endpoints
+                    .iter()
+                    .filter(|e| is_instance_id(&owned, &e.id))
+                    .map(|e| EndpointId::new(e.id.as_str()))
+                    .collect()
+            })
+        })
+        .await
+        .unwrap_or_default();
     if stale.is_empty() {
         return;
     }
@@ -180,7 +199,9 @@ fn forget_stale_instances(state: &PlaneState, service: &str) {
         count = stale.len(),
         "removing stored endpoints of instances this control plane does not run"
     );
-    if let Err(e) = state.write(|r| r.delete_endpoints(service, &stale, false)) {
+    let owned = service.to_owned();
+    let write = move |r: &mut Registry| r.delete_endpoints(&owned, &stale, false);
+    if let Err(e) = state.write_offloaded(write).await {
         tracing::error!(service, error = %e, "cannot remove stale instances");
     }
 }
@@ -256,13 +277,14 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
         &at,
         conditions(false, false),
         spec.probed(),
-    );
+    )
+    .await;
     tokio::select! {
         r = process_scaler::wait_ready(&spec, &mut inst) => match r {
             Ok(r) => {
                 // Published first: held requests wait for this delta.
                 ready.store(true, Ordering::Relaxed);
-                put(&state, &service, &id, &at, conditions(true, false), spec.probed());
+                put(&state, &service, &id, &at, conditions(true, false), spec.probed()).await;
                 let published = Instant::now();
                 // Recorded before the metrics count it: whoever sees the count
                 // finds the record.
@@ -272,7 +294,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
                 tracing::info!(service, instance = %id, %address, spawn_to_ready_ms = r.took.as_millis() as u64, via = r.via.label(), "instance ready");
             }
             Err(e) => {
-                remove(&state, &service, &id);
+                remove(&state, &service, &id).await;
                 start_failed(&state, &service, &id, live, &e.to_string());
                 process_scaler::stop(inst, spec.stop_grace).await;
                 gone.store(true, Ordering::Relaxed);
@@ -280,7 +302,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
             }
         },
         _ = stop.changed() => {
-            remove(&state, &service, &id);
+            remove(&state, &service, &id).await;
             process_scaler::stop(inst, spec.stop_grace).await;
             gone.store(true, Ordering::Relaxed);
             return;
@@ -289,15 +311,15 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
     tokio::select! {
         status = inst.wait() => {
             tracing::warn!(service, instance = %id, status = ?status, "instance exited; it will be replaced");
-            remove(&state, &service, &id);
+            remove(&state, &service, &id).await;
         }
         _ = stop.changed() => {
             // On shutdown, the removal is stored before the store closes.
             if *stop.borrow_and_update() != Order::Shutdown {
                 // Terminating: no new requests; in-flight ones get the drain period.
-                put(&state, &service, &id, &at, conditions(false, true), spec.probed());
+                put(&state, &service, &id, &at, conditions(false, true), spec.probed()).await;
                 let shutdown = sleep_unless_shutdown(&mut stop, drain).await;
-                remove(&state, &service, &id);
+                remove(&state, &service, &id).await;
                 // The delete takes a moment to reach every proxy, and one with
                 // no ready endpoint still uses a terminating one as its
                 // fallback: the instance outlives its registration a little
@@ -306,7 +328,7 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
                     sleep_unless_shutdown(&mut stop, DEREGISTER_GRACE.min(drain)).await;
                 }
             } else {
-                remove(&state, &service, &id);
+                remove(&state, &service, &id).await;
             }
             process_scaler::stop(inst, spec.stop_grace).await;
         }
@@ -316,13 +338,19 @@ async fn run_instance(job: InstanceJob, mut stop: watch::Receiver<Order>) {
 
 /// Endpoints of `service` that are not terminating: the instances a
 /// Kubernetes scaler has running (they arrive through the source).
-fn registered(state: &PlaneState, service: &str) -> u32 {
-    state.lock().view(service).map_or(0, |v| {
-        v.endpoints
-            .iter()
-            .filter(|e| !e.conditions.terminating)
-            .count() as u32
-    })
+async fn registered(state: &Arc<PlaneState>, service: &str) -> u32 {
+    let owned = service.to_owned();
+    state
+        .with_registry(move |_, r| {
+            r.view(&owned).map_or(0, |v| {
+                v.endpoints
+                    .iter()
+                    .filter(|e| !e.conditions.terminating)
+                    .count() as u32
+            })
+        })
+        .await
+        .unwrap_or(0)
 }
 
 /// Sets the replicas of `target` through the Kubernetes side (from zero,
@@ -450,7 +478,7 @@ pub async fn run(
     let started = Instant::now();
     let activation = state.distributor.activation(&service);
     if matches!(cfg.scaler, ScalerConfig::Process(_)) {
-        forget_stale_instances(&state, &service);
+        forget_stale_instances(&state, &service).await;
     }
     let mut instances: Vec<Managed> = Vec::new();
     // Scaled down, still draining: stopped at once on shutdown.
@@ -503,7 +531,7 @@ pub async fn run(
         let now = started.elapsed();
         autoscaler.record(now, (in_flight + queued) as f64);
         let running = match &cfg.scaler {
-            ScalerConfig::Kubernetes(_) => registered(&state, &service),
+            ScalerConfig::Kubernetes(_) => registered(&state, &service).await,
             _ => instances.len() as u32,
         };
         let mut d = autoscaler.decide(now, running);
@@ -617,7 +645,7 @@ pub async fn run(
             ScalerConfig::Kubernetes(t) => t.node_local,
             ScalerConfig::Webhook { .. } => false,
         };
-        let at_zero = local && instances.is_empty() && registered(&state, &service) == 0;
+        let at_zero = local && instances.is_empty() && registered(&state, &service).await == 0;
         state.distributor.placements.set_at_zero(&service, at_zero);
     }
     state.distributor.placements.forget(&service);

@@ -205,3 +205,105 @@ fn request_text(addr: SocketAddr, path: &str) -> String {
     let _ = s.read_to_string(&mut out);
     out
 }
+
+/// Instances of a process-scaler service that become ready while a commit
+/// stalls register without blocking the executor: with a store on disk
+/// their writes wait on the commit thread, so `/ready` and everything
+/// else that needs no registry keep answering, and both are registered
+/// once the commit goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_ready_during_a_stalled_commit_leave_the_executor_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let store = Gated {
+        inner: Store::open(dir.path()).unwrap(),
+        gate: Arc::clone(&gate),
+    };
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    // Each instance listens on $PORT a moment after it starts, and leaves
+    // a mark once it does.
+    let script = format!(
+        "import os, socket, time\ntime.sleep(3.0)\ns = socket.socket()\ns.bind(('127.0.0.1', int(os.environ['PORT'])))\ns.listen()\nopen(os.path.join('{}', os.environ['PORT']), 'w').close()\ntime.sleep(120)\n",
+        marks.display()
+    );
+    let command = serde_json::to_string(&["python3", "-c", &script]).unwrap();
+    let config = ControlConfig::parse(
+        &format!(
+            "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\nservices:\n  - namespace: shop\n    name: lazy\n    autoscaling:\n      min_instances: 2\n      max_instances: 2\n      tick: 100ms\n      scaler:\n        process: {{ command: {command}, start_timeout: 30s, stop_grace: 1s }}\n"
+        ),
+        "test",
+    )
+    .unwrap();
+    let plane = ControlPlane::start_with_storage(config, Some(Box::new(store)))
+        .await
+        .unwrap();
+    let api = plane.api_addr();
+    // Both instances spawned (registered as starting) before the stall.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = tokio::task::spawn_blocking(move || request_text(api, "/v1/services/shop/lazy"))
+            .await
+            .unwrap();
+        if view.matches("\"id\": \"shop-lazy-").count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "instances not spawned: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A write whose commit stalls, holding the registry lock, before the
+    // instances listen.
+    gate.set(true);
+    let _open = OpenOnDrop(Arc::clone(&gate));
+    let stalled_write = std::thread::spawn(move || {
+        let body = r#"{"ports":[{"port":81}]}"#;
+        request(api, "PUT", "/v1/services/shop/other", body)
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !gate.stalled.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the write never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Both instances listen; the scaler sees it within its probe period
+    // (milliseconds) and registers them ready.
+    let marks_dir = marks.clone();
+    let listening = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::read_dir(&marks_dir).map_or(0, |d| d.count()) < 2 {
+            assert!(Instant::now() < deadline, "the instances never listened");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    listening.await.unwrap();
+    let ready = std::thread::spawn(move || request(api, "GET", "/ready", ""));
+    assert_eq!(
+        ready.join().unwrap(),
+        Ok(200),
+        "/ready answered while the instances' writes waited"
+    );
+    assert!(!stalled_write.is_finished(), "the write is still waiting");
+
+    // The commit goes through: both instances end up registered ready.
+    gate.set(false);
+    assert_eq!(stalled_write.join().unwrap(), Ok(200));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = tokio::task::spawn_blocking(move || request_text(api, "/v1/services/shop/lazy"))
+            .await
+            .unwrap();
+        if view.matches("\"ready\": true").count() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "instances not registered: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    plane.shutdown().await;
+}

@@ -227,6 +227,11 @@ impl Registry {
         self.version
     }
 
+    /// Whether writes go to a store on disk (else memory only).
+    pub fn is_persistent(&self) -> bool {
+        self.store.is_some()
+    }
+
     /// Whether a failed reload left memory untrusted: writes are refused
     /// until the store reads again.
     pub fn is_broken(&self) -> bool {
