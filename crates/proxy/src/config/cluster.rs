@@ -15,7 +15,7 @@ use super::activation::{Activation, Fallback};
 use super::balancer::{BalancerYaml, HashKey, LocalityYaml};
 use super::pool::{ConnectionPool, UpstreamTls};
 use super::upstream::{
-    CircuitBreakers, HealthCheck, Http1Client, OutlierDetection, Retries, Timeouts,
+    CircuitBreakers, HealthCheck, Http1Client, MAX_RETRIES, OutlierDetection, Retries, Timeouts,
     UpstreamProtocol,
 };
 
@@ -246,6 +246,12 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
     c.connection_pool.validate().at("connection_pool")?;
     if let Some(tls) = &c.tls {
         tls.validate().at("tls")?;
+    }
+    if c.retries.count > MAX_RETRIES {
+        return fail(
+            "retries.count".to_owned(),
+            format!("must be 0..={MAX_RETRIES}, got {}", c.retries.count),
+        );
     }
     if c.retries.budget_percent > 100 {
         return fail(

@@ -32,8 +32,8 @@ pub use listener::ListenerConfig;
 pub use pool::{ConnectionPool, UpstreamTls};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{
-    CircuitBreakers, GrpcHealthCheck, HealthCheck, Http1Client, OutlierDetection, Retries, RetryOn,
-    Timeouts, UpstreamProtocol,
+    CircuitBreakers, GrpcHealthCheck, HealthCheck, Http1Client, MAX_RETRIES, OutlierDetection,
+    Retries, RetryOn, Timeouts, UpstreamProtocol,
 };
 
 /// The whole proxy configuration file.
@@ -499,6 +499,25 @@ clusters:
             let e = invalid(&with(bad));
             assert!(
                 e.contains(&format!("clusters[0].activation.{field}: must be")),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_retry_count_above_the_bound_is_refused_with_its_field() {
+        let with = |count: &str| {
+            GOOD.replace(
+                "health_check: { path: /healthz, interval: 2s }",
+                &format!("retries: {{ count: {count} }}"),
+            )
+        };
+        let ok = ProxyConfig::parse(&with("10"), "proxy.yaml").expect("10 retries");
+        assert_eq!(ok.clusters[0].retries.count, MAX_RETRIES);
+        for bad in ["11", "4294967295"] {
+            let e = invalid(&with(bad));
+            assert!(
+                e.contains("clusters[0].retries.count: must be 0..=10"),
                 "{bad}: {e}"
             );
         }

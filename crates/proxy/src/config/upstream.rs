@@ -79,11 +79,16 @@ fn default_grpc_max() -> Duration {
     Duration::ZERO
 }
 
+/// The largest `retries.count` accepted (Envoy's and HAProxy's users
+/// retry 1 to 5 times; more only multiplies the load on a failing
+/// endpoint).
+pub const MAX_RETRIES: u32 = 10;
+
 /// `retries:` block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Retries {
-    /// Retries after the first attempt; 0 = off.
+    /// Retries after the first attempt, 0..=[`MAX_RETRIES`]; 0 = off.
     #[serde(default = "default_retry_count")]
     pub count: u32,
     /// Failures that are retried.
