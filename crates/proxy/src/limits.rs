@@ -34,6 +34,15 @@ pub struct ListenerSettings {
 }
 
 /// Downstream connections a listener serves at once by default.
+/// `now + after`, or, when that overflows the clock, a deadline 30 years
+/// away (never reached): a long timeout must not panic a connection's task.
+pub fn deadline_after(now: tokio::time::Instant, after: Duration) -> tokio::time::Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+    now.checked_add(after)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 pub fn default_max_connections() -> u32 {
     4096
 }
@@ -291,4 +300,19 @@ pub enum Http1Server {
     /// or below hyper's, BENCHMARKS.md).
     #[default]
     Meshless,
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_past_the_clock_is_far_away_instead_of_a_panic() {
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            deadline_after(now, Duration::from_secs(5)),
+            now + Duration::from_secs(5)
+        );
+        assert!(deadline_after(now, Duration::MAX) > now + Duration::from_secs(365 * 24 * 3600));
+    }
 }

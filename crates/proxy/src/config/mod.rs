@@ -524,6 +524,54 @@ clusters:
     }
 
     #[test]
+    fn durations_that_would_overflow_a_deadline_are_refused_with_their_field() {
+        const H: &str = "18446744073709551615s";
+        for (edit, field) in [
+            (
+                ("interval: 2s", format!("interval: {H}")),
+                "clusters[0].health_check.interval",
+            ),
+            (
+                (
+                    "balancer: { policy: p2c,",
+                    format!("timeouts: {{ idle: {H} }}\n    balancer: {{ policy: p2c,"),
+                ),
+                "clusters[1].timeouts.idle",
+            ),
+            (
+                (
+                    "    routes:\n",
+                    format!("    timeouts: {{ request_headers: {H} }}\n    routes:\n"),
+                ),
+                "listeners[0].timeouts.request_headers",
+            ),
+            (
+                (
+                    "listeners:\n",
+                    "drain_timeout: 1000000d\nlisteners:\n".to_owned(),
+                ),
+                "drain_timeout",
+            ),
+            (
+                (
+                    "balancer: { policy: p2c,",
+                    "outlier_detection: { base_ejection_time: 366d }\n    balancer: { policy: p2c,"
+                        .to_owned(),
+                ),
+                "clusters[1].outlier_detection.base_ejection_time",
+            ),
+        ] {
+            let text = GOOD.replacen(edit.0, &edit.1, 1);
+            assert_ne!(text, GOOD, "{field}");
+            let e = invalid(&text);
+            assert!(
+                e.contains(&format!("{field}: ")) && e.contains("must be at most 365d"),
+                "{field}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn errors_name_file_field_and_reason() {
         let e = invalid(&GOOD.replace("load_factor: 1.5", "load_factor: 0.5"));
         assert!(
