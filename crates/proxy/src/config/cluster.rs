@@ -315,14 +315,18 @@ impl ClusterConfig {
         let b = &self.balancer;
         let policy = b.policy_kind().at("balancer")?;
         let over = b.over_kind().at("balancer")?;
-        let health = self
-            .health_check
-            .as_ref()
-            .map_or_else(HealthConfig::default, |h| HealthConfig {
+        let health = self.health_check.as_ref().map_or_else(
+            || HealthConfig {
+                active: false,
+                ..HealthConfig::default()
+            },
+            |h| HealthConfig {
                 rise: h.healthy_threshold,
                 fall: h.unhealthy_threshold,
                 initially_healthy: true,
-            });
+                active: true,
+            },
+        );
         let o = &self.outlier_detection;
         Ok(BalanceClusterConfig {
             balancer: BalancerConfig {
