@@ -29,6 +29,7 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
     let checking = InFlight::default();
     let mut last_check: HashMap<String, Instant> = HashMap::new();
     let mut last_tick: HashMap<String, Instant> = HashMap::new();
+    let mut panicking: HashMap<String, bool> = HashMap::new();
     let mut round = tokio::time::interval(Duration::from_millis(100));
     round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -40,7 +41,16 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
         let now = Instant::now();
         last_check.retain(|name, _| snap.clusters.contains_key(name));
         last_tick.retain(|name, _| snap.clusters.contains_key(name));
+        panicking.retain(|name, _| snap.clusters.contains_key(name));
         for (name, cluster) in &snap.clusters {
+            let panic = cluster.lb.in_panic();
+            if panicking.insert(name.clone(), panic).unwrap_or(false) != panic {
+                if panic {
+                    tracing::warn!(cluster = %name, threshold = cluster.config.panic_threshold, "panic mode: too few endpoints available; requests go to all of them, unhealthy and ejected ones included");
+                } else {
+                    tracing::info!(cluster = %name, "panic mode over");
+                }
+            }
             let interval = cluster.config.outlier_detection.interval;
             let tick = last_tick.entry(name.clone()).or_insert(now);
             if now.duration_since(*tick) >= interval {

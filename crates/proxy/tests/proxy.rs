@@ -773,3 +773,36 @@ async fn an_http_check_whose_body_never_comes_fails() {
     .await;
     p.shutdown().await;
 }
+
+/// `/clusters`' `panic` field and the `meshless_proxy_cluster_panic` gauge
+/// of cluster `c`.
+async fn panic_shown(p: &meshless_proxy::Proxy) -> (Option<bool>, f64) {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let gauge = proxy_metric(p, "meshless_proxy_cluster_panic{cluster=\"c\"}").await;
+    (v[0]["panic"].as_bool(), gauge)
+}
+
+/// E7: panic mode shows: `/clusters` says `"panic": true` and
+/// `meshless_proxy_cluster_panic{cluster}` is 1 while too few endpoints
+/// are available (requests still go to all of them), 0 again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_mode_shows_in_clusters_and_metrics() {
+    let bs = backends(2).await;
+    let extra = "    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n    health_check: { path: /healthz, interval: 100ms, timeout: 1s, healthy_threshold: 1, unhealthy_threshold: 1 }\n";
+    let (p, _) = proxy(&config(&bs, extra)).await;
+    assert_eq!(panic_shown(&p).await, (Some(false), 0.0));
+    bs[0].set_failing(true);
+    bs[1].set_failing(true);
+    eventually("panic mode shown", || async {
+        panic_shown(&p).await == (Some(true), 1.0)
+    })
+    .await;
+    bs[0].set_failing(false);
+    bs[1].set_failing(false);
+    eventually("panic mode over", || async {
+        panic_shown(&p).await == (Some(false), 0.0)
+    })
+    .await;
+    p.shutdown().await;
+}
