@@ -103,7 +103,7 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                                     Some(tls) => Via::Tls(tls, local, http2),
                                     None => Via::Client(clients.http(local)),
                                 };
-                                http_check(via, &authority, &hc.path).await
+                                http_check(via, &authority, hc.path()).await
                             }
                         }
                     };

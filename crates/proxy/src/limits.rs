@@ -254,20 +254,29 @@ pub fn validate(
     if max_connections == 0 {
         return Err(FieldError::new("max_connections", "must be at least 1"));
     }
-    if head.max_header_bytes < 1024 || head.max_uri_bytes < 256 || head.max_headers == 0 {
-        return Err(FieldError::new(
-            "limits",
-            "max_header_bytes must be >= 1024, max_uri_bytes >= 256, max_headers >= 1",
-        ));
+    for (field, value, least) in [
+        ("max_header_bytes", head.max_header_bytes, 1024),
+        ("max_uri_bytes", head.max_uri_bytes, 256),
+        ("max_headers", head.max_headers, 1),
+    ] {
+        if value < least {
+            return Err(FieldError::new(
+                format!("limits.{field}"),
+                format!("must be at least {least}, got {value}"),
+            ));
+        }
     }
-    if timeouts.request_headers.is_zero()
-        || timeouts.idle.is_zero()
-        || timeouts.stream_idle.is_zero()
-    {
-        return Err(FieldError::new(
-            "timeouts",
-            "request_headers, idle and stream_idle must be above zero",
-        ));
+    for (field, d) in [
+        ("request_headers", timeouts.request_headers),
+        ("idle", timeouts.idle),
+        ("stream_idle", timeouts.stream_idle),
+    ] {
+        if d.is_zero() {
+            return Err(FieldError::new(
+                format!("timeouts.{field}"),
+                "must be above zero",
+            ));
+        }
     }
     Ok(())
 }

@@ -187,10 +187,24 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
         );
     }
     if let Some(hc) = &c.health_check {
-        if !hc.path.starts_with('/') {
+        if !hc.path().starts_with('/') {
             return fail(
                 "health_check.path".to_owned(),
-                format!("must start with '/', got {:?}", hc.path),
+                format!("must start with '/', got {:?}", hc.path()),
+            );
+        }
+        // One kind of check: `tcp`, `grpc` or an HTTP `path`.
+        if hc.tcp && hc.grpc.is_some() {
+            return fail(
+                "health_check.grpc".to_owned(),
+                "a check is `tcp: true` or `grpc`, not both".into(),
+            );
+        }
+        if (hc.tcp || hc.grpc.is_some()) && hc.path.is_some() {
+            let kind = if hc.tcp { "`tcp: true`" } else { "`grpc`" };
+            return fail(
+                "health_check.path".to_owned(),
+                format!("an HTTP check's path; a {kind} check has none"),
             );
         }
         if hc.healthy_threshold == 0 {
@@ -205,11 +219,10 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
                 "must be at least 1".into(),
             );
         }
-        if hc.interval.is_zero() || hc.timeout.is_zero() {
-            return fail(
-                "health_check.interval".to_owned(),
-                "interval and timeout must be above zero".into(),
-            );
+        for (field, d) in [("interval", hc.interval), ("timeout", hc.timeout)] {
+            if d.is_zero() {
+                return fail(format!("health_check.{field}"), "must be above zero".into());
+            }
         }
     }
     if let Some(a) = &c.activation {
@@ -221,13 +234,20 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             "must be above zero".into(),
         );
     }
-    if let Some(f) = &c.fallback
-        && !(100..=599).contains(&f.status)
-    {
-        return fail(
-            "fallback.status".to_owned(),
-            format!("must be 100..=599, got {}", f.status),
-        );
+    if let Some(f) = &c.fallback {
+        // A final answer: 1xx are interim (a client waits on past them).
+        if !(200..=599).contains(&f.status) {
+            return fail(
+                "fallback.status".to_owned(),
+                format!("must be 200..=599, got {}", f.status),
+            );
+        }
+        if matches!(f.status, 204 | 304) && !f.body.is_empty() {
+            return fail(
+                "fallback.body".to_owned(),
+                format!("status {} has no body; remove `body`", f.status),
+            );
+        }
     }
     if let Some(f) = &c.fallback
         && http::HeaderValue::from_str(&f.content_type).is_err()
@@ -237,11 +257,13 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             "not a valid header value".into(),
         );
     }
-    if c.timeouts.connect.is_zero() || c.timeouts.request.is_zero() {
-        return fail(
-            "timeouts".to_owned(),
-            "connect and request timeouts must be above zero".into(),
-        );
+    for (field, d) in [
+        ("connect", c.timeouts.connect),
+        ("request", c.timeouts.request),
+    ] {
+        if d.is_zero() {
+            return fail(format!("timeouts.{field}"), "must be above zero".into());
+        }
     }
     c.connection_pool.validate().at("connection_pool")?;
     if let Some(tls) = &c.tls {

@@ -571,6 +571,83 @@ clusters:
         }
     }
 
+    /// E2, E8: each refusal names the field at fault; contradictory check
+    /// kinds and answers a client cannot take are refused.
+    #[test]
+    fn refusals_name_the_exact_field() {
+        let hc = "health_check: { path: /healthz, interval: 2s }";
+        for (edit, field) in [
+            (
+                (hc, "health_check: { path: /h, timeout: 0s }"),
+                "clusters[0].health_check.timeout: must be above zero",
+            ),
+            (
+                (hc, "health_check: { interval: 0s }"),
+                "clusters[0].health_check.interval: must be above zero",
+            ),
+            (
+                (hc, "health_check: { path: /h, tcp: true }"),
+                "clusters[0].health_check.path: an HTTP check's path",
+            ),
+            (
+                (hc, "health_check: { path: /h, grpc: { service: \"\" } }"),
+                "clusters[0].health_check.path: an HTTP check's path",
+            ),
+            (
+                (hc, "health_check: { tcp: true, grpc: { service: \"\" } }"),
+                "clusters[0].health_check.grpc: a check is",
+            ),
+            (
+                (hc, "timeouts: { connect: 0s }"),
+                "clusters[0].timeouts.connect: must be above zero",
+            ),
+            (
+                (hc, "timeouts: { request: 0s }"),
+                "clusters[0].timeouts.request: must be above zero",
+            ),
+            (
+                (hc, "fallback: { status: 100 }"),
+                "clusters[0].fallback.status: must be 200..=599, got 100",
+            ),
+            (
+                (hc, "fallback: { status: 101 }"),
+                "clusters[0].fallback.status: must be 200..=599, got 101",
+            ),
+            (
+                (hc, "fallback: { status: 204, body: hi }"),
+                "clusters[0].fallback.body: status 204 has no body",
+            ),
+            (
+                (hc, "fallback: { status: 304, body: hi }"),
+                "clusters[0].fallback.body: status 304 has no body",
+            ),
+            (
+                ("    routes:\n", "    timeouts: { idle: 0s }\n    routes:\n"),
+                "listeners[0].timeouts.idle: must be above zero",
+            ),
+            (
+                (
+                    "    routes:\n",
+                    "    limits: { max_uri_bytes: 10 }\n    routes:\n",
+                ),
+                "listeners[0].limits.max_uri_bytes: must be at least 256, got 10",
+            ),
+        ] {
+            let text = GOOD.replacen(edit.0, edit.1, 1);
+            assert_ne!(text, GOOD, "{field}");
+            let e = invalid(&text);
+            assert!(e.contains(field), "want {field:?}, got {e}");
+        }
+        for ok in [
+            "health_check: { tcp: true }",
+            "health_check: { grpc: { service: x } }",
+            "fallback: { status: 204 }",
+            "fallback: { status: 200, body: hi }",
+        ] {
+            ProxyConfig::parse(&GOOD.replacen(hc, ok, 1), "proxy.yaml").expect(ok);
+        }
+    }
+
     #[test]
     fn errors_name_file_field_and_reason() {
         let e = invalid(&GOOD.replace("load_factor: 1.5", "load_factor: 0.5"));
