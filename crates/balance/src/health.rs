@@ -12,6 +12,12 @@ pub struct HealthConfig {
     /// Whether an endpoint new to the cluster starts healthy (true) or must
     /// first pass `rise` checks (false).
     pub initially_healthy: bool,
+    /// Whether active health checks run at all. Without them nothing can
+    /// clear an unhealthy mark, so publishing a snapshot with `false`
+    /// clears every mark and streak, and check results are ignored (a
+    /// check of the removed configuration still under way). On by
+    /// default; a proxy cluster without `health_check` sets it off.
+    pub active: bool,
 }
 
 impl Default for HealthConfig {
@@ -20,6 +26,7 @@ impl Default for HealthConfig {
             rise: 2,
             fall: 3,
             initially_healthy: true,
+            active: true,
         }
     }
 }

@@ -324,6 +324,25 @@ impl ClusterShared {
             inner.departed.remove(&m.id);
         }
         inner.members = members.to_vec();
+        if !health.active {
+            // No check left to clear a mark: every endpoint is healthy
+            // (Envoy drops the active-check flags with the checker).
+            for m in &inner.members {
+                m.check_passes.store(0, Ordering::Relaxed);
+                m.check_failures.store(0, Ordering::Relaxed);
+                self.set_flag(m, UNHEALTHY, false);
+            }
+        }
+        if outlier.consecutive_5xx == 0 && outlier.consecutive_gateway_errors == 0 {
+            // Detection off: nothing stays ejected (Envoy un-ejects every
+            // host when outlier detection goes away).
+            for m in inner.members.iter().chain(inner.departed.values()) {
+                m.times_ejected.store(0, Ordering::Relaxed);
+                m.ejected_until.store(0, Ordering::Relaxed);
+                self.set_flag(m, EJECTED, false);
+            }
+            inner.departed.clear();
+        }
         inner.outlier = outlier;
         inner.health = health;
         self.eject_after_5xx
@@ -450,6 +469,9 @@ impl ClusterShared {
     /// Applies one active health-check result with rise/fall thresholds.
     pub(crate) fn record_check(&self, state: &EndpointState, passed: bool) {
         let health = self.lock().health;
+        if !health.active {
+            return;
+        }
         if passed {
             state.check_failures.store(0, Ordering::Relaxed);
             let passes = state.check_passes.fetch_add(1, Ordering::Relaxed) + 1;

@@ -205,6 +205,7 @@ fn health_checks_follow_rise_and_fall() {
         rise: 2,
         fall: 3,
         initially_healthy: true,
+        active: true,
     };
     let c = Cluster::new(&endpoints(2), cfg).expect("valid");
     c.record_health_check(0, false);
@@ -713,4 +714,43 @@ fn max_ejection_time_below_base_does_not_shorten_the_base() {
             "round {round}: capped at 60 s"
         );
     }
+}
+
+/// A reload that removes the active health check: nothing could ever
+/// clear an unhealthy mark again, so the new snapshot clears them all,
+/// and a check of the old configuration still under way changes nothing.
+#[test]
+fn removing_the_health_check_makes_every_endpoint_healthy_again() {
+    let mut cfg = ClusterConfig::new(PolicyKind::RoundRobin);
+    cfg.health.fall = 1;
+    let c = Cluster::new(&endpoints(2), cfg).expect("valid");
+    c.record_health_check(1, false);
+    assert!(!c.stats(1).expect("stats").healthy);
+    cfg.health.active = false;
+    let next = c.rebuild(&endpoints(2), cfg).expect("valid");
+    next.publish();
+    assert!(next.stats(1).expect("stats").healthy, "no check: healthy");
+    next.record_health_check(1, false);
+    assert!(next.stats(1).expect("stats").healthy, "late result ignored");
+    let picked: std::collections::HashSet<_> = (0..20)
+        .filter_map(|k| next.pick_index(&PickContext::new().with_entropy(k)))
+        .collect();
+    assert_eq!(picked.len(), 2, "both endpoints take traffic");
+}
+
+/// A reload that turns outlier detection off (both thresholds 0) returns
+/// the ejected endpoints at once instead of at the end of their ejection.
+#[test]
+fn turning_outlier_detection_off_ends_current_ejections() {
+    let cfg = with_outlier(PolicyKind::RoundRobin);
+    let (c, _) = manual(&endpoints(4), cfg);
+    fail(&c, 0, 5, Outcome::Status(500));
+    assert!(c.stats(0).expect("stats").ejected);
+    let mut off = cfg;
+    off.outlier.consecutive_5xx = 0;
+    off.outlier.consecutive_gateway_errors = 0;
+    let next = c.rebuild(&endpoints(4), off).expect("valid");
+    next.publish();
+    let s = next.stats(0).expect("stats");
+    assert!(!s.ejected && s.times_ejected == 0, "{s:?}");
 }

@@ -91,6 +91,9 @@ async fn terminated() -> Result<()> {
 pub fn proxy(args: ProxyArgs) -> Result<()> {
     let config = ProxyConfig::load(&args.config)?;
     if args.check {
+        // The certificate, key and CA files too, as a start reads them.
+        meshless_proxy::proxy::check_files(&config)
+            .with_context(|| args.config.display().to_string())?;
         println!("{}: ok", args.config.display());
         return Ok(());
     }

@@ -171,6 +171,50 @@ fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
     );
 }
 
+/// E14: `--check` reads the certificate, key and CA files a start reads:
+/// a garbage file fails the check, naming the field and the file once.
+#[test]
+fn check_reads_certificate_key_and_ca_files() {
+    let tmp = temp_dir("check-files");
+    let dir = tmp.path();
+    let [a, b, c] = free_ports();
+    let path = write_config(dir, a, b, c, "v1");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(&garbage, "garbage\n").expect("write");
+    let g = garbage.display();
+    let check = |yaml: String| {
+        std::fs::write(&path, yaml).expect("write");
+        let out = meshless()
+            .args(["proxy", "--check", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let listener = text.replace(
+        "    routes:\n",
+        &format!(
+            "    tls: {{ default_certificate: {{ certificate: \"{g}\", key: \"{g}\" }} }}\n    routes:\n"
+        ),
+    );
+    let (ok, err) = check(listener);
+    assert!(!ok, "a garbage certificate passed --check");
+    assert!(err.contains("listeners[0].tls"), "{err}");
+    assert_eq!(err.matches("garbage.pem").count(), 1, "{err}");
+    let cluster = text.replace(
+        "  - name: app\n",
+        &format!("  - name: app\n    tls: {{ ca_file: \"{g}\", server_name: app.test }}\n"),
+    );
+    let (ok, err) = check(cluster);
+    assert!(!ok, "a garbage CA file passed --check");
+    assert!(err.contains("clusters[0]: tls.ca_file"), "{err}");
+    assert_eq!(err.matches("garbage.pem").count(), 1, "{err}");
+}
+
 #[test]
 fn sighup_and_watch_reload_and_sigterm_drains() {
     let (_backend, backend) = start_backend("app-1");

@@ -148,6 +148,9 @@ struct ClusterView {
     upstream_connections: u64,
     /// Idle HTTP/1.1 connections kept for reuse.
     upstream_idle_connections: u64,
+    /// Whether panic mode is on: too few endpoints available, picks go
+    /// to all of them (unhealthy and ejected ones included).
+    panic: bool,
     endpoints: Vec<EndpointView>,
 }
 
@@ -189,6 +192,7 @@ fn clusters(state: &ProxyState) -> Vec<ClusterView> {
             releasing_requests: c.counters.releasing.load(Ordering::Relaxed),
             upstream_connections: c.counters.connections.load(Ordering::Relaxed),
             upstream_idle_connections: c.counters.idle_connections.load(Ordering::Relaxed),
+            panic: c.lb.in_panic(),
             endpoints: c
                 .lb
                 .endpoints()
@@ -270,8 +274,14 @@ fn refresh_gauges(state: &ProxyState) {
     m.endpoint_ejected.clear();
     m.upstream_connections.clear();
     m.upstream_idle_connections.clear();
+    m.cluster_panic.clear();
     let snap = state.snapshot.load();
     for c in snap.clusters.values() {
+        m.cluster_panic
+            .get_or_create(&ClusterLabels {
+                cluster: c.name.to_string(),
+            })
+            .set(i64::from(c.lb.in_panic()));
         m.upstream_connections
             .get_or_create(&ClusterLabels {
                 cluster: c.name.to_string(),

@@ -25,7 +25,7 @@ pub struct Cidr {
 pub enum CidrError {
     #[error("{0:?} is no IP address")]
     Address(String),
-    #[error("prefix length {prefix} is above {max} for {addr}")]
+    #[error("prefix length {prefix:?} of {addr} is not a number in 0..={max}")]
     Prefix {
         addr: IpAddr,
         prefix: String,
@@ -154,6 +154,14 @@ mod tests {
             ))
         );
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        let e = "10.0.0.0/-1"
+            .parse::<Cidr>()
+            .expect_err("negative")
+            .to_string();
+        assert_eq!(
+            e,
+            "prefix length \"-1\" of 10.0.0.0 is not a number in 0..=32"
+        );
         assert!("2001:db8::/129".parse::<Cidr>().is_err());
         assert!("nope/8".parse::<Cidr>().is_err());
         let mapped: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();

@@ -26,8 +26,10 @@ use crate::upstream::TlsClient;
 /// snapshot, so reloads take effect at the next round.
 pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
     let clients = Clients::new();
+    let checking = InFlight::default();
     let mut last_check: HashMap<String, Instant> = HashMap::new();
     let mut last_tick: HashMap<String, Instant> = HashMap::new();
+    let mut panicking: HashMap<String, bool> = HashMap::new();
     let mut round = tokio::time::interval(Duration::from_millis(100));
     round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -39,7 +41,16 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
         let now = Instant::now();
         last_check.retain(|name, _| snap.clusters.contains_key(name));
         last_tick.retain(|name, _| snap.clusters.contains_key(name));
+        panicking.retain(|name, _| snap.clusters.contains_key(name));
         for (name, cluster) in &snap.clusters {
+            let panic = cluster.lb.in_panic();
+            if panicking.insert(name.clone(), panic).unwrap_or(false) != panic {
+                if panic {
+                    tracing::warn!(cluster = %name, threshold = cluster.config.panic_threshold, "panic mode: too few endpoints available; requests go to all of them, unhealthy and ejected ones included");
+                } else {
+                    tracing::info!(cluster = %name, "panic mode over");
+                }
+            }
             let interval = cluster.config.outlier_detection.interval;
             let tick = last_tick.entry(name.clone()).or_insert(now);
             if now.duration_since(*tick) >= interval {
@@ -62,6 +73,12 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
             let local = cluster.config.proxy_protocol.is_some();
             let http2 = cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2;
             for (i, authority) in cluster.authorities.iter().enumerate() {
+                // One check per endpoint at a time (Envoy and HAProxy wait
+                // for the answer or the timeout): a hanging endpoint does
+                // not pile up connections, and results land in order.
+                let Some(running) = checking.start(name, &cluster.endpoint_labels[i]) else {
+                    continue;
+                };
                 let clients = clients.clone();
                 let cluster = Arc::clone(cluster);
                 let state = Arc::clone(&state);
@@ -86,7 +103,7 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                                     Some(tls) => Via::Tls(tls, local, http2),
                                     None => Via::Client(clients.http(local)),
                                 };
-                                http_check(via, &authority, &hc.path).await
+                                http_check(via, &authority, hc.path()).await
                             }
                         }
                     };
@@ -97,9 +114,50 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
                     cluster
                         .series(i, &state.metrics.endpoint_series)
                         .health_check(passed);
+                    drop(running);
                 });
             }
         }
+    }
+}
+
+/// A cluster's name and one of its endpoint ids.
+type EndpointKey = (String, Arc<str>);
+
+/// The endpoints whose check is under way.
+#[derive(Clone, Default)]
+struct InFlight(Arc<std::sync::Mutex<std::collections::HashSet<EndpointKey>>>);
+
+impl InFlight {
+    /// Marks a check of `endpoint` of `cluster` as started, or `None`
+    /// when one is already under way. The mark goes with the guard.
+    fn start(&self, cluster: &str, endpoint: &Arc<str>) -> Option<Running> {
+        let key = (cluster.to_owned(), Arc::clone(endpoint));
+        let mut set = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        set.insert(key.clone()).then(|| Running {
+            set: self.clone(),
+            key,
+        })
+    }
+}
+
+/// A check under way; dropping it (the check ended, or its task did)
+/// lets the endpoint be checked again.
+struct Running {
+    set: InFlight,
+    key: EndpointKey,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.set
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.key);
     }
 }
 
@@ -267,7 +325,12 @@ async fn tcp_check(authority: &Authority, local: bool) -> bool {
     true
 }
 
-/// GET `path`: 2xx and 3xx pass.
+/// The most of a check's response body read: a longer one fails.
+const MAX_CHECK_BODY: usize = 64 * 1024;
+
+/// GET `path`: 2xx and 3xx pass, once the whole response (its body, up to
+/// [`MAX_CHECK_BODY`]) has arrived: a server that sends the head and then
+/// wedges fails (Envoy's HTTP checker decides at the end of the stream).
 async fn http_check(via: Via<'_>, authority: &Authority, path: &str) -> bool {
     let Some(uri) = via.uri(authority, path) else {
         return false;
@@ -276,10 +339,16 @@ async fn http_check(via: Via<'_>, authority: &Authority, path: &str) -> bool {
         .header("user-agent", "meshless-health-check")
         .body(Full::new(Bytes::new()));
     let Ok(req) = req else { return false };
-    matches!(
-        via.send(authority, req).await,
-        Some(resp) if resp.status().is_success() || resp.status().is_redirection()
-    )
+    let Some(resp) = via.send(authority, req).await else {
+        return false;
+    };
+    if !(resp.status().is_success() || resp.status().is_redirection()) {
+        return false;
+    }
+    http_body_util::Limited::new(resp.into_body(), MAX_CHECK_BODY)
+        .collect()
+        .await
+        .is_ok()
 }
 
 /// `grpc.health.v1.HealthCheckRequest`.

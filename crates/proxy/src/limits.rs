@@ -34,6 +34,15 @@ pub struct ListenerSettings {
 }
 
 /// Downstream connections a listener serves at once by default.
+/// `now + after`, or, when that overflows the clock, a deadline 30 years
+/// away (never reached): a long timeout must not panic a connection's task.
+pub fn deadline_after(now: tokio::time::Instant, after: Duration) -> tokio::time::Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+    now.checked_add(after)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 pub fn default_max_connections() -> u32 {
     4096
 }
@@ -245,20 +254,29 @@ pub fn validate(
     if max_connections == 0 {
         return Err(FieldError::new("max_connections", "must be at least 1"));
     }
-    if head.max_header_bytes < 1024 || head.max_uri_bytes < 256 || head.max_headers == 0 {
-        return Err(FieldError::new(
-            "limits",
-            "max_header_bytes must be >= 1024, max_uri_bytes >= 256, max_headers >= 1",
-        ));
+    for (field, value, least) in [
+        ("max_header_bytes", head.max_header_bytes, 1024),
+        ("max_uri_bytes", head.max_uri_bytes, 256),
+        ("max_headers", head.max_headers, 1),
+    ] {
+        if value < least {
+            return Err(FieldError::new(
+                format!("limits.{field}"),
+                format!("must be at least {least}, got {value}"),
+            ));
+        }
     }
-    if timeouts.request_headers.is_zero()
-        || timeouts.idle.is_zero()
-        || timeouts.stream_idle.is_zero()
-    {
-        return Err(FieldError::new(
-            "timeouts",
-            "request_headers, idle and stream_idle must be above zero",
-        ));
+    for (field, d) in [
+        ("request_headers", timeouts.request_headers),
+        ("idle", timeouts.idle),
+        ("stream_idle", timeouts.stream_idle),
+    ] {
+        if d.is_zero() {
+            return Err(FieldError::new(
+                format!("timeouts.{field}"),
+                "must be above zero",
+            ));
+        }
     }
     Ok(())
 }
@@ -291,4 +309,19 @@ pub enum Http1Server {
     /// or below hyper's, BENCHMARKS.md).
     #[default]
     Meshless,
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_past_the_clock_is_far_away_instead_of_a_panic() {
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            deadline_after(now, Duration::from_secs(5)),
+            now + Duration::from_secs(5)
+        );
+        assert!(deadline_after(now, Duration::MAX) > now + Duration::from_secs(365 * 24 * 3600));
+    }
 }

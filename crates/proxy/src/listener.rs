@@ -40,6 +40,10 @@ pub struct ListenerHandle {
     /// Sends the drain deadline: stop accepting, drain, then close.
     stop: watch::Sender<Option<(Duration, Drain)>>,
     task: JoinHandle<()>,
+    /// The `max_connections` slots, and the cap they were last sized to
+    /// (a reload resizes them).
+    slots: Arc<Slots>,
+    cap: std::sync::Mutex<usize>,
 }
 
 impl ListenerHandle {
@@ -64,13 +68,15 @@ impl ListenerHandle {
     ) -> Self {
         let local_addr = listener.local_addr().unwrap_or(address);
         let (stop, stopped) = watch::channel(None);
+        let cap = settings.max_connections as usize;
+        let slots = Arc::new(Slots::new(cap));
         let downstream = Arc::new(Downstream::new(name, state, settings));
         let socket = Arc::new(listener);
         let tls = Arc::new(ArcSwapOption::from(tls.map(|t| Arc::new(t.install()))));
         let task = tokio::spawn(accept_loop(
             Arc::clone(&downstream),
             Arc::clone(&socket),
-            Arc::clone(&tls),
+            (Arc::clone(&tls), Arc::clone(&slots)),
             stopped,
         ));
         Self {
@@ -81,6 +87,8 @@ impl ListenerHandle {
             tls,
             stop,
             task,
+            slots,
+            cap: std::sync::Mutex::new(cap),
         }
     }
 
@@ -100,10 +108,18 @@ impl ListenerHandle {
         &self.socket
     }
 
-    /// Applies reloaded settings (limits and timeouts of new requests and
-    /// connections; `max_connections` when the listener is re-created).
+    /// Applies reloaded settings: limits and timeouts of new requests and
+    /// connections, and `max_connections` (a lower cap takes effect as
+    /// connections over it close: none is cut).
     pub fn update(&self, settings: ListenerSettings) {
+        let new = settings.max_connections as usize;
         self.downstream.update(settings);
+        let mut cap = self
+            .cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.slots.resize(*cap, new);
+        *cap = new;
     }
 
     /// Whether a listener configured at `address` is this one: the same
@@ -125,6 +141,60 @@ impl ListenerHandle {
         drop(self.socket);
         let _ = self.stop.send(Some((drain, mode)));
         let _ = self.task.await;
+    }
+}
+
+/// A listener's `max_connections` slots: permits of a semaphore, some of
+/// them owed (a lowered cap while more connections were open: the accept
+/// loop forgets that many permits as connections give theirs back).
+#[derive(Debug)]
+struct Slots {
+    permits: Arc<Semaphore>,
+    owed: std::sync::atomic::AtomicUsize,
+}
+
+impl Slots {
+    fn new(cap: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(cap)),
+            owed: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Moves the slots from `old` in all to `new`: adds the difference
+    /// (paying what is owed first), or takes it away: free permits at
+    /// once, the rest owed.
+    fn resize(&self, old: usize, new: usize) {
+        use std::sync::atomic::Ordering;
+        if new > old {
+            let mut more = new - old;
+            let _ = self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                    let paid = owed.min(new - old);
+                    more = new - old - paid;
+                    Some(owed - paid)
+                });
+            self.permits.add_permits(more);
+        } else if new < old {
+            let owed = (old - new) - self.permits.forget_permits(old - new);
+            self.owed.fetch_add(owed, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether `permit` pays a debt (it is forgotten) instead of serving.
+    fn pays_debt(&self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
+        use std::sync::atomic::Ordering;
+        let paid = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| o.checked_sub(1))
+            .is_ok();
+        if paid {
+            permit.forget();
+            None
+        } else {
+            Some(permit)
+        }
     }
 }
 
@@ -150,26 +220,27 @@ impl AcceptBackoff {
 async fn accept_loop(
     downstream: Arc<Downstream>,
     listener: Arc<TcpListener>,
-    tls: Arc<ArcSwapOption<ListenerTls>>,
+    (tls, slots): (Arc<ArcSwapOption<ListenerTls>>, Arc<Slots>),
     mut stopped: watch::Receiver<Option<(Duration, Drain)>>,
 ) {
     // Connections hold a receiver: true asks them to finish; the sender's
     // `closed()` resolves once every one has ended.
     let (graceful, _) = watch::channel(Drain::Serving);
-    let max = downstream.settings().max_connections as usize;
-    let slots = Arc::new(Semaphore::new(max));
     let metrics = &downstream.state.metrics;
     let mut backoff = AcceptBackoff::default();
     let (drain, mode) = loop {
-        if slots.available_permits() == 0 {
+        if slots.permits.available_permits() == 0 {
             metrics.connections_at_limit(&downstream.name);
         }
         let permit = tokio::select! {
-            p = Arc::clone(&slots).acquire_owned() => p,
+            p = Arc::clone(&slots.permits).acquire_owned() => p,
             changed = stopped.changed() => break drain_of(changed, &stopped),
         };
         let Ok(permit) = permit else {
             break (Duration::ZERO, Drain::Now);
+        };
+        let Some(permit) = slots.pays_debt(permit) else {
+            continue;
         };
         tokio::select! {
             accepted = listener.accept() => match accepted {

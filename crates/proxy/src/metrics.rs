@@ -100,6 +100,8 @@ pub struct Metrics {
     pub overflows: Family<OverflowLabels, Counter>,
     pub upstream_connections: Family<ClusterLabels, Gauge>,
     pub upstream_idle_connections: Family<ClusterLabels, Gauge>,
+    /// 1 while the cluster is in panic mode (set at each scrape).
+    pub cluster_panic: Family<ClusterLabels, Gauge>,
     pub endpoint_in_flight: Family<EndpointLabels, Gauge>,
     pub endpoint_healthy: Family<EndpointLabels, Gauge>,
     pub endpoint_ejected: Family<EndpointLabels, Gauge>,
@@ -176,6 +178,12 @@ impl Metrics {
             "proxy_upstream_idle_connections",
             "Idle upstream HTTP/1.1 connections kept for reuse",
             upstream_idle_connections.clone(),
+        );
+        let cluster_panic = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "proxy_cluster_panic",
+            "1 while fewer than panic_threshold percent of the cluster's endpoints are available and picks spread over all of them",
+            cluster_panic.clone(),
         );
         let endpoint_in_flight = Family::<EndpointLabels, Gauge>::default();
         registry.register(
@@ -322,6 +330,7 @@ impl Metrics {
             overflows,
             upstream_connections,
             upstream_idle_connections,
+            cluster_panic,
             endpoint_in_flight,
             endpoint_healthy,
             endpoint_ejected,

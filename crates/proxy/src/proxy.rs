@@ -501,6 +501,23 @@ fn bind_or_take(
 /// The TLS side of each listener in `configs` (in order), certificates
 /// read and checked now: a listener that keeps its name in `running`
 /// keeps its session cache and ticket keys. Any refused file fails all.
+/// The file checks a start makes, without starting (`--check`): every
+/// listener's certificates and keys are read and checked, and every
+/// cluster's `tls.ca_file` is read and built into a TLS client.
+pub fn check_files(config: &ProxyConfig) -> Result<(), ProxyError> {
+    prepare_tls(&config.listeners, &HashMap::new())?;
+    for (index, c) in config.clusters.iter().enumerate() {
+        let Some(tls) = &c.tls else { continue };
+        crate::upstream::read_ca(tls)
+            .and_then(|ca| crate::upstream::TlsClient::new(tls, &ca, c.upstream_protocol))
+            .map_err(|e| SnapshotError {
+                index,
+                source: e.into(),
+            })?;
+    }
+    Ok(())
+}
+
 fn prepare_tls(
     configs: &[crate::config::ListenerConfig],
     running: &HashMap<String, ListenerHandle>,

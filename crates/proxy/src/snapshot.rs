@@ -77,12 +77,14 @@ impl UpstreamCluster {
     /// when the pool settings are unchanged, its connections. `node`: this
     /// proxy's node and zone, the only locality tiers built (every pick
     /// names them), and whether it knows its node (for a service's
-    /// `local-only` setting).
+    /// `local-only` setting). `read_ca`: read the `tls.ca_file` again (a
+    /// start or reload; else the previous contents are kept while its
+    /// path is the same, as for an endpoint update).
     pub fn build(
         declared: &ClusterConfig,
         previous: Option<&UpstreamCluster>,
         services: &ServiceFeeds,
-        node: &NodeConfig,
+        (node, read_ca): (&NodeConfig, bool),
     ) -> Result<Self, ClusterError> {
         let has_node = node.name.is_some();
         let feed = declared.service.as_ref().and_then(|s| services.get(s));
@@ -138,7 +140,16 @@ impl UpstreamCluster {
         counters
             .max_connections
             .store(config.circuit_breakers.max_connections, Ordering::Relaxed);
-        let pool_key = PoolKey::of(config);
+        let ca = match (&config.tls, previous) {
+            (None, _) => None,
+            (Some(tls), Some(p))
+                if !read_ca && p.config.tls.as_ref().map(|t| &t.ca_file) == Some(&tls.ca_file) =>
+            {
+                p.pool_key.ca().cloned()
+            }
+            (Some(tls), _) => Some(upstream::CaBundle(upstream::read_ca(tls)?)),
+        };
+        let pool_key = PoolKey::of(config, ca);
         let pool = match previous {
             Some(p) if p.pool_key == pool_key => p.pool.clone(),
             _ => upstream::pool(&pool_key, Arc::clone(&counters))?,
@@ -251,7 +262,7 @@ impl Snapshot {
             let prev = previous
                 .and_then(|p| p.clusters.get(&c.name))
                 .map(Arc::as_ref);
-            let built = UpstreamCluster::build(c, prev, services, &config.node)
+            let built = UpstreamCluster::build(c, prev, services, (&config.node, true))
                 .map_err(|source| SnapshotError { index: i, source })?;
             clusters.insert(c.name.clone(), Arc::new(built));
         }
@@ -281,7 +292,8 @@ impl Snapshot {
         for declared in &self.config.clusters {
             if declared.service.as_deref() == Some(service) {
                 let prev = self.clusters.get(&declared.name).map(Arc::as_ref);
-                let built = UpstreamCluster::build(declared, prev, services, &self.config.node)?;
+                let built =
+                    UpstreamCluster::build(declared, prev, services, (&self.config.node, false))?;
                 clusters.insert(declared.name.clone(), Arc::new(built));
             }
         }

@@ -453,3 +453,46 @@ async fn refused_heads_are_counted_with_a_reason_and_say_why() {
     assert_eq!(bs[0].requests(), 0, "nothing reached the backend");
     p.shutdown().await;
 }
+
+/// E19: a reload resizes `max_connections`: raised, a connection waiting
+/// in the backlog is served at once; lowered, new connections wait until
+/// the open ones are under the new cap (none is cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_resizes_max_connections() {
+    let bs = backends(1).await;
+    let with_cap = |addr: &str, cap: u32| {
+        config(&bs, "").replace(
+            "    address: \"127.0.0.1:0\"\n    routes:",
+            // Idle keep-alive connections stay for the whole test.
+            &format!("    address: \"{addr}\"\n    max_connections: {cap}\n    timeouts: {{ request_headers: 1h, idle: 1h }}\n    routes:"),
+        )
+    };
+    let (p, addr) = proxy(&with_cap("127.0.0.1:0", 1)).await;
+    let reload = |cap: u32| {
+        let text = with_cap(&addr.to_string(), cap);
+        on_test_http1(meshless_proxy::ProxyConfig::parse(&text, "r.yaml").unwrap())
+    };
+    let get = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    let (first, head) = head_of(addr, get).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    p.reload(reload(2)).await.expect("reload to 2");
+    // The second slot: served (before the fix it waited for the first).
+    let (second, head) = head_of(addr, get).await;
+    assert!(head.starts_with("http/1.1 200"), "raised cap: {head}");
+    p.reload(reload(1)).await.expect("reload to 1");
+    drop(second);
+    // Two open connections was one over the cap: with the second closed,
+    // the first holds the only slot, so a third waits in the backlog.
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    third.write_all(get).await.unwrap();
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(500), third.read(&mut byte)).await;
+    assert!(early.is_err(), "served over the lowered cap");
+    drop(first);
+    let n = tokio::time::timeout(DEADLINE, third.read(&mut byte))
+        .await
+        .expect("served once the first connection closed")
+        .unwrap();
+    assert_eq!(n, 1);
+    p.shutdown().await;
+}

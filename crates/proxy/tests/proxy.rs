@@ -673,3 +673,136 @@ async fn access_log_writes_one_json_line_per_request() {
     assert_eq!(second["status"], 503);
     p.shutdown().await;
 }
+
+/// A health-check target that reads each request head, writes `head` (if
+/// any) and then holds the connection open, sending nothing more. Counts
+/// connections accepted, and the most open at once.
+struct Wedged {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    most_open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Wedged {
+    async fn start(head: &'static [u8]) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let most_open = std::sync::Arc::new(AtomicUsize::new(0));
+        let open = std::sync::Arc::new(AtomicUsize::new(0));
+        let (a, m) = (accepted.clone(), most_open.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                let open = open.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let mut answered = false;
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) if !answered && !head.is_empty() => {
+                                answered = true;
+                                let _ = s.write_all(head).await;
+                            }
+                            Ok(_) => {}
+                        }
+                    }
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            most_open,
+        }
+    }
+}
+
+/// The `healthy` flag `/clusters` shows for the endpoint at `addr`.
+async fn endpoint_healthy(p: &meshless_proxy::Proxy, addr: std::net::SocketAddr) -> Option<bool> {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    v[0]["endpoints"]
+        .as_array()?
+        .iter()
+        .find(|e| e["address"] == addr.to_string())
+        .and_then(|e| e["healthy"].as_bool())
+}
+
+/// E5: a check still waiting for its answer is not joined by another
+/// every interval: one check per endpoint at a time, so an endpoint that
+/// hangs holds one check connection, not `timeout / interval` of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_health_check_is_not_overlapped_by_the_next() {
+    use std::sync::atomic::Ordering;
+    let hang = Wedged::start(b"").await;
+    let eps = format!("      - {{ address: \"{}\" }}\n", hang.addr);
+    let extra = "    health_check: { path: /healthz, interval: 100ms, timeout: 1s, unhealthy_threshold: 1 }\n";
+    let (p, _) = proxy(&config_with_endpoints(&eps, extra)).await;
+    // Three checks started: the first two ended (timed out) before.
+    eventually("three checks", || async {
+        hang.accepted.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    // One open at a time (two when a new one races the close of the last).
+    let most = hang.most_open.load(Ordering::SeqCst);
+    assert!(most <= 2, "{most} check connections open at once");
+    p.shutdown().await;
+}
+
+/// E6: an HTTP check passes only once the whole response arrived within
+/// the timeout: an endpoint that sends `200` and its head, then wedges
+/// before the body, goes unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_check_whose_body_never_comes_fails() {
+    let wedged = Wedged::start(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n").await;
+    let eps = format!("      - {{ address: \"{}\" }}\n", wedged.addr);
+    let extra = "    health_check: { path: /healthz, interval: 100ms, timeout: 300ms, unhealthy_threshold: 1 }\n";
+    let (p, _) = proxy(&config_with_endpoints(&eps, extra)).await;
+    eventually("the wedged endpoint unhealthy", || async {
+        endpoint_healthy(&p, wedged.addr).await == Some(false)
+    })
+    .await;
+    p.shutdown().await;
+}
+
+/// `/clusters`' `panic` field and the `meshless_proxy_cluster_panic` gauge
+/// of cluster `c`.
+async fn panic_shown(p: &meshless_proxy::Proxy) -> (Option<bool>, f64) {
+    let (_, body) = admin(p, "/clusters").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let gauge = proxy_metric(p, "meshless_proxy_cluster_panic{cluster=\"c\"}").await;
+    (v[0]["panic"].as_bool(), gauge)
+}
+
+/// E7: panic mode shows: `/clusters` says `"panic": true` and
+/// `meshless_proxy_cluster_panic{cluster}` is 1 while too few endpoints
+/// are available (requests still go to all of them), 0 again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_mode_shows_in_clusters_and_metrics() {
+    let bs = backends(2).await;
+    let extra = "    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n    health_check: { path: /healthz, interval: 100ms, timeout: 1s, healthy_threshold: 1, unhealthy_threshold: 1 }\n";
+    let (p, _) = proxy(&config(&bs, extra)).await;
+    assert_eq!(panic_shown(&p).await, (Some(false), 0.0));
+    bs[0].set_failing(true);
+    bs[1].set_failing(true);
+    eventually("panic mode shown", || async {
+        panic_shown(&p).await == (Some(true), 1.0)
+    })
+    .await;
+    bs[0].set_failing(false);
+    bs[1].set_failing(false);
+    eventually("panic mode over", || async {
+        panic_shown(&p).await == (Some(false), 0.0)
+    })
+    .await;
+    p.shutdown().await;
+}

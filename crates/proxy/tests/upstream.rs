@@ -508,3 +508,38 @@ async fn tls_to_an_http2_cluster_offers_h2_by_default() {
         p.shutdown().await;
     }
 }
+
+/// A reload reads the cluster's `tls.ca_file` again even when its path is
+/// the same: a CA rotated in place takes effect, and a file that is no CA
+/// any more fails the reload (the running pool stays).
+#[tokio::test]
+async fn a_reload_rereads_a_rewritten_ca_file_and_refuses_garbage() {
+    let (ca, server) = pki("backend.test", &[]);
+    let (other_ca, _) = pki("backend.test", &[]);
+    let up = Upstream::start(100, Some(server)).await;
+    let (_ca_dir, ca_path) = ca_file("rotate", &other_ca);
+    let (p, addr) = proxy_to(&[up.addr], &tls_yaml(&ca_path, "backend.test", false)).await;
+    let (status, _, _) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(status, 503, "the wrong CA");
+    let same = || {
+        let text = yaml(&[up.addr], &tls_yaml(&ca_path, "backend.test", false)).replace(
+            "127.0.0.1:0\"\n    routes",
+            &format!("{addr}\"\n    routes"),
+        );
+        assert!(text.contains(&addr.to_string()), "{text}");
+        common::on_test_http1(ProxyConfig::parse(&text, "r.yaml").expect("valid"))
+    };
+    std::fs::write(&ca_path, &ca).unwrap();
+    p.reload(same()).await.expect("reload with the rotated CA");
+    let (status, _, body) = get(&client(), addr, "/", &[]).await;
+    assert_eq!((status.as_u16(), body.as_str()), (200, "ok\n"));
+    std::fs::write(&ca_path, "garbage\n").unwrap();
+    let e = p
+        .reload(same())
+        .await
+        .expect_err("a CA file with no certificate");
+    assert!(e.to_string().contains("tls.ca_file"), "{e}");
+    let (status, _, _) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(status, 200, "the running pool stays");
+    p.shutdown().await;
+}

@@ -15,7 +15,7 @@ use super::activation::{Activation, Fallback};
 use super::balancer::{BalancerYaml, HashKey, LocalityYaml};
 use super::pool::{ConnectionPool, UpstreamTls};
 use super::upstream::{
-    CircuitBreakers, HealthCheck, Http1Client, OutlierDetection, Retries, Timeouts,
+    CircuitBreakers, HealthCheck, Http1Client, MAX_RETRIES, OutlierDetection, Retries, Timeouts,
     UpstreamProtocol,
 };
 
@@ -187,10 +187,24 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
         );
     }
     if let Some(hc) = &c.health_check {
-        if !hc.path.starts_with('/') {
+        if !hc.path().starts_with('/') {
             return fail(
                 "health_check.path".to_owned(),
-                format!("must start with '/', got {:?}", hc.path),
+                format!("must start with '/', got {:?}", hc.path()),
+            );
+        }
+        // One kind of check: `tcp`, `grpc` or an HTTP `path`.
+        if hc.tcp && hc.grpc.is_some() {
+            return fail(
+                "health_check.grpc".to_owned(),
+                "a check is `tcp: true` or `grpc`, not both".into(),
+            );
+        }
+        if (hc.tcp || hc.grpc.is_some()) && hc.path.is_some() {
+            let kind = if hc.tcp { "`tcp: true`" } else { "`grpc`" };
+            return fail(
+                "health_check.path".to_owned(),
+                format!("an HTTP check's path; a {kind} check has none"),
             );
         }
         if hc.healthy_threshold == 0 {
@@ -205,11 +219,10 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
                 "must be at least 1".into(),
             );
         }
-        if hc.interval.is_zero() || hc.timeout.is_zero() {
-            return fail(
-                "health_check.interval".to_owned(),
-                "interval and timeout must be above zero".into(),
-            );
+        for (field, d) in [("interval", hc.interval), ("timeout", hc.timeout)] {
+            if d.is_zero() {
+                return fail(format!("health_check.{field}"), "must be above zero".into());
+            }
         }
     }
     if let Some(a) = &c.activation {
@@ -221,13 +234,20 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             "must be above zero".into(),
         );
     }
-    if let Some(f) = &c.fallback
-        && !(100..=599).contains(&f.status)
-    {
-        return fail(
-            "fallback.status".to_owned(),
-            format!("must be 100..=599, got {}", f.status),
-        );
+    if let Some(f) = &c.fallback {
+        // A final answer: 1xx are interim (a client waits on past them).
+        if !(200..=599).contains(&f.status) {
+            return fail(
+                "fallback.status".to_owned(),
+                format!("must be 200..=599, got {}", f.status),
+            );
+        }
+        if matches!(f.status, 204 | 304) && !f.body.is_empty() {
+            return fail(
+                "fallback.body".to_owned(),
+                format!("status {} has no body; remove `body`", f.status),
+            );
+        }
     }
     if let Some(f) = &c.fallback
         && http::HeaderValue::from_str(&f.content_type).is_err()
@@ -237,15 +257,23 @@ pub(super) fn validate_cluster(c: &ClusterConfig, control: bool) -> Result<(), F
             "not a valid header value".into(),
         );
     }
-    if c.timeouts.connect.is_zero() || c.timeouts.request.is_zero() {
-        return fail(
-            "timeouts".to_owned(),
-            "connect and request timeouts must be above zero".into(),
-        );
+    for (field, d) in [
+        ("connect", c.timeouts.connect),
+        ("request", c.timeouts.request),
+    ] {
+        if d.is_zero() {
+            return fail(format!("timeouts.{field}"), "must be above zero".into());
+        }
     }
     c.connection_pool.validate().at("connection_pool")?;
     if let Some(tls) = &c.tls {
         tls.validate().at("tls")?;
+    }
+    if c.retries.count > MAX_RETRIES {
+        return fail(
+            "retries.count".to_owned(),
+            format!("must be 0..={MAX_RETRIES}, got {}", c.retries.count),
+        );
     }
     if c.retries.budget_percent > 100 {
         return fail(
@@ -309,14 +337,18 @@ impl ClusterConfig {
         let b = &self.balancer;
         let policy = b.policy_kind().at("balancer")?;
         let over = b.over_kind().at("balancer")?;
-        let health = self
-            .health_check
-            .as_ref()
-            .map_or_else(HealthConfig::default, |h| HealthConfig {
+        let health = self.health_check.as_ref().map_or_else(
+            || HealthConfig {
+                active: false,
+                ..HealthConfig::default()
+            },
+            |h| HealthConfig {
                 rise: h.healthy_threshold,
                 fall: h.unhealthy_threshold,
                 initially_healthy: true,
-            });
+                active: true,
+            },
+        );
         let o = &self.outlier_detection;
         Ok(BalanceClusterConfig {
             balancer: BalancerConfig {

@@ -32,8 +32,8 @@ pub use listener::ListenerConfig;
 pub use pool::{ConnectionPool, UpstreamTls};
 pub use route::{HeaderMatch, MatchConfig, RouteConfig, WeightedCluster};
 pub use upstream::{
-    CircuitBreakers, GrpcHealthCheck, HealthCheck, Http1Client, OutlierDetection, Retries, RetryOn,
-    Timeouts, UpstreamProtocol,
+    CircuitBreakers, GrpcHealthCheck, HealthCheck, Http1Client, MAX_RETRIES, OutlierDetection,
+    Retries, RetryOn, Timeouts, UpstreamProtocol,
 };
 
 /// The whole proxy configuration file.
@@ -501,6 +501,150 @@ clusters:
                 e.contains(&format!("clusters[0].activation.{field}: must be")),
                 "{bad}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn a_retry_count_above_the_bound_is_refused_with_its_field() {
+        let with = |count: &str| {
+            GOOD.replace(
+                "health_check: { path: /healthz, interval: 2s }",
+                &format!("retries: {{ count: {count} }}"),
+            )
+        };
+        let ok = ProxyConfig::parse(&with("10"), "proxy.yaml").expect("10 retries");
+        assert_eq!(ok.clusters[0].retries.count, MAX_RETRIES);
+        for bad in ["11", "4294967295"] {
+            let e = invalid(&with(bad));
+            assert!(
+                e.contains("clusters[0].retries.count: must be 0..=10"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_that_would_overflow_a_deadline_are_refused_with_their_field() {
+        const H: &str = "18446744073709551615s";
+        for (edit, field) in [
+            (
+                ("interval: 2s", format!("interval: {H}")),
+                "clusters[0].health_check.interval",
+            ),
+            (
+                (
+                    "balancer: { policy: p2c,",
+                    format!("timeouts: {{ idle: {H} }}\n    balancer: {{ policy: p2c,"),
+                ),
+                "clusters[1].timeouts.idle",
+            ),
+            (
+                (
+                    "    routes:\n",
+                    format!("    timeouts: {{ request_headers: {H} }}\n    routes:\n"),
+                ),
+                "listeners[0].timeouts.request_headers",
+            ),
+            (
+                (
+                    "listeners:\n",
+                    "drain_timeout: 1000000d\nlisteners:\n".to_owned(),
+                ),
+                "drain_timeout",
+            ),
+            (
+                (
+                    "balancer: { policy: p2c,",
+                    "outlier_detection: { base_ejection_time: 366d }\n    balancer: { policy: p2c,"
+                        .to_owned(),
+                ),
+                "clusters[1].outlier_detection.base_ejection_time",
+            ),
+        ] {
+            let text = GOOD.replacen(edit.0, &edit.1, 1);
+            assert_ne!(text, GOOD, "{field}");
+            let e = invalid(&text);
+            assert!(
+                e.contains(&format!("{field}: ")) && e.contains("must be at most 365d"),
+                "{field}: {e}"
+            );
+        }
+    }
+
+    /// E2, E8: each refusal names the field at fault; contradictory check
+    /// kinds and answers a client cannot take are refused.
+    #[test]
+    fn refusals_name_the_exact_field() {
+        let hc = "health_check: { path: /healthz, interval: 2s }";
+        for (edit, field) in [
+            (
+                (hc, "health_check: { path: /h, timeout: 0s }"),
+                "clusters[0].health_check.timeout: must be above zero",
+            ),
+            (
+                (hc, "health_check: { interval: 0s }"),
+                "clusters[0].health_check.interval: must be above zero",
+            ),
+            (
+                (hc, "health_check: { path: /h, tcp: true }"),
+                "clusters[0].health_check.path: an HTTP check's path",
+            ),
+            (
+                (hc, "health_check: { path: /h, grpc: { service: \"\" } }"),
+                "clusters[0].health_check.path: an HTTP check's path",
+            ),
+            (
+                (hc, "health_check: { tcp: true, grpc: { service: \"\" } }"),
+                "clusters[0].health_check.grpc: a check is",
+            ),
+            (
+                (hc, "timeouts: { connect: 0s }"),
+                "clusters[0].timeouts.connect: must be above zero",
+            ),
+            (
+                (hc, "timeouts: { request: 0s }"),
+                "clusters[0].timeouts.request: must be above zero",
+            ),
+            (
+                (hc, "fallback: { status: 100 }"),
+                "clusters[0].fallback.status: must be 200..=599, got 100",
+            ),
+            (
+                (hc, "fallback: { status: 101 }"),
+                "clusters[0].fallback.status: must be 200..=599, got 101",
+            ),
+            (
+                (hc, "fallback: { status: 204, body: hi }"),
+                "clusters[0].fallback.body: status 204 has no body",
+            ),
+            (
+                (hc, "fallback: { status: 304, body: hi }"),
+                "clusters[0].fallback.body: status 304 has no body",
+            ),
+            (
+                ("    routes:\n", "    timeouts: { idle: 0s }\n    routes:\n"),
+                "listeners[0].timeouts.idle: must be above zero",
+            ),
+            (
+                (
+                    "    routes:\n",
+                    "    limits: { max_uri_bytes: 10 }\n    routes:\n",
+                ),
+                "listeners[0].limits.max_uri_bytes: must be at least 256, got 10",
+            ),
+        ] {
+            let text = GOOD.replacen(edit.0, edit.1, 1);
+            assert_ne!(text, GOOD, "{field}");
+            let e = invalid(&text);
+            assert!(e.contains(field), "want {field:?}, got {e}");
+        }
+        for ok in [
+            "health_check: { tcp: true }",
+            "health_check: { grpc: { service: x } }",
+            "fallback: { status: 204 }",
+            "fallback: { status: 200, body: hi }",
+        ] {
+            ProxyConfig::parse(&GOOD.replacen(hc, ok, 1), "proxy.yaml").expect(ok);
         }
     }
 

@@ -79,11 +79,16 @@ fn default_grpc_max() -> Duration {
     Duration::ZERO
 }
 
+/// The largest `retries.count` accepted (Envoy's and HAProxy's users
+/// retry 1 to 5 times; more only multiplies the load on a failing
+/// endpoint).
+pub const MAX_RETRIES: u32 = 10;
+
 /// `retries:` block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Retries {
-    /// Retries after the first attempt; 0 = off.
+    /// Retries after the first attempt, 0..=[`MAX_RETRIES`]; 0 = off.
     #[serde(default = "default_retry_count")]
     pub count: u32,
     /// Failures that are retried.
@@ -185,9 +190,10 @@ fn default_limit() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
-    /// HTTP path probed with GET; 2xx and 3xx pass.
-    #[serde(default = "default_health_path")]
-    pub path: String,
+    /// HTTP path probed with GET; 2xx and 3xx pass (absent:
+    /// [`DEFAULT_HEALTH_PATH`]; see [`HealthCheck::path`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// Check with `grpc.health.v1.Health/Check` over HTTP/2 instead of
     /// `path` (Envoy's `grpc_health_check`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -220,8 +226,14 @@ pub struct GrpcHealthCheck {
     pub service: String,
 }
 
-fn default_health_path() -> String {
-    "/healthz".into()
+/// The path HTTP checks probe when `path` is absent.
+pub const DEFAULT_HEALTH_PATH: &str = "/healthz";
+
+impl HealthCheck {
+    /// The path HTTP checks probe.
+    pub fn path(&self) -> &str {
+        self.path.as_deref().unwrap_or(DEFAULT_HEALTH_PATH)
+    }
 }
 fn default_health_interval() -> Duration {
     Duration::from_secs(5)

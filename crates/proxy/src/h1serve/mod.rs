@@ -325,7 +325,8 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
     /// `timeouts.request_headers` of starting to wait (so an idle
     /// keep-alive connection closes after it too, as with hyper).
     async fn next_head(&mut self, settings: &ListenerSettings) -> Next {
-        let deadline = Instant::now() + settings.timeouts.request_headers;
+        let deadline =
+            crate::limits::deadline_after(Instant::now(), settings.timeouts.request_headers);
         let limits = limits(settings);
         loop {
             if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {

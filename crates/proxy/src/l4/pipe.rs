@@ -47,7 +47,9 @@ impl Activity {
             return std::future::pending().await;
         }
         loop {
-            let due = self.last() + idle;
+            let Some(due) = self.last().checked_add(idle) else {
+                return std::future::pending().await;
+            };
             if Instant::now() >= due {
                 return;
             }

@@ -29,7 +29,7 @@ pub async fn until_drained(state: &ProxyState, cluster: &str, endpoint: &Endpoin
                 drain_timeout,
             } => {
                 tokio::select! {
-                    () = tokio::time::sleep_until(since + drain_timeout) => return,
+                    () = tokio::time::sleep_until(crate::limits::deadline_after(since, drain_timeout)) => return,
                     _ = presence.changed() => {}
                 }
             }

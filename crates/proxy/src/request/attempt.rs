@@ -18,6 +18,11 @@ use crate::upstream::{ConnectError, Lease, SendError, TlsFault, UpstreamBody};
 /// How many endpoints a request remembers having tried.
 const TRIED: usize = 4;
 
+/// The first retry's back-off ceiling (Envoy's `base_interval` default).
+const BACKOFF_BASE: Duration = Duration::from_millis(25);
+/// The largest back-off ceiling (Envoy's default, 10 x the base).
+const BACKOFF_MAX: Duration = Duration::from_millis(250);
+
 /// Attempts of one request: how many are allowed, which failures are
 /// retried, which endpoints were tried.
 #[derive(Debug)]
@@ -30,10 +35,16 @@ pub struct RetryPolicy {
 
 impl RetryPolicy {
     /// `1 + retries.count` attempts for a `replayable` request (no body,
-    /// idempotent or `all_methods`, no upgrade), else one.
+    /// idempotent or `all_methods`, no upgrade), else one. The config
+    /// bounds `count` ([`crate::config::MAX_RETRIES`]); the sum saturates
+    /// all the same.
     pub fn new(retries: &Retries, replayable: bool) -> Self {
         Self {
-            max_attempts: if replayable { 1 + retries.count } else { 1 },
+            max_attempts: if replayable {
+                retries.count.saturating_add(1)
+            } else {
+                1
+            },
             attempts: 0,
             on: retries.on.clone(),
             tried: [usize::MAX; TRIED],
@@ -68,6 +79,13 @@ impl RetryPolicy {
         self.tried[self.attempts as usize % TRIED] = usize::MAX;
     }
 
+    /// The wait before the next attempt, a retry: fully jittered between
+    /// zero and [`backoff_ceiling`] (Envoy's default retry back-off), so
+    /// retries of a failing endpoint do not follow each other at once.
+    pub fn backoff(&self) -> Duration {
+        backoff_ceiling(self.attempts).mul_f64(fastrand::f64())
+    }
+
     /// Whether a failure of kind `on` may be retried (the budget aside).
     /// A refused stream (never processed) is, listed in `on` or not.
     pub fn may_retry(&self, on: RetryOn) -> bool {
@@ -93,6 +111,13 @@ impl RetryPolicy {
         }
         cluster.lb.pick(ctx)
     }
+}
+
+/// The back-off ceiling after `attempts` attempts: 25 ms after the first,
+/// doubled after each further one, at most 250 ms.
+fn backoff_ceiling(attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(8);
+    BACKOFF_BASE.saturating_mul(1 << doublings).min(BACKOFF_MAX)
 }
 
 /// Why an attempt got no response.
@@ -270,6 +295,28 @@ mod tests {
         assert!(!p.may_retry(RetryOn::Reset));
         assert!(p.last());
         assert_eq!(p.attempts(), 3);
+    }
+
+    #[test]
+    fn the_largest_count_saturates_instead_of_overflowing() {
+        let mut p = RetryPolicy::new(&retries(u32::MAX, vec![RetryOn::Reset]), true);
+        p.record(0);
+        assert!(p.may_retry(RetryOn::Reset) && !p.last());
+    }
+
+    #[test]
+    fn retries_back_off_exponentially_up_to_a_ceiling() {
+        let ceilings: Vec<u64> = (1..=7)
+            .map(|n| backoff_ceiling(n).as_millis() as u64)
+            .collect();
+        assert_eq!(ceilings, [25, 50, 100, 200, 250, 250, 250]);
+        assert_eq!(backoff_ceiling(u32::MAX), BACKOFF_MAX);
+        let mut p = RetryPolicy::new(&retries(10, vec![RetryOn::Reset]), true);
+        for i in 0..10 {
+            p.record(i);
+            let wait = p.backoff();
+            assert!(wait <= backoff_ceiling(p.attempts()), "{wait:?}");
+        }
     }
 
     #[test]

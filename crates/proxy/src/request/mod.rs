@@ -254,6 +254,16 @@ fn begin(
     }
 }
 
+/// Waits the retry back-off ([`RetryPolicy::backoff`]), never past the
+/// request's deadline.
+async fn back_off(policy: &RetryPolicy, record: &Completion) {
+    let mut wait = policy.backoff();
+    if let Some(deadline) = record.deadline {
+        wait = wait.min(deadline.saturating_duration_since(Instant::now()));
+    }
+    tokio::time::sleep(wait).await;
+}
+
 /// What every attempt of one request shares.
 struct Exchange<'a> {
     state: &'a ProxyState,
@@ -413,6 +423,10 @@ impl Exchange<'_> {
                         return Ok((resp, Some(guard), lease));
                     }
                     guard.finish(status);
+                    drop(lease);
+                    drop(resp);
+                    // Boxed: a rare path (see `wait` above).
+                    Box::pin(back_off(&policy, record)).await;
                 }
                 Err(failure) => {
                     if matches!(failure, attempt::Failure::ConnectionLimit) {
@@ -436,6 +450,7 @@ impl Exchange<'_> {
                     if retry.is_none() {
                         return Err(failure.reply());
                     }
+                    Box::pin(back_off(&policy, record)).await;
                 }
             }
         }

@@ -139,7 +139,9 @@ pub fn spawn(
 async fn idle_for(seen: &AtomicU64, start: Instant, idle: Duration) {
     loop {
         let last = start + Duration::from_millis(seen.load(Ordering::Relaxed));
-        let deadline = last + idle;
+        let Some(deadline) = last.checked_add(idle) else {
+            return std::future::pending().await;
+        };
         if Instant::now() >= deadline {
             return;
         }

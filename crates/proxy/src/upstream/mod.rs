@@ -23,7 +23,7 @@ use http_body_util::combinators::BoxBody;
 use crate::config::{ClusterConfig, Http1Client, UpstreamProtocol, UpstreamTls};
 pub use connect::ConnectError;
 pub use pool::{EndpointPool, Lease, Pool, SendError, Settings};
-pub use tls::{TlsClient, TlsConfigError, TlsFault};
+pub use tls::{TlsClient, TlsConfigError, TlsFault, read_ca};
 
 /// Body type sent upstream; its error is any (a downstream body's
 /// failure, whichever server read it).
@@ -74,12 +74,32 @@ pub struct PoolKey {
     /// `preconnect_ratio` in thousandths.
     preconnect_milli: u32,
     tls: Option<UpstreamTls>,
+    /// The contents of `tls.ca_file` when the key was made: a CA file
+    /// rewritten at the same path is a new pool.
+    ca: Option<CaBundle>,
     /// HTTP/2 keep-alive PING interval (`None`: off) and timeout.
     keepalive: (Option<Duration>, Duration),
 }
 
+/// The bytes of a `tls.ca_file`, compared by contents.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaBundle(pub Arc<[u8]>);
+
+impl std::fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CaBundle({} bytes)", self.0.len())
+    }
+}
+
 impl PoolKey {
-    pub fn of(c: &ClusterConfig) -> Self {
+    /// The key of `c`'s pool; `ca`: the contents of its `tls.ca_file`
+    /// (none without `tls`).
+    /// The `tls.ca_file` contents this key was made with.
+    pub fn ca(&self) -> Option<&CaBundle> {
+        self.ca.as_ref()
+    }
+
+    pub fn of(c: &ClusterConfig, ca: Option<CaBundle>) -> Self {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let preconnect_milli = (c.connection_pool.preconnect_ratio * 1000.0).round() as u32;
         Self {
@@ -90,6 +110,7 @@ impl PoolKey {
             max_idle: c.connection_pool.max_idle_per_endpoint,
             preconnect_milli,
             tls: c.tls.clone(),
+            ca: c.tls.as_ref().and(ca),
             keepalive: {
                 let k = &c.connection_pool.connection_keepalive;
                 ((!k.interval.is_zero()).then_some(k.interval), k.timeout)
@@ -103,7 +124,10 @@ pub fn pool(key: &PoolKey, counters: Arc<ClusterCounters>) -> Result<Pool, TlsCo
     let tls = key
         .tls
         .as_ref()
-        .map(|t| tls::TlsClient::new(t, key.protocol))
+        .map(|t| {
+            let ca = key.ca.as_ref().map_or(&[][..], |c| &c.0[..]);
+            tls::TlsClient::new(t, ca, key.protocol)
+        })
         .transpose()?;
     let settings = Settings {
         protocol: key.protocol,

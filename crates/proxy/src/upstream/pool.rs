@@ -643,10 +643,14 @@ impl EndpointPool {
             return;
         }
         let shared = Arc::downgrade(&self.shared);
-        let every = (self.shared.settings.idle / 2).max(Duration::from_millis(10));
+        // At most hourly: a long `idle` needs no finer sweep, and the
+        // period stays far from where `Instant + period` overflows.
+        let every = (self.shared.settings.idle / 2)
+            .clamp(Duration::from_millis(10), Duration::from_secs(3600));
         tokio::spawn(async move {
             // The first sweep one period from now, not at once.
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let start = crate::limits::deadline_after(tokio::time::Instant::now(), every);
+            let mut tick = tokio::time::interval_at(start, every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;

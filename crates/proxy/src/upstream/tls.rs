@@ -99,9 +99,15 @@ pub struct TlsClient {
 }
 
 impl TlsClient {
-    /// Builds from a `tls:` block: TLS 1.2 and 1.3, the CA file's roots only.
-    pub fn new(tls: &UpstreamTls, protocol: UpstreamProtocol) -> Result<Self, TlsConfigError> {
-        let roots = load_roots(tls)?;
+    /// Builds from a `tls:` block and the contents of its `ca_file`
+    /// (`ca`, as [`read_ca`] read them): TLS 1.2 and 1.3, the CA file's
+    /// roots only.
+    pub fn new(
+        tls: &UpstreamTls,
+        ca: &[u8],
+        protocol: UpstreamProtocol,
+    ) -> Result<Self, TlsConfigError> {
+        let roots = load_roots(tls, ca)?;
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
@@ -142,14 +148,24 @@ impl TlsClient {
     }
 }
 
-/// The certificates of `tls.ca_file` as a root store.
-fn load_roots(tls: &UpstreamTls) -> Result<RootCertStore, TlsConfigError> {
+/// The contents of `tls.ca_file`, read now (a reload reads it again: a
+/// CA replaced at the same path is a new one).
+pub fn read_ca(tls: &UpstreamTls) -> Result<Arc<[u8]>, TlsConfigError> {
+    std::fs::read(&tls.ca_file)
+        .map(Arc::from)
+        .map_err(|e| TlsConfigError::CaFile {
+            path: tls.ca_file.display().to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// The certificates of `ca` (the contents of `tls.ca_file`) as a root store.
+fn load_roots(tls: &UpstreamTls, ca: &[u8]) -> Result<RootCertStore, TlsConfigError> {
     let fail = |reason: String| TlsConfigError::CaFile {
         path: tls.ca_file.display().to_string(),
         reason,
     };
-    let certs = CertificateDer::pem_file_iter(&tls.ca_file)
-        .map_err(|e| fail(e.to_string()))?
+    let certs = CertificateDer::pem_slice_iter(ca)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| fail(e.to_string()))?;
     let mut roots = RootCertStore::empty();
