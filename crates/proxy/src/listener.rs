@@ -39,6 +39,9 @@ pub struct ListenerHandle {
     tls: Arc<ArcSwapOption<ListenerTls>>,
     /// Sends the drain deadline: stop accepting, drain, then close.
     stop: watch::Sender<Option<(Duration, Drain)>>,
+    /// What the connections are asked (each holds a receiver; the accept
+    /// loop's drain waits until none is left).
+    graceful: Arc<watch::Sender<Drain>>,
     task: JoinHandle<()>,
 }
 
@@ -64,6 +67,9 @@ impl ListenerHandle {
     ) -> Self {
         let local_addr = listener.local_addr().unwrap_or(address);
         let (stop, stopped) = watch::channel(None);
+        // Connections hold a receiver: a drain mode asks them to finish;
+        // the sender's `closed()` resolves once every one has ended.
+        let graceful = Arc::new(watch::channel(Drain::Serving).0);
         let downstream = Arc::new(Downstream::new(name, state, settings));
         let socket = Arc::new(listener);
         let tls = Arc::new(ArcSwapOption::from(tls.map(|t| Arc::new(t.install()))));
@@ -71,6 +77,7 @@ impl ListenerHandle {
             Arc::clone(&downstream),
             Arc::clone(&socket),
             Arc::clone(&tls),
+            Arc::clone(&graceful),
             stopped,
         ));
         Self {
@@ -80,6 +87,7 @@ impl ListenerHandle {
             socket,
             tls,
             stop,
+            graceful,
             task,
         }
     }
@@ -110,6 +118,21 @@ impl ListenerHandle {
     /// configured address, or the address this one actually bound.
     pub fn serves(&self, address: SocketAddr) -> bool {
         address == self.address || address == self.local_addr
+    }
+
+    /// Keeps accepting, but asks every connection, open or accepted from
+    /// now on, to leave ([`Drain::OnNextResponse`]): HTTP/1 answers its
+    /// next request with `connection: close`, HTTP/2 gets a GOAWAY. The
+    /// `drain_delay` of a shutdown: clients move to another proxy before
+    /// the listener closes.
+    pub fn drain_connections(&self) {
+        self.graceful.send_if_modified(|d| {
+            let serving = *d == Drain::Serving;
+            if serving {
+                *d = Drain::OnNextResponse;
+            }
+            serving
+        });
     }
 
     /// Stops accepting; open connections and tunnels finish (up to
@@ -151,11 +174,9 @@ async fn accept_loop(
     downstream: Arc<Downstream>,
     listener: Arc<TcpListener>,
     tls: Arc<ArcSwapOption<ListenerTls>>,
+    graceful: Arc<watch::Sender<Drain>>,
     mut stopped: watch::Receiver<Option<(Duration, Drain)>>,
 ) {
-    // Connections hold a receiver: true asks them to finish; the sender's
-    // `closed()` resolves once every one has ended.
-    let (graceful, _) = watch::channel(Drain::Serving);
     let max = downstream.settings().max_connections as usize;
     let slots = Arc::new(Semaphore::new(max));
     let metrics = &downstream.state.metrics;

@@ -436,16 +436,24 @@ impl Proxy {
         self.stop_tasks().await;
     }
 
-    /// Fails `/ready`, keeps serving for the config's `drain_delay`, then
-    /// stops accepting on every listener, lets in-flight requests and
+    /// Fails `/ready`, keeps serving for the config's `drain_delay` while
+    /// telling clients to leave (HTTP/1 responses say `connection: close`,
+    /// HTTP/2 connections get a GOAWAY), then stops accepting on every
+    /// listener, closes idle connections, lets in-flight requests and
     /// tunnels finish for up to `drain_timeout`, closes what is left, and
     /// stops the admin server.
     pub async fn shutdown(self) {
         self.state.ready.store(false, Ordering::Release);
         let config = Arc::clone(&self.state.snapshot.load().config);
         // `/ready` fails first; listeners keep serving while load balancers
-        // in front notice, then close.
-        tokio::time::sleep(config.drain_delay).await;
+        // in front notice, and keep-alive clients are told to reconnect
+        // (to another proxy) so that none is idle here when they close.
+        if !config.drain_delay.is_zero() {
+            for h in self.listeners.lock().await.values() {
+                h.drain_connections();
+            }
+            tokio::time::sleep(config.drain_delay).await;
+        }
         self.stop_listeners(Drain::Now).await;
         self.stop_tasks().await;
     }
