@@ -61,6 +61,10 @@ pub struct Proxy {
     listeners: Mutex<HashMap<String, ListenerHandle>>,
     admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
+    /// Stops the admin server's accept loop (before the rest on a
+    /// hand-over: the new process answers the shared admin socket).
+    admin_stop: watch::Sender<bool>,
+    admin_task: Mutex<Option<JoinHandle<()>>>,
     /// The services `service:` clusters reference; the control link follows it.
     watched: watch::Sender<crate::snapshot::Watched>,
     tasks: Vec<JoinHandle<()>>,
@@ -121,8 +125,12 @@ impl Proxy {
             peer_address: Default::default(),
         });
         let tls = prepare_tls(&listener_configs, &HashMap::new())?;
-        let mut listeners = HashMap::new();
-        for ((i, l), tls) in listener_configs.iter().enumerate().zip(tls) {
+        // Every socket bound or taken, and every other step that can fail
+        // passed, before any listener accepts: a start that fails (a busy
+        // address, an unreadable token) has accepted nothing, so a failed
+        // takeover costs the old process's clients nothing.
+        let mut sockets = Vec::with_capacity(listener_configs.len());
+        for (i, l) in listener_configs.iter().enumerate() {
             let socket =
                 bind_or_take(inherited, &l.name, l.address, &l.socket).map_err(|source| {
                     ProxyError::Bind {
@@ -131,6 +139,21 @@ impl Proxy {
                         source,
                     }
                 })?;
+            sockets.push(socket);
+        }
+        let token = match control.as_ref().and_then(|l| l.token_file.as_ref()) {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| {
+                        ProxyError::Invalid(format!("control.token_file {}: {e}", p.display()))
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let mut listeners = HashMap::new();
+        for ((l, tls), socket) in listener_configs.iter().zip(tls).zip(sockets) {
             let handle = ListenerHandle::serve(
                 Arc::from(l.name.as_str()),
                 l.address,
@@ -143,15 +166,17 @@ impl Proxy {
             listeners.insert(l.name.clone(), handle);
         }
         let (stop, stopped) = watch::channel(false);
+        let (admin_stop, admin_stopped) = watch::channel(false);
         let (watch_tx, watch_rx) = watch::channel(watched);
-        let mut tasks = vec![
-            tokio::spawn(crate::admin::serve(
-                admin,
-                Arc::clone(&state),
-                stopped.clone(),
-            )),
-            tokio::spawn(crate::health::run(Arc::clone(&state), stopped.clone())),
-        ];
+        let admin_task = tokio::spawn(crate::admin::serve(
+            admin,
+            Arc::clone(&state),
+            admin_stopped,
+        ));
+        let mut tasks = vec![tokio::spawn(crate::health::run(
+            Arc::clone(&state),
+            stopped.clone(),
+        ))];
         if let Some(link) = control {
             let peer = link.peer_listener.as_ref().and_then(|name| {
                 let bound = listeners.get(name).map(|h| h.local_addr);
@@ -175,17 +200,6 @@ impl Proxy {
             } else {
                 state.control_synced.store(true, Ordering::Release);
             }
-            let token = match &link.token_file {
-                Some(p) => Some(
-                    std::fs::read_to_string(p)
-                        .map_err(|e| {
-                            ProxyError::Invalid(format!("control.token_file {}: {e}", p.display()))
-                        })?
-                        .trim()
-                        .to_owned(),
-                ),
-                None => None,
-            };
             tasks.push(tokio::spawn(crate::control_link::run(
                 Arc::clone(&state),
                 link.address,
@@ -204,6 +218,8 @@ impl Proxy {
             listeners: Mutex::new(listeners),
             admin_addr,
             stop,
+            admin_stop,
+            admin_task: Mutex::new(Some(admin_task)),
             watched: watch_tx,
             tasks,
             reloading: Mutex::new(()),
@@ -431,6 +447,10 @@ impl Proxy {
     /// close`, sends HTTP/2 a GOAWAY, lets tunnels finish, all for up to
     /// `drain_timeout`, then closes what is left and stops.
     pub async fn shutdown_handed_over(self) {
+        // The admin socket is shared too: only the new process answers it
+        // from now on (no `/ready` flapping, no `/metrics` alternating).
+        // Admin requests already accepted here finish.
+        self.stop_admin().await;
         self.state.ready.store(false, Ordering::Release);
         self.stop_listeners(Drain::OnNextResponse).await;
         self.stop_tasks().await;
@@ -477,8 +497,17 @@ impl Proxy {
         }
     }
 
+    /// Stops the admin server's accept loop; resolves once it has.
+    async fn stop_admin(&self) {
+        let _ = self.admin_stop.send(true);
+        if let Some(t) = self.admin_task.lock().await.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+        }
+    }
+
     /// Stops the admin server and the background tasks.
     async fn stop_tasks(self) {
+        self.stop_admin().await;
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
