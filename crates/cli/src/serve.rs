@@ -109,6 +109,8 @@ async fn run_proxy(config: ProxyConfig, args: &ProxyArgs) -> Result<()> {
     // over (which waits for the old process) is a reload once started,
     // not the default action (exit), and SIGTERM/SIGINT are caught.
     let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
+    // SIGUSR1 reopens a file access log (logrotate), as with Envoy and nginx.
+    let mut usr1 = signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?;
     let mut signals = Stop::install()?;
     let proxy = match (&args.upgrade_socket, args.takeover) {
         (Some(socket), true) => crate::upgrade::take_over(config, socket).await?,
@@ -133,6 +135,12 @@ async fn run_proxy(config: ProxyConfig, args: &ProxyArgs) -> Result<()> {
                 break;
             }
             _ = hup.recv() => true,
+            _ = usr1.recv() => {
+                if let Err(e) = proxy.reopen_access_log() {
+                    tracing::error!(error = %e, "cannot reopen the access log; writing on to the open file");
+                }
+                false
+            }
             _ = poll.tick(), if args.watch => {
                 let now = watched_files(path);
                 let changed = now.is_some() && now != seen;

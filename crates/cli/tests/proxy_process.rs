@@ -650,3 +650,80 @@ fn a_second_signal_cuts_the_drain_short() {
     let exit = wait_exit(&mut proxy, "exit on the second signal");
     assert!(exit.success(), "exit status {exit:?}");
 }
+
+/// Review 9, E15: SIGTERM soon after a reload removed a listener waits
+/// (within `drain_timeout`) for the requests that listener still serves.
+#[test]
+fn sigterm_waits_for_a_listener_a_reload_removed() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("removed-then-term");
+    let dir = tmp.path();
+    let [listen, listen2, admin] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let one = std::fs::read_to_string(&path).expect("read");
+    let two = one.replace(
+        "clusters:\n",
+        &format!("  - name: web2\n    address: \"{listen2}\"\n    routes:\n      - {{ cluster: app }}\nclusters:\n"),
+    );
+    let one = one.replace("drain_timeout: 5s", "drain_timeout: 30s");
+    let two = two.replace("drain_timeout: 5s", "drain_timeout: 30s");
+    std::fs::write(&path, &two).expect("write");
+    let mut proxy = spawn_proxy(&path, &[]);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    let slow = std::thread::spawn(move || http_get(listen2, "/?delay_ms=8000"));
+    wait_in_flight(admin);
+    std::fs::write(&path, &one).expect("write");
+    signal(&proxy.0, "-HUP");
+    wait_until("web2 removed", || TcpStream::connect(listen2).is_err());
+    signal(&proxy.0, "-TERM");
+    let (status, body) = slow.join().expect("thread").expect("slow request");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "app-1\n"),
+        "the removed listener's request drained"
+    );
+    let exit = wait_exit(&mut proxy, "exit");
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// Review 9, E20: after logrotate renames a file access log, SIGUSR1 (or
+/// a SIGHUP reload) reopens it at its path; SIGUSR1 does not kill.
+#[test]
+fn sigusr1_and_sighup_reopen_a_renamed_access_log() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("access-log");
+    let dir = tmp.path();
+    let [listen, admin] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let log = dir.join("access.log");
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(&path, format!("access_log: \"{}\"\n{text}", log.display())).expect("write");
+    let mut proxy = spawn_proxy(&path, &[]);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    let lines = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(http_get(listen, "/").expect("get").0, 200);
+    wait_until("a line in access.log", || lines(&log) == 1);
+    for (round, sig) in ["-USR1", "-HUP"].into_iter().enumerate() {
+        let rotated = dir.join(format!("access.log.{round}"));
+        std::fs::rename(&log, &rotated).expect("rename");
+        signal(&proxy.0, sig);
+        // The file is created a moment before the logger is swapped in:
+        // requests until one is logged in the new file.
+        wait_until("lines in the new access.log", || {
+            http_get(listen, "/").is_ok_and(|r| r.0 == 200) && lines(&log) >= 1
+        });
+        assert!(lines(&rotated) >= 1, "{sig}");
+    }
+    assert!(matches!(proxy.0.try_wait(), Ok(None)), "still running");
+    signal(&proxy.0, "-TERM");
+    let exit = wait_exit(&mut proxy, "exit");
+    assert!(exit.success(), "exit status {exit:?}");
+}

@@ -65,6 +65,8 @@ pub struct Proxy {
     /// hand-over: the new process answers the shared admin socket).
     admin_stop: watch::Sender<bool>,
     admin_task: Mutex<Option<JoinHandle<()>>>,
+    /// Drains of listeners a reload removed: a shutdown waits for them too.
+    draining: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// The services `service:` clusters reference; the control link follows it.
     watched: watch::Sender<crate::snapshot::Watched>,
     tasks: Vec<JoinHandle<()>>,
@@ -220,6 +222,7 @@ impl Proxy {
             stop,
             admin_stop,
             admin_task: Mutex::new(Some(admin_task)),
+            draining: Default::default(),
             watched: watch_tx,
             tasks,
             reloading: Mutex::new(()),
@@ -338,7 +341,13 @@ impl Proxy {
                 "admin.address: cannot change on reload; restart the proxy".into(),
             ));
         }
-        let new_logger = if config.access_log != *self.state.access_log.load().target() {
+        // Another target, or the same file path naming a new file (the
+        // old one renamed by logrotate): reopened.
+        let reopen = {
+            let running = self.state.access_log.load();
+            config.access_log != *running.target() || running.moved()
+        };
+        let new_logger = if reopen {
             Some(AccessLogger::open(&config.access_log).map_err(ProxyError::AccessLog)?)
         } else {
             None
@@ -420,10 +429,17 @@ impl Proxy {
             .map(|(name, _)| name.clone())
             .collect();
         let drain = config.drain_timeout;
-        for name in leaving {
-            if let Some(h) = listeners.remove(&name) {
-                tracing::info!(listener = %name, "closing listener");
-                tokio::spawn(h.shutdown(drain));
+        {
+            let mut draining = self
+                .draining
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            draining.retain(|d| !d.is_finished());
+            for name in leaving {
+                if let Some(h) = listeners.remove(&name) {
+                    tracing::info!(listener = %name, "closing listener");
+                    draining.push(tokio::spawn(h.shutdown(drain)));
+                }
             }
         }
         for (name, address, socket, settings, tls) in fresh {
@@ -438,6 +454,20 @@ impl Proxy {
             tracing::info!(listener = %name, address = %h.local_addr, "listening");
             listeners.insert(name, h);
         }
+        Ok(())
+    }
+
+    /// Reopens a file access log at its configured path (SIGUSR1, after
+    /// logrotate renamed it): lines from now on go to the file there,
+    /// created if need be. On error the open file stays.
+    pub fn reopen_access_log(&self) -> Result<(), ProxyError> {
+        let running = self.state.access_log.load_full();
+        if !matches!(running.target(), crate::config::AccessLog::File(_)) {
+            return Ok(());
+        }
+        let fresh = AccessLogger::open(running.target()).map_err(ProxyError::AccessLog)?;
+        self.state.access_log.store(Arc::new(fresh));
+        tracing::info!("access log reopened");
         Ok(())
     }
 
@@ -478,9 +508,18 @@ impl Proxy {
         self.stop_tasks().await;
     }
 
-    /// Stops accepting on every listener and drains them (`mode`).
+    /// Stops accepting on every listener and drains them (`mode`); waits
+    /// too, within the same `drain_timeout`, for the drains of listeners
+    /// earlier reloads removed.
     async fn stop_listeners(&self, mode: Drain) {
         let drain = self.state.snapshot.load().config.drain_timeout;
+        let until = tokio::time::Instant::now() + drain;
+        let earlier = std::mem::take(
+            &mut *self
+                .draining
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let listeners: Vec<ListenerHandle> = self
             .listeners
             .lock()
@@ -495,6 +534,12 @@ impl Proxy {
         for d in draining {
             let _ = d.await;
         }
+        let earlier = async {
+            for d in earlier {
+                let _ = d.await;
+            }
+        };
+        let _ = tokio::time::timeout_at(until, earlier).await;
     }
 
     /// Stops the admin server's accept loop; resolves once it has.
