@@ -352,6 +352,19 @@ async fn after_a_hand_over_only_the_new_process_answers_the_admin_socket() {
         ) >= 1.0
     })
     .await;
+    // A keep-alive admin client of the old process (a metrics scraper).
+    let mut scraper = tokio::net::TcpStream::connect(admin).await.unwrap();
+    scraper
+        .write_all(b"GET /ready HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while !got.ends_with(b"ready\n") {
+        let mut buf = [0u8; 256];
+        let n = scraper.read(&mut buf).await.unwrap();
+        assert!(n > 0, "admin closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
     let old_side = tokio::spawn(serve_upgrades(old, UnixListener::bind(&socket).unwrap()));
     let (new, _listener) = take_over(plain_config("", &endpoints), &socket).await;
     assert_eq!(new.admin_addr(), admin);
@@ -364,6 +377,14 @@ async fn after_a_hand_over_only_the_new_process_answers_the_admin_socket() {
         let (status, _, body) = get(&client(), admin, "/ready", &[]).await;
         assert_eq!(status, StatusCode::OK, "probe {i}: {body}");
     }
+    // The old process's keep-alive admin connection is closed (the
+    // scraper reconnects, to the new process).
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(common::DEADLINE, scraper.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the old process's admin connection: {closed:?}"
+    );
     slow.abort();
     old_side.abort();
 }
