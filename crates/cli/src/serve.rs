@@ -153,7 +153,12 @@ async fn run_proxy(config: ProxyConfig, args: &ProxyArgs) -> Result<()> {
                 }
                 false
             }
-            handed = async { handing.as_mut().expect("guarded").await }, if handing.is_some() => {
+            handed = async {
+                match handing.as_mut() {
+                    Some(h) => h.await,
+                    None => std::future::pending().await,
+                }
+            }, if handing.is_some() => {
                 handing = None;
                 if handed {
                     return drain_or_cut(proxy.shutdown_handed_over(), &mut signals).await;
