@@ -1,6 +1,7 @@
 //! `meshless proxy`, `control`, `up`, `backend`, `demo` and `fake-kube`:
 //! the commands that run servers until told to stop.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -97,11 +98,23 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         println!("{}: ok", args.config.display());
         return Ok(());
     }
-    runtime(args.threads)?.block_on(run_proxy(config, &args))
+    let rt = runtime(args.threads)?;
+    let result = rt.block_on(run_proxy(config, &args));
+    // A hand-over abandoned on SIGTERM may still wait (bounded) in a
+    // blocking thread: not worth waiting for.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 async fn run_proxy(config: ProxyConfig, args: &ProxyArgs) -> Result<()> {
     let path = args.config.as_path();
+    // Installed before anything else: a SIGHUP while starting or taking
+    // over (which waits for the old process) is a reload once started,
+    // not the default action (exit), and SIGTERM/SIGINT are caught.
+    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
+    // SIGUSR1 reopens a file access log (logrotate), as with Envoy and nginx.
+    let mut usr1 = signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?;
+    let mut signals = Stop::install()?;
     let proxy = match (&args.upgrade_socket, args.takeover) {
         (Some(socket), true) => crate::upgrade::take_over(config, socket).await?,
         _ => Proxy::start(config).await?,
@@ -110,37 +123,99 @@ async fn run_proxy(config: ProxyConfig, args: &ProxyArgs) -> Result<()> {
         Some(socket) => Some(crate::upgrade::listen(socket, args.takeover)?),
         None => None,
     };
-    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let mut seen = watched_files(path);
     let mut poll = tokio::time::interval(Duration::from_millis(500));
-    let stop = terminated();
-    tokio::pin!(stop);
+    // A hand-over runs beside the signals: SIGTERM/SIGINT abort it, and a
+    // reload asked meanwhile waits for its end (applied if it failed).
+    let mut handing: Option<std::pin::Pin<Box<dyn Future<Output = bool> + Send + '_>>> = None;
+    let mut reload_pending = false;
     loop {
         let reload = tokio::select! {
-            r = &mut stop => { r?; break; }
+            () = signals.next() => {
+                if handing.take().is_some() {
+                    tracing::warn!("upgrade: hand-over abandoned on SIGTERM/SIGINT");
+                }
+                break;
+            }
             _ = hup.recv() => true,
+            _ = usr1.recv() => {
+                if let Err(e) = proxy.reopen_access_log() {
+                    tracing::error!(error = %e, "cannot reopen the access log; writing on to the open file");
+                }
+                false
+            }
             _ = poll.tick(), if args.watch => {
                 let now = watched_files(path);
                 let changed = now.is_some() && now != seen;
                 if changed { seen = now; }
                 changed
             }
-            stream = crate::upgrade::accept(upgrades.as_ref()) => {
-                if crate::upgrade::hand_over(&proxy, stream).await {
-                    proxy.shutdown_handed_over().await;
-                    return Ok(());
+            stream = crate::upgrade::accept(upgrades.as_ref()), if handing.is_none() => {
+                if stream.is_some() {
+                    handing = Some(Box::pin(crate::upgrade::hand_over(&proxy, stream)));
                 }
                 false
             }
+            handed = async {
+                match handing.as_mut() {
+                    Some(h) => h.await,
+                    None => std::future::pending().await,
+                }
+            }, if handing.is_some() => {
+                handing = None;
+                if handed {
+                    return drain_or_cut(proxy.shutdown_handed_over(), &mut signals).await;
+                }
+                std::mem::take(&mut reload_pending)
+            }
         };
-        if reload {
+        if reload && handing.is_some() {
+            // The hand-over holds the reload lock; applied after it fails
+            // (when it succeeds, the new process has its own config).
+            reload_pending = true;
+        } else if reload {
             // Counted and logged by the proxy; the running config stays on failure.
             let _ = proxy.reload_from(path).await;
         }
     }
+    drop(handing);
     tracing::info!("shutting down: draining in-flight requests");
-    proxy.shutdown().await;
+    drain_or_cut(proxy.shutdown(), &mut signals).await
+}
+
+/// Runs a shutdown's drain; a second SIGTERM/SIGINT meanwhile cuts it
+/// short: what is left is closed at once (the runtime ends with it).
+async fn drain_or_cut(drain: impl Future<Output = ()>, signals: &mut Stop) -> Result<()> {
+    tokio::select! {
+        () = drain => {}
+        () = signals.next() => {
+            tracing::warn!("second SIGTERM/SIGINT: closing what is left of the drain now");
+        }
+    }
     Ok(())
+}
+
+/// SIGTERM and SIGINT, caught from start-up on.
+struct Stop {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn install() -> Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
 
 /// The bytes of the config file and of every certificate and key file it

@@ -11,11 +11,31 @@ use tokio::net::UnixListener;
 
 /// Starts a proxy on the sockets of the one serving `socket`, then tells
 /// that one to stop accepting.
+/// With no process to take over from (no socket file, or a stale one
+/// nobody answers on: the old proxy crashed), starts as a fresh proxy
+/// binding its own sockets, as HAProxy's `-x` and Envoy's hot restart do.
 pub async fn take_over(config: ProxyConfig, socket: &Path) -> Result<Proxy> {
     let path = socket.to_owned();
-    let (mut inherited, stream) = tokio::task::spawn_blocking(move || handoff::receive(&path))
+    let received = tokio::task::spawn_blocking(move || handoff::receive(&path))
         .await
-        .context("receiving the listening sockets")??;
+        .context("receiving the listening sockets")?;
+    let (mut inherited, stream) = match received {
+        Ok(r) => r,
+        Err(handoff::HandoffError::Io { source, .. })
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            tracing::warn!(
+                socket = %socket.display(),
+                error = %source,
+                "--takeover: no running proxy to take over from; binding the sockets"
+            );
+            return Ok(Proxy::start(config).await?);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let proxy = Proxy::start_with(config, &mut inherited).await?;
     if inherited.left() > 0 {
         tracing::info!(

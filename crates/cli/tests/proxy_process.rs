@@ -158,6 +158,22 @@ fn check_accepts_valid_and_rejects_invalid_with_the_field_path() {
         err.contains("proxy.yaml: clusters[0].balancer.policy: unknown policy \"fastest\""),
         "{err}"
     );
+    // Drain durations are bounded (review 9, E4).
+    std::fs::write(
+        &path,
+        text.replace("drain_timeout: 5s", "drain_timeout: 5s\ndrain_delay: 2h"),
+    )
+    .expect("write");
+    let out = meshless()
+        .args(["proxy", "--check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("proxy.yaml: drain_delay: must be at most 1h"),
+        "{err}"
+    );
     std::fs::write(&path, text.replace("drain_timeout", "drain_timeot")).expect("write");
     let out = meshless()
         .args(["proxy", "--check", "--config"])
@@ -500,4 +516,258 @@ fn watch_retries_a_reload_when_the_failing_ca_file_is_fixed() {
     });
     signal(&proxy.0, "-TERM");
     assert!(proxy.0.wait().expect("wait").success());
+}
+
+/// Spawns `meshless proxy --threads 2 ARGS --config PATH`, output discarded.
+fn spawn_proxy(path: &Path, args: &[&std::ffi::OsStr]) -> Running {
+    let child = meshless()
+        .args(["proxy", "--threads", "2"])
+        .args(args)
+        .arg("--config")
+        .arg(path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn proxy");
+    Running(child)
+}
+
+fn wait_exit(proxy: &mut Running, what: &str) -> std::process::ExitStatus {
+    wait_until(what, || matches!(proxy.0.try_wait(), Ok(Some(_))));
+    proxy.0.wait().expect("wait")
+}
+
+/// A new process stuck in its start: connects to the upgrade socket,
+/// receives the sockets (the hand-over has begun) and never says `ready`.
+fn stall(socket: &Path) -> std::os::unix::net::UnixStream {
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    // The header: a 4-byte length, then that much JSON (the sockets
+    // beside it are dropped).
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).expect("the hand-over's header");
+    let mut json = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut json).expect("the hand-over's header");
+    s
+}
+
+/// Review 9, E1: a peer on the upgrade socket that never answers holds
+/// neither reloads (applied once the hand-over's bounded wait ends) nor
+/// SIGTERM: the drain starts while the hand-over still waits (its
+/// connection still open), abandoning it.
+#[test]
+fn a_stalled_upgrade_peer_blocks_neither_sighup_nor_sigterm() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("stall");
+    let dir = tmp.path();
+    let [listen, admin] = free_ports();
+    // A long drain_delay: the drain can be seen (`/ready` 503) before exit.
+    let write = |body: &str| {
+        let path = write_config(dir, listen, admin, backend, body);
+        let text = std::fs::read_to_string(&path).expect("read");
+        std::fs::write(
+            &path,
+            text.replace("drain_timeout: 5s", "drain_timeout: 5s\ndrain_delay: 1h"),
+        )
+        .expect("write");
+        path
+    };
+    let path = write("v1");
+    let socket = dir.join("up.sock");
+    let mut proxy = spawn_proxy(&path, &["--upgrade-socket".as_ref(), socket.as_os_str()]);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    let _first = stall(&socket);
+    write("v2");
+    signal(&proxy.0, "-HUP");
+    wait_until("SIGHUP reload despite the stalled hand-over", || {
+        http_get(listen, "/gone").is_ok_and(|r| r.1 == "v2")
+    });
+    let second = stall(&socket);
+    signal(&proxy.0, "-TERM");
+    wait_until("the drain started", || {
+        matches!(http_get(admin, "/ready"), Ok((503, _)))
+    });
+    // The hand-over had not ended: SIGTERM was served beside it.
+    second.set_nonblocking(true).expect("nonblocking");
+    let mut b = [0u8; 1];
+    let read = (&second).read(&mut b);
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the hand-over's connection: {read:?}"
+    );
+    signal(&proxy.0, "-TERM");
+    let exit = wait_exit(&mut proxy, "exit on the second SIGTERM");
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// Review 9, E21: a SIGHUP while a `--takeover` process waits for the old
+/// one does not kill it (the handler is installed before the takeover).
+#[test]
+fn sighup_during_a_takeover_does_not_kill_the_new_process() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = temp_dir("takeover-hup");
+    let dir = tmp.path();
+    let [listen, admin, backend] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let socket = dir.join("old.sock");
+    let old = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    old.set_nonblocking(true).expect("nonblocking");
+    let mut proxy = spawn_proxy(
+        &path,
+        &[
+            "--upgrade-socket".as_ref(),
+            socket.as_os_str(),
+            "--takeover".as_ref(),
+        ],
+    );
+    let mut conn = None;
+    wait_until("the new process connects", || {
+        conn = old.accept().ok();
+        conn.is_some()
+    });
+    // It waits for the sockets now.
+    signal(&proxy.0, "-HUP");
+    // The "old process" goes away without sending: the takeover fails.
+    drop(conn);
+    let exit = wait_exit(&mut proxy, "the failed takeover's exit");
+    assert_eq!(exit.signal(), None, "killed by a signal: {exit:?}");
+    assert_eq!(exit.code(), Some(1), "{exit:?}");
+}
+
+/// Review 9, E18: `--takeover` with nobody to take over from (no socket
+/// file; a stale one left by a crashed proxy) starts on its own sockets.
+#[test]
+fn takeover_with_no_running_proxy_starts_on_its_own() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("takeover-none");
+    let dir = tmp.path();
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+    for socket in [dir.join("none.sock"), stale] {
+        let [listen, admin] = free_ports();
+        let path = write_config(dir, listen, admin, backend, "v1");
+        let mut proxy = spawn_proxy(
+            &path,
+            &[
+                "--upgrade-socket".as_ref(),
+                socket.as_os_str(),
+                "--takeover".as_ref(),
+            ],
+        );
+        wait_until("proxy ready", || {
+            matches!(http_get(admin, "/ready"), Ok((200, _)))
+        });
+        assert_eq!(http_get(listen, "/").expect("get"), (200, "app-1\n".into()));
+        signal(&proxy.0, "-TERM");
+        let exit = wait_exit(&mut proxy, "exit");
+        assert!(exit.success(), "exit status {exit:?}");
+    }
+}
+
+/// Review 9, E4: a second SIGTERM/SIGINT during the drain (here a long
+/// `drain_delay`) closes what is left and exits at once.
+#[test]
+fn a_second_signal_cuts_the_drain_short() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("second-signal");
+    let dir = tmp.path();
+    let [listen, admin] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(
+        &path,
+        text.replace("drain_timeout: 5s", "drain_timeout: 1h\ndrain_delay: 1h"),
+    )
+    .expect("write");
+    let mut proxy = spawn_proxy(&path, &[]);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    signal(&proxy.0, "-TERM");
+    wait_until("draining", || {
+        matches!(http_get(admin, "/ready"), Ok((503, _)))
+    });
+    signal(&proxy.0, "-INT");
+    let exit = wait_exit(&mut proxy, "exit on the second signal");
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// Review 9, E15: SIGTERM soon after a reload removed a listener waits
+/// (within `drain_timeout`) for the requests that listener still serves.
+#[test]
+fn sigterm_waits_for_a_listener_a_reload_removed() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("removed-then-term");
+    let dir = tmp.path();
+    let [listen, listen2, admin] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let one = std::fs::read_to_string(&path).expect("read");
+    let two = one.replace(
+        "clusters:\n",
+        &format!("  - name: web2\n    address: \"{listen2}\"\n    routes:\n      - {{ cluster: app }}\nclusters:\n"),
+    );
+    let one = one.replace("drain_timeout: 5s", "drain_timeout: 30s");
+    let two = two.replace("drain_timeout: 5s", "drain_timeout: 30s");
+    std::fs::write(&path, &two).expect("write");
+    let mut proxy = spawn_proxy(&path, &[]);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    let slow = std::thread::spawn(move || http_get(listen2, "/?delay_ms=8000"));
+    wait_in_flight(admin);
+    std::fs::write(&path, &one).expect("write");
+    signal(&proxy.0, "-HUP");
+    wait_until("web2 removed", || TcpStream::connect(listen2).is_err());
+    signal(&proxy.0, "-TERM");
+    let (status, body) = slow.join().expect("thread").expect("slow request");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "app-1\n"),
+        "the removed listener's request drained"
+    );
+    let exit = wait_exit(&mut proxy, "exit");
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// Review 9, E20: after logrotate renames a file access log, SIGUSR1 (or
+/// a SIGHUP reload) reopens it at its path; SIGUSR1 does not kill.
+#[test]
+fn sigusr1_and_sighup_reopen_a_renamed_access_log() {
+    let (_backend, backend) = start_backend("app-1");
+    let tmp = temp_dir("access-log");
+    let dir = tmp.path();
+    let [listen, admin] = free_ports();
+    let path = write_config(dir, listen, admin, backend, "v1");
+    let log = dir.join("access.log");
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(&path, format!("access_log: \"{}\"\n{text}", log.display())).expect("write");
+    let mut proxy = spawn_proxy(&path, &[]);
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+    let lines = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(http_get(listen, "/").expect("get").0, 200);
+    wait_until("a line in access.log", || lines(&log) == 1);
+    for (round, sig) in ["-USR1", "-HUP"].into_iter().enumerate() {
+        let rotated = dir.join(format!("access.log.{round}"));
+        std::fs::rename(&log, &rotated).expect("rename");
+        signal(&proxy.0, sig);
+        // The file is created a moment before the logger is swapped in:
+        // requests until one is logged in the new file.
+        wait_until("lines in the new access.log", || {
+            http_get(listen, "/").is_ok_and(|r| r.0 == 200) && lines(&log) >= 1
+        });
+        assert!(lines(&rotated) >= 1, "{sig}");
+    }
+    assert!(matches!(proxy.0.try_wait(), Ok(None)), "still running");
+    signal(&proxy.0, "-TERM");
+    let exit = wait_exit(&mut proxy, "exit");
+    assert!(exit.success(), "exit status {exit:?}");
 }

@@ -42,6 +42,9 @@ pub struct AccessRecord<'a> {
 pub struct AccessLogger {
     target: AccessLog,
     sender: Option<mpsc::SyncSender<String>>,
+    /// The open file's device and inode (a file target): a file at the
+    /// path that is another one (renamed away by logrotate) is reopened.
+    file_id: Option<(u64, u64)>,
 }
 
 /// Lines queued for the writer at most; more are dropped.
@@ -50,15 +53,19 @@ pub const QUEUE: usize = 16 * 1024;
 impl AccessLogger {
     /// Opens the target (a file is created or appended to).
     pub fn open(target: &AccessLog) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let mut file_id = None;
         let sink: Option<Box<dyn Write + Send>> = match target {
             AccessLog::Off => None,
             AccessLog::Stdout => Some(Box::new(std::io::stdout())),
-            AccessLog::File(path) => Some(Box::new(
-                std::fs::OpenOptions::new()
+            AccessLog::File(path) => {
+                let file = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(path)?,
-            )),
+                    .open(path)?;
+                file_id = file.metadata().ok().map(|m| (m.dev(), m.ino()));
+                Some(Box::new(file))
+            }
         };
         let sender = sink.map(|mut sink| {
             let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
@@ -79,7 +86,18 @@ impl AccessLogger {
         Ok(Self {
             target: target.clone(),
             sender: sender.and_then(Result::ok),
+            file_id,
         })
+    }
+
+    /// Whether the target is a file and its path no longer names the file
+    /// open here (renamed or removed, as logrotate does).
+    pub fn moved(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let AccessLog::File(path) = &self.target else {
+            return false;
+        };
+        std::fs::metadata(path).map_or(true, |m| Some((m.dev(), m.ino())) != self.file_id)
     }
 
     /// The configured target.

@@ -20,7 +20,8 @@ use tokio::sync::watch;
 use crate::metrics::{ClusterLabels, EndpointLabels};
 use crate::state::ProxyState;
 
-/// Serves admin requests on `listener` until `stop` changes.
+/// Serves admin requests on `listener` until `stop` changes; then stops
+/// accepting and closes each connection after its request in flight.
 pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
     let mut backoff = crate::listener::AcceptBackoff::default();
     loop {
@@ -37,11 +38,21 @@ pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, mut stop: watc
                 };
                 backoff.reset();
                 let state = Arc::clone(&state);
+                let mut stopped = stop.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| answer(Arc::clone(&state), req));
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(stream), service));
+                    // Once the server stops (a hand-over: the new process
+                    // answers the shared socket), keep-alive clients such
+                    // as a metrics scraper are closed after their current
+                    // request and reconnect to it.
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        _ = stopped.wait_for(|s| *s) => {}
+                    }
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
                 });
             }
             _ = stop.changed() => break,

@@ -29,7 +29,8 @@ pub enum Drain {
 /// Polls `conn` to its end. Once `draining` asks (or its listener is
 /// gone), asks it to `shutdown` gracefully and polls on; or, for
 /// [`Drain::OnNextResponse`] on HTTP/1 (`closing` given), raises `closing`
-/// so that its next response says `connection: close`, and polls on.
+/// so that its next response says `connection: close`, and polls on
+/// until the drain turns to `Now` (then as above).
 pub async fn drive<C: Future>(
     conn: C,
     mut draining: watch::Receiver<Drain>,
@@ -41,9 +42,15 @@ pub async fn drive<C: Future>(
         _ = conn.as_mut() => return,
         d = draining.wait_for(|d| *d != Drain::Serving) => d.map_or(Drain::Now, |d| *d),
     };
-    match (mode, closing) {
-        (Drain::OnNextResponse, Some(closing)) => closing.store(true, Ordering::Release),
-        _ => shutdown(conn.as_mut()),
+    if let (Drain::OnNextResponse, Some(closing)) = (mode, closing) {
+        closing.store(true, Ordering::Release);
+        // The drain may turn to `Now` (a shutdown's `drain_delay` ends):
+        // an idle connection closes then, a busy one after its response.
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = draining.wait_for(|d| *d == Drain::Now) => {}
+        }
     }
+    shutdown(conn.as_mut());
     conn.await;
 }

@@ -35,10 +35,15 @@ pub const MAX_SOCKETS: usize = 250;
 /// What the new process answers once it accepts on the sockets.
 const READY: &[u8] = b"ready\n";
 
+/// How long either side waits for the other: the running process for the
+/// new one's `ready` (the new one starts meanwhile), the new one for the
+/// sockets. Past it the hand-over fails and the running process serves on.
+pub const HANDOFF_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Why a hand-over failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
-    #[error("upgrade socket {path}: {source}")]
+    #[error("upgrade socket {path}")]
     Io {
         path: String,
         source: std::io::Error,
@@ -101,6 +106,7 @@ pub fn receive(path: &Path) -> Result<(Inherited, UnixStream), HandoffError> {
         source,
     };
     let mut stream = UnixStream::connect(path).map_err(io)?;
+    stream.set_read_timeout(Some(HANDOFF_TIMEOUT)).map_err(io)?;
     let mut head = vec![0u8; 64 * 1024];
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -158,13 +164,25 @@ pub fn ready(mut stream: UnixStream) -> std::io::Result<()> {
     stream.flush()
 }
 
-/// Sends `sockets` on `stream` (the running side), then waits for the new
-/// process's `ready`. `Ok(true)`: it is ready, stop accepting; `Ok(false)`:
-/// it went away before (keep serving).
+/// Sends `sockets` on `stream` (the running side), then waits up to
+/// [`HANDOFF_TIMEOUT`] for the new process's `ready`. `Ok(true)`: it is
+/// ready, stop accepting; `Ok(false)`: it went away before (keep serving);
+/// an error (`WouldBlock`/`TimedOut` when it said nothing in time): keep
+/// serving.
 pub fn send(
     stream: &mut UnixStream,
     sockets: &[(SocketInfo, BorrowedFd<'_>)],
 ) -> std::io::Result<bool> {
+    send_within(stream, sockets, HANDOFF_TIMEOUT)
+}
+
+/// As [`send`], waiting up to `wait` for `ready`.
+pub fn send_within(
+    stream: &mut UnixStream,
+    sockets: &[(SocketInfo, BorrowedFd<'_>)],
+    wait: std::time::Duration,
+) -> std::io::Result<bool> {
+    stream.set_read_timeout(Some(wait))?;
     if sockets.len() > MAX_SOCKETS {
         return Err(std::io::Error::other(format!(
             "more than {MAX_SOCKETS} listening sockets"
@@ -248,5 +266,30 @@ mod tests {
         ready(stream).unwrap();
         assert!(old.join().unwrap());
         let _ = std::fs::remove_file(&dir);
+    }
+
+    /// A new process that takes the sockets and never says `ready` (stuck
+    /// in its start) fails the hand-over after the wait, instead of
+    /// holding the running process forever (review 9, E1).
+    #[test]
+    fn a_peer_that_never_says_ready_fails_the_hand_over_after_the_wait() {
+        let (mut old, new) = UnixStream::pair().unwrap();
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = a.local_addr().unwrap();
+        let info = SocketInfo {
+            name: "a".into(),
+            configured: local,
+            local,
+        };
+        let wait = std::time::Duration::from_millis(100);
+        let e = send_within(&mut old, &[(info, a.as_fd())], wait).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        );
+        drop(new);
     }
 }

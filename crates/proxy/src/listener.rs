@@ -39,6 +39,9 @@ pub struct ListenerHandle {
     tls: Arc<ArcSwapOption<ListenerTls>>,
     /// Sends the drain deadline: stop accepting, drain, then close.
     stop: watch::Sender<Option<(Duration, Drain)>>,
+    /// What the connections are asked (each holds a receiver; the accept
+    /// loop's drain waits until none is left).
+    graceful: Arc<watch::Sender<Drain>>,
     task: JoinHandle<()>,
     /// The `max_connections` slots, and the cap they were last sized to
     /// (a reload resizes them).
@@ -70,6 +73,9 @@ impl ListenerHandle {
         let (stop, stopped) = watch::channel(None);
         let cap = settings.max_connections as usize;
         let slots = Arc::new(Slots::new(cap));
+        // Connections hold a receiver: a drain mode asks them to finish;
+        // the sender's `closed()` resolves once every one has ended.
+        let graceful = Arc::new(watch::channel(Drain::Serving).0);
         let downstream = Arc::new(Downstream::new(name, state, settings));
         let socket = Arc::new(listener);
         let tls = Arc::new(ArcSwapOption::from(tls.map(|t| Arc::new(t.install()))));
@@ -77,6 +83,7 @@ impl ListenerHandle {
             Arc::clone(&downstream),
             Arc::clone(&socket),
             (Arc::clone(&tls), Arc::clone(&slots)),
+            Arc::clone(&graceful),
             stopped,
         ));
         Self {
@@ -86,6 +93,7 @@ impl ListenerHandle {
             socket,
             tls,
             stop,
+            graceful,
             task,
             slots,
             cap: std::sync::Mutex::new(cap),
@@ -126,6 +134,21 @@ impl ListenerHandle {
     /// configured address, or the address this one actually bound.
     pub fn serves(&self, address: SocketAddr) -> bool {
         address == self.address || address == self.local_addr
+    }
+
+    /// Keeps accepting, but asks every connection, open or accepted from
+    /// now on, to leave ([`Drain::OnNextResponse`]): HTTP/1 answers its
+    /// next request with `connection: close`, HTTP/2 gets a GOAWAY. The
+    /// `drain_delay` of a shutdown: clients move to another proxy before
+    /// the listener closes.
+    pub fn drain_connections(&self) {
+        self.graceful.send_if_modified(|d| {
+            let serving = *d == Drain::Serving;
+            if serving {
+                *d = Drain::OnNextResponse;
+            }
+            serving
+        });
     }
 
     /// Stops accepting; open connections and tunnels finish (up to
@@ -221,11 +244,9 @@ async fn accept_loop(
     downstream: Arc<Downstream>,
     listener: Arc<TcpListener>,
     (tls, slots): (Arc<ArcSwapOption<ListenerTls>>, Arc<Slots>),
+    graceful: Arc<watch::Sender<Drain>>,
     mut stopped: watch::Receiver<Option<(Duration, Drain)>>,
 ) {
-    // Connections hold a receiver: true asks them to finish; the sender's
-    // `closed()` resolves once every one has ended.
-    let (graceful, _) = watch::channel(Drain::Serving);
     let metrics = &downstream.state.metrics;
     let mut backoff = AcceptBackoff::default();
     let (drain, mode) = loop {

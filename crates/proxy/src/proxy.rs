@@ -61,6 +61,12 @@ pub struct Proxy {
     listeners: Mutex<HashMap<String, ListenerHandle>>,
     admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
+    /// Stops the admin server's accept loop (before the rest on a
+    /// hand-over: the new process answers the shared admin socket).
+    admin_stop: watch::Sender<bool>,
+    admin_task: Mutex<Option<JoinHandle<()>>>,
+    /// Drains of listeners a reload removed: a shutdown waits for them too.
+    draining: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// The services `service:` clusters reference; the control link follows it.
     watched: watch::Sender<crate::snapshot::Watched>,
     tasks: Vec<JoinHandle<()>>,
@@ -121,8 +127,12 @@ impl Proxy {
             peer_address: Default::default(),
         });
         let tls = prepare_tls(&listener_configs, &HashMap::new())?;
-        let mut listeners = HashMap::new();
-        for ((i, l), tls) in listener_configs.iter().enumerate().zip(tls) {
+        // Every socket bound or taken, and every other step that can fail
+        // passed, before any listener accepts: a start that fails (a busy
+        // address, an unreadable token) has accepted nothing, so a failed
+        // takeover costs the old process's clients nothing.
+        let mut sockets = Vec::with_capacity(listener_configs.len());
+        for (i, l) in listener_configs.iter().enumerate() {
             let socket =
                 bind_or_take(inherited, &l.name, l.address, &l.socket).map_err(|source| {
                     ProxyError::Bind {
@@ -131,6 +141,21 @@ impl Proxy {
                         source,
                     }
                 })?;
+            sockets.push(socket);
+        }
+        let token = match control.as_ref().and_then(|l| l.token_file.as_ref()) {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| {
+                        ProxyError::Invalid(format!("control.token_file {}: {e}", p.display()))
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let mut listeners = HashMap::new();
+        for ((l, tls), socket) in listener_configs.iter().zip(tls).zip(sockets) {
             let handle = ListenerHandle::serve(
                 Arc::from(l.name.as_str()),
                 l.address,
@@ -143,15 +168,17 @@ impl Proxy {
             listeners.insert(l.name.clone(), handle);
         }
         let (stop, stopped) = watch::channel(false);
+        let (admin_stop, admin_stopped) = watch::channel(false);
         let (watch_tx, watch_rx) = watch::channel(watched);
-        let mut tasks = vec![
-            tokio::spawn(crate::admin::serve(
-                admin,
-                Arc::clone(&state),
-                stopped.clone(),
-            )),
-            tokio::spawn(crate::health::run(Arc::clone(&state), stopped.clone())),
-        ];
+        let admin_task = tokio::spawn(crate::admin::serve(
+            admin,
+            Arc::clone(&state),
+            admin_stopped,
+        ));
+        let mut tasks = vec![tokio::spawn(crate::health::run(
+            Arc::clone(&state),
+            stopped.clone(),
+        ))];
         if let Some(link) = control {
             let peer = link.peer_listener.as_ref().and_then(|name| {
                 let bound = listeners.get(name).map(|h| h.local_addr);
@@ -175,17 +202,6 @@ impl Proxy {
             } else {
                 state.control_synced.store(true, Ordering::Release);
             }
-            let token = match &link.token_file {
-                Some(p) => Some(
-                    std::fs::read_to_string(p)
-                        .map_err(|e| {
-                            ProxyError::Invalid(format!("control.token_file {}: {e}", p.display()))
-                        })?
-                        .trim()
-                        .to_owned(),
-                ),
-                None => None,
-            };
             tasks.push(tokio::spawn(crate::control_link::run(
                 Arc::clone(&state),
                 link.address,
@@ -204,6 +220,9 @@ impl Proxy {
             listeners: Mutex::new(listeners),
             admin_addr,
             stop,
+            admin_stop,
+            admin_task: Mutex::new(Some(admin_task)),
+            draining: Default::default(),
             watched: watch_tx,
             tasks,
             reloading: Mutex::new(()),
@@ -322,7 +341,13 @@ impl Proxy {
                 "admin.address: cannot change on reload; restart the proxy".into(),
             ));
         }
-        let new_logger = if config.access_log != *self.state.access_log.load().target() {
+        // Another target, or the same file path naming a new file (the
+        // old one renamed by logrotate): reopened.
+        let reopen = {
+            let running = self.state.access_log.load();
+            config.access_log != *running.target() || running.moved()
+        };
+        let new_logger = if reopen {
             Some(AccessLogger::open(&config.access_log).map_err(ProxyError::AccessLog)?)
         } else {
             None
@@ -404,10 +429,17 @@ impl Proxy {
             .map(|(name, _)| name.clone())
             .collect();
         let drain = config.drain_timeout;
-        for name in leaving {
-            if let Some(h) = listeners.remove(&name) {
-                tracing::info!(listener = %name, "closing listener");
-                tokio::spawn(h.shutdown(drain));
+        {
+            let mut draining = self
+                .draining
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            draining.retain(|d| !d.is_finished());
+            for name in leaving {
+                if let Some(h) = listeners.remove(&name) {
+                    tracing::info!(listener = %name, "closing listener");
+                    draining.push(tokio::spawn(h.shutdown(drain)));
+                }
             }
         }
         for (name, address, socket, settings, tls) in fresh {
@@ -425,34 +457,69 @@ impl Proxy {
         Ok(())
     }
 
+    /// Reopens a file access log at its configured path (SIGUSR1, after
+    /// logrotate renamed it): lines from now on go to the file there,
+    /// created if need be. On error the open file stays.
+    pub fn reopen_access_log(&self) -> Result<(), ProxyError> {
+        let running = self.state.access_log.load_full();
+        if !matches!(running.target(), crate::config::AccessLog::File(_)) {
+            return Ok(());
+        }
+        let fresh = AccessLogger::open(running.target()).map_err(ProxyError::AccessLog)?;
+        self.state.access_log.store(Arc::new(fresh));
+        tracing::info!("access log reopened");
+        Ok(())
+    }
+
     /// After [`Proxy::hand_over`]: the new process accepts on the same
     /// sockets, so this one stops accepting at once (no `drain_delay`),
     /// answers each HTTP/1 connection's next request with `connection:
     /// close`, sends HTTP/2 a GOAWAY, lets tunnels finish, all for up to
     /// `drain_timeout`, then closes what is left and stops.
     pub async fn shutdown_handed_over(self) {
+        // The admin socket is shared too: only the new process answers it
+        // from now on (no `/ready` flapping, no `/metrics` alternating).
+        // Admin requests already accepted here finish.
+        self.stop_admin().await;
         self.state.ready.store(false, Ordering::Release);
         self.stop_listeners(Drain::OnNextResponse).await;
         self.stop_tasks().await;
     }
 
-    /// Fails `/ready`, keeps serving for the config's `drain_delay`, then
-    /// stops accepting on every listener, lets in-flight requests and
+    /// Fails `/ready`, keeps serving for the config's `drain_delay` while
+    /// telling clients to leave (HTTP/1 responses say `connection: close`,
+    /// HTTP/2 connections get a GOAWAY), then stops accepting on every
+    /// listener, closes idle connections, lets in-flight requests and
     /// tunnels finish for up to `drain_timeout`, closes what is left, and
     /// stops the admin server.
     pub async fn shutdown(self) {
         self.state.ready.store(false, Ordering::Release);
         let config = Arc::clone(&self.state.snapshot.load().config);
         // `/ready` fails first; listeners keep serving while load balancers
-        // in front notice, then close.
-        tokio::time::sleep(config.drain_delay).await;
+        // in front notice, and keep-alive clients are told to reconnect
+        // (to another proxy) so that none is idle here when they close.
+        if !config.drain_delay.is_zero() {
+            for h in self.listeners.lock().await.values() {
+                h.drain_connections();
+            }
+            tokio::time::sleep(config.drain_delay).await;
+        }
         self.stop_listeners(Drain::Now).await;
         self.stop_tasks().await;
     }
 
-    /// Stops accepting on every listener and drains them (`mode`).
+    /// Stops accepting on every listener and drains them (`mode`); waits
+    /// too, within the same `drain_timeout`, for the drains of listeners
+    /// earlier reloads removed.
     async fn stop_listeners(&self, mode: Drain) {
         let drain = self.state.snapshot.load().config.drain_timeout;
+        let until = tokio::time::Instant::now() + drain;
+        let earlier = std::mem::take(
+            &mut *self
+                .draining
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let listeners: Vec<ListenerHandle> = self
             .listeners
             .lock()
@@ -467,10 +534,25 @@ impl Proxy {
         for d in draining {
             let _ = d.await;
         }
+        let earlier = async {
+            for d in earlier {
+                let _ = d.await;
+            }
+        };
+        let _ = tokio::time::timeout_at(until, earlier).await;
+    }
+
+    /// Stops the admin server's accept loop; resolves once it has.
+    async fn stop_admin(&self) {
+        let _ = self.admin_stop.send(true);
+        if let Some(t) = self.admin_task.lock().await.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+        }
     }
 
     /// Stops the admin server and the background tasks.
     async fn stop_tasks(self) {
+        self.stop_admin().await;
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(1), t).await;

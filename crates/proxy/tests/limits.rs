@@ -317,6 +317,139 @@ async fn ready_fails_before_listeners_close() {
     assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
 }
 
+/// One request on the keep-alive connection `s`: the response head
+/// (lowercase), its body read to its `content-length`.
+async fn exchange(s: &mut TcpStream) -> String {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(DEADLINE, s.read(&mut byte))
+            .await
+            .expect("response head")
+            .unwrap();
+        assert_eq!(n, 1, "closed before the response head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; len];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut body))
+        .await
+        .expect("body")
+        .unwrap();
+    head
+}
+
+/// On shutdown, during `drain_delay`: the listener still accepts, but
+/// every HTTP/1 response says `connection: close` (on connections open
+/// before and accepted since), and HTTP/2 connections get a GOAWAY, so
+/// keep-alive clients reconnect elsewhere before the listener closes
+/// instead of losing the request they send as it closes (review 9, E12).
+async fn drain_delay_tells_clients_to_leave(http1: &str) {
+    let bs = backends(1).await;
+    // The delay outlasts the test: everything below happens inside it.
+    let yaml = config(&bs, "")
+        .replace("drain_timeout: 5s", "drain_timeout: 5s\ndrain_delay: 1h")
+        .replace(
+            "    routes:\n",
+            &format!("    http1: {http1}\n    routes:\n"),
+        );
+    let (p, addr) = proxy(&yaml).await;
+    let admin_addr = p.admin_addr();
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    let head = exchange(&mut kept).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let h2_conn = tokio::spawn(conn);
+    let req = || {
+        http::Request::get(format!("http://{addr}/"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    assert_eq!(h2.send_request(req()).await.unwrap().status(), 200);
+
+    let shutdown = tokio::spawn(p.shutdown());
+    let c = client();
+    eventually("/ready fails", || async {
+        get(&c, admin_addr, "/ready", &[]).await.0 != http::StatusCode::OK
+    })
+    .await;
+    // The connection open before: its next response closes it.
+    let head = exchange(&mut kept).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{http1}: {head}");
+    wait_closed(&mut kept).await;
+    // One accepted during the delay: served, and told too.
+    let mut fresh = TcpStream::connect(addr).await.unwrap();
+    let head = exchange(&mut fresh).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{http1}: {head}");
+    wait_closed(&mut fresh).await;
+    // HTTP/2: GOAWAY, then the idle connection ends (long before the
+    // delay does).
+    tokio::time::timeout(DEADLINE, h2_conn)
+        .await
+        .expect("HTTP/2 connection ended by GOAWAY during drain_delay")
+        .unwrap()
+        .ok();
+    shutdown.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_delay_tells_clients_to_leave_meshless_http1() {
+    drain_delay_tells_clients_to_leave("meshless").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_delay_tells_clients_to_leave_hyper_http1() {
+    drain_delay_tells_clients_to_leave("hyper").await;
+}
+
+/// At the end of `drain_delay` the keep-alive connections still idle
+/// (told to leave, but sending nothing) are closed at once, with both
+/// HTTP/1 servers: the shutdown does not wait for `drain_timeout`.
+async fn idle_connections_close_when_drain_delay_ends(http1: &str) {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "")
+        .replace("drain_timeout: 5s", "drain_timeout: 1h\ndrain_delay: 1s")
+        .replace(
+            "    routes:\n",
+            &format!("    http1: {http1}\n    timeouts: {{ request_headers: 1h }}\n    routes:\n"),
+        );
+    let (p, addr) = proxy(&yaml).await;
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let head = exchange(&mut idle).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    tokio::time::timeout(DEADLINE, p.shutdown())
+        .await
+        .expect("shutdown waited for the idle connection");
+    wait_closed(&mut idle).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_when_drain_delay_ends_meshless_http1() {
+    idle_connections_close_when_drain_delay_ends("meshless").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_when_drain_delay_ends_hyper_http1() {
+    idle_connections_close_when_drain_delay_ends("hyper").await;
+}
+
 /// Dot-segments are removed before routing: `/public/../admin` is routed
 /// as `/admin` (no route here, 404), never to the `/public` route; with
 /// `dot_segments: reject` it is refused.

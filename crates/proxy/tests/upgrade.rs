@@ -322,3 +322,137 @@ async fn twenty_upgrades_under_load_fail_no_request_and_break_no_tunnel_or_flow(
         g.abort();
     }
 }
+
+fn plain_config(extra_listener: &str, endpoints: &str) -> ProxyConfig {
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\ndrain_timeout: 30s\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n{extra_listener}clusters:\n  - name: c\n    endpoints:\n{endpoints}"
+    );
+    common::on_test_http1(ProxyConfig::parse(&yaml, "upgrade.yaml").unwrap())
+}
+
+/// Review 9, E11: once the new process accepts, the old one stops
+/// accepting on the shared admin socket too, though it drains on (a long
+/// request here): every `/ready` after that is the new process's 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_hand_over_only_the_new_process_answers_the_admin_socket() {
+    let dir = TempDir::new("upgrade-admin");
+    let bs = backends(1).await;
+    let endpoints = endpoints_yaml(&bs);
+    let socket: PathBuf = dir.path("upgrade.sock");
+    let old = Proxy::start(plain_config("", &endpoints)).await.unwrap();
+    let web = old.listener_addr("web").await.unwrap();
+    let admin = old.admin_addr();
+    let old_state = Arc::clone(old.state());
+    // A request that keeps the old process draining through the test.
+    let slow = tokio::spawn(async move { get(&client(), web, "/?delay_ms=60000", &[]).await });
+    eventually("the long request in flight", || async {
+        common::metric_sum(
+            &common::admin(&old, "/metrics").await.1,
+            "meshless_proxy_endpoint_in_flight{",
+        ) >= 1.0
+    })
+    .await;
+    // A keep-alive admin client of the old process (a metrics scraper).
+    let mut scraper = tokio::net::TcpStream::connect(admin).await.unwrap();
+    scraper
+        .write_all(b"GET /ready HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while !got.ends_with(b"ready\n") {
+        let mut buf = [0u8; 256];
+        let n = scraper.read(&mut buf).await.unwrap();
+        assert!(n > 0, "admin closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let old_side = tokio::spawn(serve_upgrades(old, UnixListener::bind(&socket).unwrap()));
+    let (new, _listener) = take_over(plain_config("", &endpoints), &socket).await;
+    assert_eq!(new.admin_addr(), admin);
+    eventually("the old process draining", || async {
+        !old_state.ready.load(Ordering::Acquire)
+    })
+    .await;
+    assert!(!old_side.is_finished(), "the old process still drains");
+    for i in 0..40 {
+        let (status, _, body) = get(&client(), admin, "/ready", &[]).await;
+        assert_eq!(status, StatusCode::OK, "probe {i}: {body}");
+    }
+    // The old process's keep-alive admin connection is closed (the
+    // scraper reconnects, to the new process).
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(common::DEADLINE, scraper.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the old process's admin connection: {closed:?}"
+    );
+    slow.abort();
+    old_side.abort();
+}
+
+/// Review 9, E3: a takeover that fails at start (here its second
+/// listener's address is busy) never accepted on the sockets it received:
+/// connections waiting in their accept queue are all still there for the
+/// old process. Ten failed takeovers in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_that_fails_at_start_accepts_nothing() {
+    let dir = TempDir::new("upgrade-fail");
+    let bs = backends(1).await;
+    let endpoints = endpoints_yaml(&bs);
+    let socket: PathBuf = dir.path("upgrade.sock");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let extra = format!(
+        "  - name: web2\n    address: \"{}\"\n    routes:\n      - cluster: c\n",
+        busy.local_addr().unwrap()
+    );
+    // The "old process": one listening socket nobody accepts on.
+    let shared = Arc::new(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let web = shared.local_addr().unwrap();
+    let server = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let old = {
+        let shared = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            for _ in 0..10 {
+                let (mut s, _) = server.accept().unwrap();
+                let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+                let info = handoff::SocketInfo {
+                    name: "web".into(),
+                    configured: any,
+                    local: shared.local_addr().unwrap(),
+                };
+                use std::os::fd::AsFd;
+                // The new process fails and goes away: never ready.
+                assert!(!handoff::send(&mut s, &[(info, shared.as_fd())]).unwrap());
+            }
+        })
+    };
+    shared.set_nonblocking(true).unwrap();
+    for round in 0..10 {
+        let waiting: Vec<std::net::TcpStream> = (0..5)
+            .map(|_| std::net::TcpStream::connect(web).unwrap())
+            .collect();
+        let from = socket.clone();
+        let (mut inherited, stream) = tokio::task::spawn_blocking(move || handoff::receive(&from))
+            .await
+            .unwrap()
+            .unwrap();
+        let started = Proxy::start_with(plain_config(&extra, &endpoints), &mut inherited).await;
+        let e = started.expect_err("listeners[1] is busy");
+        assert!(e.to_string().contains("listeners[1].address"), "{e}");
+        drop((inherited, stream));
+        // Give a stray accept loop of the failed start every chance to run.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut queued = 0;
+        while shared.accept().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(
+            queued,
+            waiting.len(),
+            "round {round}: connections taken by the failed start"
+        );
+    }
+    old.join().unwrap();
+}

@@ -71,6 +71,9 @@ pub struct ProxyConfig {
     pub tracing: Option<meshless_trace::TracingConfig>,
 }
 
+/// The longest `drain_timeout` and `drain_delay`.
+const MAX_DRAIN: Duration = Duration::from_secs(3600);
+
 fn default_drain_timeout() -> Duration {
     Duration::from_secs(10)
 }
@@ -255,6 +258,16 @@ impl ProxyConfig {
     /// Checks what the types alone cannot: names, references, ranges.
     pub fn validate(&self) -> Result<(), FieldError> {
         let err = |path: String, reason: &str| Err(FieldError::new(path, reason));
+        // A shutdown must end: a second signal cuts it, but a supervisor
+        // sends one signal and waits.
+        for (field, value) in [
+            ("drain_timeout", self.drain_timeout),
+            ("drain_delay", self.drain_delay),
+        ] {
+            if value > MAX_DRAIN {
+                return err(field.into(), "must be at most 1h");
+            }
+        }
         if let Some(Err((field, reason))) = self.tracing.as_ref().map(|t| t.check()) {
             return err(format!("tracing.{field}"), &reason);
         }
