@@ -576,6 +576,19 @@ async fn upgrade_is_passed_through() {
     let mut echoed = [0u8; 23];
     s.read_exact(&mut echoed).await.expect("echo");
     assert_eq!(&echoed, b"hello through the proxy");
+    // One upstream connection, the tunnel's: none opened beside it and
+    // left idle (a pool with no idle connection opened one of its own
+    // before handing the upgrade to hyper's).
+    let (_, metrics) = admin(&p, "/metrics").await;
+    let open = |name: &str| metric_sum(&metrics, &format!("{name}{{cluster=\"c\"}}"));
+    assert_eq!(
+        (
+            open("meshless_proxy_upstream_connections"),
+            open("meshless_proxy_upstream_idle_connections")
+        ),
+        (1.0, 0.0),
+        "{metrics}"
+    );
     drop(s);
     p.shutdown().await;
 }

@@ -124,6 +124,11 @@ struct Sending {
     /// `Trailer` names (hyper's client sends only those), once the body
     /// gave them (boxed: rare).
     trailers: Option<Box<Trailers>>,
+    /// The body once its `Content-Length` bytes are written: the message
+    /// is whole on the wire (RFC 9112 6.2), so its end of stream (an
+    /// HTTP/2 client's END_STREAM may come in a frame of its own, later)
+    /// is not waited for; kept unread, dropped with the exchange.
+    rest: Option<UpstreamBody>,
 }
 
 /// The trailer fields a chunked request may send, and those it sent.
@@ -205,7 +210,7 @@ impl Sending {
             Encoding::Chunked => Trailers::declared(h),
             Encoding::Length(_) => None,
         };
-        let sending = Self {
+        let mut sending = Self {
             out,
             big: None,
             done: false,
@@ -213,7 +218,9 @@ impl Sending {
             encoding,
             failed: None,
             trailers,
+            rest: None,
         };
+        sending.whole_at_length();
         Ok((sending, keep_alive))
     }
 
@@ -258,7 +265,10 @@ impl Sending {
                     Poll::Pending => waiting = true,
                     Poll::Ready(Some(Ok(frame))) => {
                         match frame.into_data() {
-                            Ok(data) => self.data(data)?,
+                            Ok(data) => {
+                                self.data(data)?;
+                                self.whole_at_length();
+                            }
                             // Sent with the last chunk, when the request
                             // declared them (else dropped, as hyper does).
                             Err(frame) => {
@@ -288,6 +298,14 @@ impl Sending {
                 self.done = true;
                 return Poll::Ready(Ok(()));
             }
+        }
+    }
+
+    /// With every `Content-Length` byte written, the request is complete:
+    /// the body is set aside unread ([`Sending::rest`]).
+    fn whole_at_length(&mut self) {
+        if self.encoding == Encoding::Length(0) && self.body.is_some() {
+            self.rest = self.body.take();
         }
     }
 
@@ -878,6 +896,42 @@ mod tests {
         let wire = written(request(Method::POST, &given, with_trailers(&sent))).await;
         let (_, body) = split(&wire.expect("written"));
         assert_eq!(body, b"ab");
+    }
+
+    /// RFC 9112 6.2: once its `Content-Length` bytes are written the
+    /// request is whole, though the body's end of stream has not come (an
+    /// HTTP/2 client's END_STREAM in a later frame of its own): the
+    /// exchange does not wait for it, and the connection stays reusable.
+    #[tokio::test]
+    async fn a_request_is_whole_once_its_length_is_written() {
+        use tokio_stream::StreamExt as _;
+        let frames = tokio_stream::iter(vec![Ok::<_, BoxError>(Frame::data(Bytes::from_static(
+            b"hello",
+        )))])
+        .chain(tokio_stream::pending());
+        let body = StreamBody::new(frames).boxed();
+        let req = request(Method::POST, &[("content-length", "5")], body);
+        let (mut sending, _) = Sending::new(req).expect("head");
+        let mut out = Vec::new();
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            std::future::poll_fn(|cx| sending.poll_send(&mut out, cx)),
+        )
+        .await;
+        assert!(matches!(sent, Ok(Ok(()))), "the request was not finished");
+        assert!(sending.complete());
+        let (_, body) = split(&out);
+        assert_eq!(body, b"hello");
+        // A length of zero: whole at once, whatever the body does.
+        let body =
+            StreamBody::new(tokio_stream::pending::<Result<Frame<Bytes>, BoxError>>()).boxed();
+        let req = request(Method::POST, &[("content-length", "0")], body);
+        let (mut sending, _) = Sending::new(req).expect("head");
+        let mut out = Vec::new();
+        std::future::poll_fn(|cx| sending.poll_send(&mut out, cx))
+            .await
+            .expect("written");
+        assert!(sending.complete());
     }
 
     #[tokio::test]

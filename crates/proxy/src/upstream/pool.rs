@@ -285,6 +285,11 @@ impl EndpointPool {
         self: &Arc<Self>,
         req: Request<UpstreamBody>,
     ) -> Result<(Response<ResponseBody>, Lease), SendError> {
+        if self.own() && upgrading(&req) {
+            // Straight to a new hyper connection: none of ours is opened
+            // for it (and left idle) first.
+            return self.send_hyper(|| req, true).await;
+        }
         self.send_once_connected(|| req).await
     }
 
@@ -366,10 +371,8 @@ impl EndpointPool {
             held: Held::Own,
         };
         let req = make();
-        let upgrading = req.method() == http::Method::CONNECT
-            || req.headers().contains_key(http::header::UPGRADE);
         let conn = match conn {
-            IdleConn::Own(c) if !upgrading => c,
+            IdleConn::Own(c) if !upgrading(&req) => c,
             other => {
                 // Unused: back to the pool as it was.
                 lock(&self.conns).push_idle(other, &self.shared);
@@ -741,6 +744,12 @@ impl Drop for Connecting {
         lock(&self.pool.conns).connecting -= 1;
         self.pool.connected.notify_waiters();
     }
+}
+
+/// Whether `req` asks to switch protocols (`Upgrade`, `CONNECT`): hyper
+/// carries those, on a connection of its own.
+fn upgrading<B>(req: &Request<B>) -> bool {
+    req.method() == http::Method::CONNECT || req.headers().contains_key(http::header::UPGRADE)
 }
 
 #[cfg(test)]
