@@ -434,3 +434,16 @@ async fn a_request_body_streams_while_its_response_streams_back() {
         p.shutdown().await;
     }
 }
+
+/// A `101` to a request that did not ask to upgrade is an invalid answer
+/// (RFC 9110 15.2.2: a server must not switch to a protocol the request
+/// did not name): the client gets 502 on meshless's connection, not a
+/// `101` followed by no tunnel.
+#[tokio::test]
+async fn an_unasked_switch_of_protocols_is_a_bad_gateway() {
+    let script = closing(
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+    );
+    let o = outcome(&script, "GET", "meshless").await;
+    assert_eq!(o.status, 502, "{o:?}");
+}

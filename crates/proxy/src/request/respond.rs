@@ -148,6 +148,7 @@ pub fn proxied(
     record.grpc_outcome(resp.headers());
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     strip_hop_by_hop(resp.headers_mut(), switching);
+    one_content_length(status, resp.headers_mut());
     if switching && let Some(down) = upgrade {
         let up = hyper::upgrade::on(&mut resp);
         let idle = downstream.settings().timeouts.stream_idle;
@@ -162,9 +163,69 @@ pub fn proxied(
     Response::from_parts(parts, ProxyBody::new(body.boxed(), Some(record)))
 }
 
+/// At most one `Content-Length`, with one number: a repeated one (two
+/// lines, or `3, 3`: the upstream client already checked they agree) is
+/// sent once, and none on a `1xx` or `204` (RFC 9110 8.6). An HTTP/2
+/// client refuses anything else (RFC 9113 8.1.1).
+fn one_content_length(status: StatusCode, h: &mut http::HeaderMap) {
+    if status.is_informational() || status == StatusCode::NO_CONTENT {
+        h.remove(http::header::CONTENT_LENGTH);
+        return;
+    }
+    let mut lines = h.get_all(http::header::CONTENT_LENGTH).iter();
+    let Some(first) = lines.next() else {
+        return;
+    };
+    if lines.next().is_none() && !first.as_bytes().contains(&b',') {
+        return;
+    }
+    let n = first
+        .to_str()
+        .ok()
+        .and_then(|v| v.split(',').next())
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    match n {
+        Some(n) => {
+            h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
+        }
+        None => {
+            h.remove(http::header::CONTENT_LENGTH);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_response_carries_one_content_length_and_none_on_204() {
+        let mut h = http::HeaderMap::new();
+        h.append("content-length", http::HeaderValue::from_static("3"));
+        h.append("content-length", http::HeaderValue::from_static("3"));
+        one_content_length(StatusCode::OK, &mut h);
+        let all: Vec<_> = h.get_all("content-length").iter().collect();
+        assert_eq!(all, ["3"]);
+        let mut h = http::HeaderMap::new();
+        h.append("content-length", http::HeaderValue::from_static("3, 3"));
+        one_content_length(StatusCode::OK, &mut h);
+        assert_eq!(
+            h.get_all("content-length").iter().collect::<Vec<_>>(),
+            ["3"]
+        );
+        let mut h = http::HeaderMap::new();
+        h.append("content-length", http::HeaderValue::from_static("5"));
+        one_content_length(StatusCode::NO_CONTENT, &mut h);
+        assert!(h.get("content-length").is_none());
+        one_content_length(StatusCode::NOT_MODIFIED, &mut h);
+        let mut h = http::HeaderMap::new();
+        h.append("content-length", http::HeaderValue::from_static("5"));
+        one_content_length(StatusCode::NOT_MODIFIED, &mut h);
+        assert_eq!(
+            h.get_all("content-length").iter().collect::<Vec<_>>(),
+            ["5"]
+        );
+    }
 
     #[test]
     fn fallback_replaces_the_plain_503() {

@@ -68,6 +68,11 @@ pub enum ExchangeError {
     Length,
     #[error(transparent)]
     Head(#[from] Unwritable),
+    /// A `101` (or a `2xx` to `CONNECT`) to a request that did not ask to
+    /// switch protocols: upgrades never come this way (hyper carries
+    /// them), so the upstream switched unasked (RFC 9110 15.2.2).
+    #[error("upstream switched protocols unasked")]
+    UnaskedUpgrade,
 }
 
 /// An open connection with its read buffer (bytes read and not used).
@@ -156,6 +161,15 @@ static NOT_TRAILERS: [HeaderName; 12] = [
     header::TE,
 ];
 
+/// Connection-specific fields (RFC 9113 8.2.2), never forwarded in a
+/// response's trailers.
+static CONNECTION_FIELDS: [HeaderName; 4] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::UPGRADE,
+];
+
 impl Trailers {
     /// The fields a request's `Trailer` names, if it names any.
     fn declared(h: &HeaderMap) -> Option<Box<Self>> {
@@ -203,6 +217,7 @@ impl Sending {
                 .path_and_query()
                 .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
         };
+        join_cookies(h);
         let mut out = BytesMut::with_capacity(512);
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
@@ -359,6 +374,25 @@ impl Sending {
     }
 }
 
+/// Several `Cookie` fields (an HTTP/2 client sends each cookie in a field
+/// of its own) become one, joined by `"; "`, as an HTTP/1.1 connection
+/// must carry them (RFC 9113 8.2.3).
+fn join_cookies(h: &mut HeaderMap) {
+    let mut values = h.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (values.next(), values.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in h.get_all(header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Made of valid values and "; ": valid too.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        h.insert(header::COOKIE, v);
+    }
+}
+
 /// hyper's client's `set_length` for an HTTP/1.1 request: no body when
 /// the body is already at its end (no `Transfer-Encoding` sent); a
 /// `Transfer-Encoding` given is kept, made to end in `chunked`; else a
@@ -479,6 +513,9 @@ pub async fn exchange(
     let limits = ResponseLimits::default();
     let head = std::future::poll_fn(|cx| poll_head(&mut ex, cx, &method, &limits)).await?;
     let (parts, framing) = head;
+    if framing.upgrade {
+        return Err(ExchangeError::UnaskedUpgrade);
+    }
     let kind = match framing.body {
         _ if framing.upgrade => Kind::Done,
         framing::Body::Empty => Kind::Done,
@@ -700,7 +737,11 @@ fn trailer_map(section: &[u8]) -> Result<Option<HeaderMap>, ExchangeError> {
             .map_err(|_| meshless_h1::Error::Chunked("invalid trailer fields"))?;
         let value = HeaderValue::from_bytes(f.value)
             .map_err(|_| meshless_h1::Error::Chunked("invalid trailer fields"))?;
-        map.append(name, value);
+        // Framing, routing and connection fields are no trailers (RFC
+        // 9110 6.5.1; an HTTP/2 client refuses them, RFC 9113 8.2.2).
+        if !NOT_TRAILERS.contains(&name) && !CONNECTION_FIELDS.contains(&name) {
+            map.append(name, value);
+        }
     }
     Ok((!map.is_empty()).then_some(map))
 }
@@ -932,6 +973,28 @@ mod tests {
             .await
             .expect("written");
         assert!(sending.complete());
+    }
+
+    #[tokio::test]
+    async fn cookie_fields_go_upstream_as_one_line() {
+        let cookies = [("cookie", "a=1"), ("cookie", "b=2"), ("x", "y")];
+        let wire = written(request(Method::GET, &cookies, full(b""))).await;
+        let (fields, _) = split(&wire.expect("written"));
+        let all: Vec<&(String, String)> = fields.iter().filter(|(n, _)| n == "cookie").collect();
+        assert_eq!(all.len(), 1, "{fields:?}");
+        assert_eq!(all[0].1, "a=1; b=2");
+    }
+
+    #[test]
+    fn response_trailers_leave_framing_and_connection_fields_out() {
+        let map =
+            trailer_map(b"x-t: 1\r\ncontent-length: 5\r\nconnection: close\r\nhost: h\r\n\r\n")
+                .expect("parsed")
+                .expect("fields");
+        assert_eq!(map.len(), 1, "{map:?}");
+        assert_eq!(map.get("x-t").map(HeaderValue::as_bytes), Some(&b"1"[..]));
+        let none = trailer_map(b"content-length: 5\r\n\r\n").expect("parsed");
+        assert!(none.is_none());
     }
 
     #[tokio::test]
