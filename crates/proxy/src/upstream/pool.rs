@@ -646,10 +646,12 @@ impl EndpointPool {
             return;
         }
         let shared = Arc::downgrade(&self.shared);
-        // At most hourly: a long `idle` needs no finer sweep, and the
-        // period stays far from where `Instant + period` overflows.
-        let every = (self.shared.settings.idle / 2)
-            .clamp(Duration::from_millis(10), Duration::from_secs(3600));
+        // At least every second: an idle connection of meshless's own has
+        // no task reading it, so one its upstream closed (a keep-alive
+        // timeout) is found closed here (`usable`), and closed, within a
+        // second instead of sitting in CLOSE-WAIT until the idle timeout.
+        // The period stays far from where `Instant + period` overflows.
+        let every = (self.shared.settings.idle / 2).clamp(Duration::from_millis(10), SWEEP_MAX);
         tokio::spawn(async move {
             // The first sweep one period from now, not at once.
             let start = crate::limits::deadline_after(tokio::time::Instant::now(), every);
@@ -745,6 +747,9 @@ impl Drop for Connecting {
         self.pool.connected.notify_waiters();
     }
 }
+
+/// The longest time between two sweeps of a pool's idle connections.
+const SWEEP_MAX: Duration = Duration::from_secs(1);
 
 /// Whether `req` asks to switch protocols (`Upgrade`, `CONNECT`): hyper
 /// carries those, on a connection of its own.
