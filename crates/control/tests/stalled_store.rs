@@ -64,6 +64,30 @@ impl Storage for Gated {
     }
 }
 
+/// Closes the gate and sends a write (from a plain thread) whose commit
+/// stalls there, holding the registry lock; returns once it does, with
+/// the guard that opens the gate again and the write's thread.
+fn stall_a_write(
+    gate: &Arc<Gate>,
+    api: SocketAddr,
+) -> (OpenOnDrop, std::thread::JoinHandle<Result<u16, String>>) {
+    gate.set(true);
+    let open = OpenOnDrop(Arc::clone(gate));
+    let stalled_write = std::thread::spawn(move || {
+        let body = r#"{"ports":[{"port":81}]}"#;
+        request(api, "PUT", "/v1/services/shop/other", body)
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !gate.stalled.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the write never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (open, stalled_write)
+}
+
 /// One HTTP/1.1 request on its own connection, from a plain thread (not
 /// the runtime under test); the status, or the error (a read timeout).
 fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<u16, String> {
@@ -119,20 +143,7 @@ async fn a_stalled_commit_leaves_the_executor_serving() {
     assert_eq!(setup, [Ok(200), Ok(200), Ok(200)]);
 
     // A write whose commit stalls, holding the registry lock.
-    gate.set(true);
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    let stalled_write = std::thread::spawn(move || {
-        let body = r#"{"ports":[{"port":81}]}"#;
-        request(api, "PUT", "/v1/services/shop/other", body)
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !gate.stalled.load(Ordering::SeqCst) {
-        assert!(
-            Instant::now() < deadline,
-            "the write never reached the store"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (_open, stalled_write) = stall_a_write(&gate, api);
     // More calls that need the registry than the runtime has workers: a
     // list, a view, a renewal, a delete (its own store write) and a
     // follower's load reports (which check that the service exists).
@@ -254,20 +265,7 @@ async fn instances_ready_during_a_stalled_commit_leave_the_executor_serving() {
 
     // A write whose commit stalls, holding the registry lock, before the
     // instances listen.
-    gate.set(true);
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    let stalled_write = std::thread::spawn(move || {
-        let body = r#"{"ports":[{"port":81}]}"#;
-        request(api, "PUT", "/v1/services/shop/other", body)
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !gate.stalled.load(Ordering::SeqCst) {
-        assert!(
-            Instant::now() < deadline,
-            "the write never reached the store"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (_open, stalled_write) = stall_a_write(&gate, api);
     // Both instances listen; the scaler sees it within its probe period
     // (milliseconds) and registers them ready.
     let marks_dir = marks.clone();
