@@ -447,3 +447,54 @@ async fn an_unasked_switch_of_protocols_is_a_bad_gateway() {
     let o = outcome(&script, "GET", "meshless").await;
     assert_eq!(o.status, 502, "{o:?}");
 }
+
+/// An early answer (a 413 before the upload ends) reaches an HTTP/2
+/// client that is still uploading, and the rest of its upload is read
+/// (and discarded) instead of its stream being reset as soon as the
+/// answer is sent (curl before 8.x then reports a stream error, not the
+/// answer).
+#[tokio::test]
+async fn an_early_answer_lets_an_http2_upload_finish() {
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    const CHUNK: usize = 16 * 1024;
+    const CHUNKS: usize = 192; // 3 MiB: more than the stream's window
+    let raw = Raw::start(keep(
+        "HTTP/1.1 413 Payload Too Large\r\ncontent-length: 4\r\n\r\nbig!",
+    ))
+    .await;
+    let cfg = ProxyConfig::parse(&yaml(raw.addr, "meshless"), "t.yaml").expect("valid");
+    let p = Proxy::start(cfg).await.expect("proxy");
+    let addr = p.listener_addr("web").await.expect("listener");
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = Request::post(format!("http://{addr}/"))
+        .header("content-length", (CHUNK * CHUNKS).to_string())
+        .body(body)
+        .unwrap();
+    let chunk = Bytes::from(vec![b'x'; CHUNK]);
+    tx.send(Ok(Frame::data(chunk.clone()))).await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+        .await
+        .expect("answered")
+        .expect("response");
+    assert_eq!(resp.status(), 413);
+    let got = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&got[..], b"big!");
+    for i in 1..CHUNKS {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            tx.send(Ok(Frame::data(chunk.clone()))),
+        )
+        .await
+        .expect("the proxy keeps reading")
+        .unwrap_or_else(|_| panic!("the upload was cut off after {i} of {CHUNKS} chunks"));
+    }
+    drop(tx);
+    p.shutdown().await;
+}

@@ -641,6 +641,37 @@ impl std::fmt::Debug for ResponseBody {
     }
 }
 
+/// At most this much of a request body is read and discarded after an
+/// early answer.
+const DISCARD_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// For at most this long.
+const DISCARD_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads the rest of a request body the upstream answered before reading
+/// it, and drops it: up to [`DISCARD_MAX_BYTES`] and [`DISCARD_MAX_TIME`],
+/// then the body is dropped (its client is cut off). Off the response's
+/// path: a task of its own (rare: early answers only).
+fn discard_rest(mut body: UpstreamBody) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let read = async {
+            let mut seen = 0u64;
+            while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut body).await {
+                if let Ok(data) = frame.into_data() {
+                    seen += data.len() as u64;
+                    if seen > DISCARD_MAX_BYTES {
+                        return;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DISCARD_MAX_TIME, read).await;
+    });
+}
+
 impl ResponseBody {
     /// The body is over: the connection goes back to the pool if it may
     /// carry another request, else it closes.
@@ -649,6 +680,15 @@ impl ResponseBody {
         let Some(mut ex) = self.ex.take() else {
             return;
         };
+        if !ex.sending.done
+            && let Some(body) = ex.sending.body.take()
+        {
+            // An early answer (a 413 before the upload ends): the rest of
+            // the request is read and discarded, as hyper's client does
+            // while its connection lives, so a client still sending is not
+            // cut off (an HTTP/2 stream reset) before it reads the answer.
+            discard_rest(body);
+        }
         let reusable = ex.keep_alive && ex.sending.complete() && ex.conn.buf.is_empty();
         if reusable && let Some(pool) = self.pool.take() {
             // Keep the buffer's memory only while it is not shared with
