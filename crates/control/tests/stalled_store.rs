@@ -88,6 +88,14 @@ fn stall_a_write(
     (open, stalled_write)
 }
 
+/// Checks the stalled write still waits, opens the gate, and checks it
+/// then succeeds.
+fn end_stall(gate: &Gate, stalled_write: std::thread::JoinHandle<Result<u16, String>>) {
+    assert!(!stalled_write.is_finished(), "the write is still waiting");
+    gate.set(false);
+    assert_eq!(stalled_write.join().unwrap(), Ok(200));
+}
+
 /// One HTTP/1.1 request on its own connection, from a plain thread (not
 /// the runtime under test); the status, or the error (a read timeout).
 fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<u16, String> {
@@ -188,11 +196,8 @@ async fn a_stalled_commit_leaves_the_executor_serving() {
         Ok(200),
         "/ready answered during the stall"
     );
-    assert!(!stalled_write.is_finished(), "the write is still waiting");
-
     // The commit goes through; everything that waited answers.
-    gate.set(false);
-    assert_eq!(stalled_write.join().unwrap(), Ok(200));
+    end_stall(&gate, stalled_write);
     let statuses: Vec<Result<u16, String>> =
         waiting.into_iter().map(|t| t.join().unwrap()).collect();
     assert!(
@@ -284,11 +289,8 @@ async fn instances_ready_during_a_stalled_commit_leave_the_executor_serving() {
         Ok(200),
         "/ready answered while the instances' writes waited"
     );
-    assert!(!stalled_write.is_finished(), "the write is still waiting");
-
     // The commit goes through: both instances end up registered ready.
-    gate.set(false);
-    assert_eq!(stalled_write.join().unwrap(), Ok(200));
+    end_stall(&gate, stalled_write);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let view = tokio::task::spawn_blocking(move || request_text(api, "/v1/services/shop/lazy"))
