@@ -491,14 +491,12 @@ impl View {
         self.ids_changed = delta.reset;
         if delta.reset {
             self.endpoints.clear();
+            self.waiting.clear();
             self.zones.clear();
             self.orders.clear();
             self.settings = delta.settings.clone();
         } else if let Some(s) = &delta.settings {
             self.settings = Some(s.clone());
-        }
-        if delta.reset {
-            self.waiting.clear();
         }
         for e in &delta.upserted {
             if !in_subsets(e, self.serving_fallback) {
@@ -533,13 +531,16 @@ impl View {
     /// Moves to the serving fallback when no endpoint is ready or
     /// starting any more, and back when one is: the endpoints the new rule
     /// takes come in, the ones it leaves go out (each as if added or
-    /// removed).
+    /// removed). Every ready or starting endpoint is in `endpoints` under
+    /// either rule (`waiting` never holds one), and outside the fallback
+    /// `endpoints` holds nothing else: so outside it the check is whether
+    /// `endpoints` is empty, and only under it (rare) a scan.
     fn update_fallback(&mut self) {
-        let fallback = !self
-            .endpoints
-            .values()
-            .chain(self.waiting.values())
-            .any(|e| in_subsets(e, false));
+        let fallback = if self.serving_fallback {
+            !self.endpoints.values().any(|e| in_subsets(e, false))
+        } else {
+            self.endpoints.is_empty()
+        };
         if fallback == self.serving_fallback {
             return;
         }
