@@ -56,11 +56,11 @@ pub struct ColdstartSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UpstreamHttp1 {
-    /// hyper's client (the proxy's default): a connection task per
-    /// upstream connection.
-    #[default]
+    /// hyper's client: a connection task per upstream connection.
     Hyper,
-    /// meshless's own connection, driven by the request's task.
+    /// meshless's own connection, driven by the request's task (the
+    /// proxy's default).
+    #[default]
     Meshless,
 }
 
@@ -84,6 +84,13 @@ pub enum ClientKind {
     /// One HTTP/1.1 request written on a fresh `TcpStream` by the
     /// benchmark's own task, the response read there.
     Raw,
+    /// One HTTP/1.1 request written on a connection opened (and accepted
+    /// by the proxy) before the clock starts, by a task of the runtime,
+    /// which reads the response: as a client with a kept-alive connection
+    /// to its node's proxy sends it. The figure leaves out the client's
+    /// own TCP connect and the hand-offs between the benchmark's main
+    /// thread and the runtime's workers, which a warm request pays too.
+    Open,
 }
 
 /// What the benchmark measured (milliseconds).
@@ -117,6 +124,10 @@ pub struct ColdstartReport {
     pub paired_overhead_ms_max: f64,
     /// The paired overhead phase by phase (each run's own instants).
     pub paired_phases: Vec<Phase>,
+    /// Every run in the order it ran: its paired overhead and its phases
+    /// (ms, in the order of `paired_phases`; `null` for a missing
+    /// instant), so the slowest runs can be told apart.
+    pub paired_runs: Vec<PairedRun>,
     pub burst_requests: usize,
     pub burst_failures: usize,
     /// Failed burst requests by status and body (or client error).
@@ -167,6 +178,13 @@ fn command(exe: &std::path::Path, delay: u64) -> Vec<String> {
 struct Baseline {
     listening: Duration,
     notified: Duration,
+}
+
+/// One run's paired overhead and phases (ms), for `--json`.
+#[derive(Debug, Serialize)]
+pub struct PairedRun {
+    pub overhead_ms: f64,
+    pub phases_ms: Vec<Option<f64>>,
 }
 
 /// Names of the paired phases, in the order of a cold start.
@@ -435,15 +453,53 @@ async fn get_text(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<(
     Ok((status, body))
 }
 
+/// The status of `request`, with the instants it was sent and answered.
+async fn timed(
+    request: impl std::future::Future<Output = Result<u16>>,
+) -> Result<(u16, Instant, Instant)> {
+    let start = Instant::now();
+    let status = request.await?;
+    Ok((status, start, Instant::now()))
+}
+
 /// Status of `GET http://addr/` sent by this task on a fresh connection
 /// (`connection: close`), once the whole response is read.
 async fn raw_get(addr: SocketAddr) -> Result<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
-    let mut conn = tokio::net::TcpStream::connect(addr)
+    let conn = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| failed(&e.to_string()))?;
     conn.set_nodelay(true).map_err(|e| failed(&e.to_string()))?;
+    raw_exchange(conn, addr).await
+}
+
+/// [`ClientKind::Open`]: status of `GET http://addr/` sent on a
+/// connection opened before the clock starts, and the instants it was
+/// sent and answered, both taken by the task of the runtime that writes
+/// the request and reads the response.
+async fn open_get(addr: SocketAddr) -> Result<(u16, Instant, Instant)> {
+    let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
+    let conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| failed(&e.to_string()))?;
+    conn.set_nodelay(true).map_err(|e| failed(&e.to_string()))?;
+    // Time for the proxy to accept the connection and wait on it, as on
+    // a kept-alive connection.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let status = raw_exchange(conn, addr).await?;
+        Ok((status, start, Instant::now()))
+    })
+    .await
+    .map_err(|e| failed(&e.to_string()))?
+}
+
+/// Writes `GET /` (`connection: close`) on `conn` and reads the whole
+/// response: its status.
+async fn raw_exchange(mut conn: tokio::net::TcpStream, addr: SocketAddr) -> Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
     let req = format!("GET / HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
     conn.write_all(req.as_bytes())
         .await
@@ -724,12 +780,11 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
             rts,
         )
         .await?;
-        let start = Instant::now();
-        let status = match args.client {
-            ClientKind::Hyper => get(&client, stack.addr).await?,
-            ClientKind::Raw => raw_get(stack.addr).await?,
+        let (status, start, answered) = match args.client {
+            ClientKind::Hyper => timed(get(&client, stack.addr)).await?,
+            ClientKind::Raw => timed(raw_get(stack.addr)).await?,
+            ClientKind::Open => open_get(stack.addr).await?,
         };
-        let answered = Instant::now();
         let f = ms(answered - start);
         if status != 200 {
             return Err(BenchError::Failed(format!(
@@ -801,6 +856,17 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         paired_overhead_ms_p99: percentile(&paired_overhead, 0.99),
         paired_overhead_ms_max: percentile(&paired_overhead, 1.0),
         paired_phases: paired_phases(&paired),
+        paired_runs: paired
+            .iter()
+            .map(|r| PairedRun {
+                overhead_ms: r.overhead_ms(),
+                phases_ms: r
+                    .phases_ms()
+                    .iter()
+                    .map(|&x| (!x.is_nan()).then_some(x))
+                    .collect(),
+            })
+            .collect(),
         burst_requests: args.burst,
         burst_failures: burst.failures.values().sum(),
         burst_failure_reasons: burst.failures,

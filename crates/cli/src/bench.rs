@@ -87,19 +87,22 @@ pub struct ColdstartArgs {
     /// default; 0: held requests are released all at once).
     #[arg(long)]
     pub release_concurrency: Option<u32>,
-    /// The client of the measured requests: `hyper` (hyper's pooling
-    /// client, with a connection task of its own) or `raw` (one HTTP/1.1
-    /// request written on a fresh socket by the benchmark's task).
-    #[arg(long, default_value = "hyper", value_parser = parse_client)]
+    /// The client of the measured requests: `open` (one HTTP/1.1 request
+    /// on a connection opened before the clock starts, written and read by
+    /// a task of the runtime), `hyper` (hyper's pooling client, with a
+    /// connection task of its own; its connect is timed) or `raw` (one
+    /// HTTP/1.1 request written on a fresh socket by the benchmark's task;
+    /// its connect is timed).
+    #[arg(long, default_value = "open", value_parser = parse_client)]
     pub client: ClientKind,
     /// Run the control plane and the proxy each on a runtime of its own
     /// with this many worker threads, as separate processes would (0: one
     /// runtime shared with the benchmark's client).
     #[arg(long, default_value_t = 0)]
     pub own_runtimes: usize,
-    /// The proxy's upstream HTTP/1.1 client (`clusters[].http1`): `hyper`
-    /// (the proxy's default) or `meshless`.
-    #[arg(long, default_value = "hyper", value_parser = parse_upstream_http1)]
+    /// The proxy's upstream HTTP/1.1 client (`clusters[].http1`):
+    /// `meshless` (the proxy's default) or `hyper`.
+    #[arg(long, default_value = "meshless", value_parser = parse_upstream_http1)]
     pub upstream_http1: UpstreamHttp1,
     /// Print one JSON object.
     #[arg(long)]
@@ -110,7 +113,8 @@ fn parse_client(s: &str) -> Result<ClientKind, String> {
     match s {
         "hyper" => Ok(ClientKind::Hyper),
         "raw" => Ok(ClientKind::Raw),
-        other => Err(format!("`{other}`: expected `hyper` or `raw`")),
+        "open" => Ok(ClientKind::Open),
+        other => Err(format!("`{other}`: expected `open`, `hyper` or `raw`")),
     }
 }
 

@@ -219,6 +219,18 @@ fn bench_coldstart_measures_a_real_cold_start() {
         v["burst_instances_started"].as_u64().unwrap_or(0) >= 1,
         "{v}"
     );
+    // The default client sends on a connection opened before the clock;
+    // every run is listed with its six paired phases.
+    assert_eq!(v["client"], "open", "{v}");
+    assert_eq!(v["upstream_http1"], "meshless", "{v}");
+    let runs = v["paired_runs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(runs.len(), 1, "{v}");
+    assert_eq!(
+        runs[0]["phases_ms"].as_array().map(Vec::len),
+        Some(6),
+        "{v}"
+    );
+    assert_eq!(runs[0]["overhead_ms"], v["paired_overhead_ms_p50"], "{v}");
 }
 
 /// `meshless simulate distribution --json ARGS`.

@@ -85,7 +85,7 @@ pub async fn open(
     streams_hint: &Arc<AtomicUsize>,
     hyper: bool,
 ) -> Result<Sender, ConnectError> {
-    let tcp = tokio::time::timeout(settings.connect, TcpStream::connect(addr))
+    let tcp = tokio::time::timeout(settings.connect, tcp_connect(addr))
         .await
         .map_err(|_| ConnectError::Connect)?
         .map_err(|_| ConnectError::Connect)?;
@@ -102,7 +102,11 @@ pub async fn open(
         }
         None => Io::Plain(tcp),
     };
-    let socket = Socket { io, _slot: slot };
+    let socket = Socket {
+        io,
+        fresh: true,
+        _slot: slot,
+    };
     if settings.protocol == UpstreamProtocol::Http1
         && settings.http1 == Http1Client::Meshless
         && !hyper
@@ -136,6 +140,38 @@ pub async fn open(
             tokio::spawn(std::future::poll_fn(move |cx| task.poll(cx)));
             Ok(Sender::Http2(sender, limit))
         }
+    }
+}
+
+/// Opens a TCP connection to `addr`. When the handshake completed inside
+/// `connect(2)` (a peer on the same host: loopback, or a pod's veth,
+/// where the SYN-ACK is processed before the call returns), the stream is
+/// returned at once, without waiting for the writable event of a
+/// readiness turn (Tokio's `TcpStream::connect` always waits for one:
+/// on a multi-threaded runtime that can be a wake-up of the worker that
+/// holds the reactor). Otherwise it waits for the handshake as Tokio does.
+async fn tcp_connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_nonblocking(true)?;
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INPROGRESS.raw_os_error()) => {}
+        Err(e) => return Err(e),
+    }
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    // Established: `peer_addr` answers only then (`ENOTCONN` before).
+    if stream.peer_addr().is_ok() {
+        return Ok(stream);
+    }
+    // As Tokio's own connect: writable once the handshake ended, well or not.
+    stream.writable().await?;
+    match stream.take_error()? {
+        Some(e) => Err(e),
+        None => Ok(stream),
     }
 }
 
@@ -224,7 +260,32 @@ impl StreamLimit {
 /// The socket under a connection, with its `max_connections` slot.
 pub struct Socket {
     io: Io,
+    /// Nothing written yet. The first write on a plain socket goes to the
+    /// socket at once ([`Socket::write_fresh`]), so a request written right
+    /// after the connect leaves without waiting for the reactor's first
+    /// writable event.
+    fresh: bool,
     _slot: OpenSlot,
+}
+
+impl Socket {
+    /// The first write on a fresh plain socket, straight to the socket:
+    /// `None` when it is not fresh (or TLS), or when the socket cannot
+    /// take the bytes now (`WouldBlock`: the caller then waits through
+    /// the reactor as for any write; Tokio's readiness state is untouched
+    /// by this write, so no event is lost).
+    fn write_fresh(&mut self, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
+        if bufs.iter().all(|b| b.is_empty()) || !std::mem::replace(&mut self.fresh, false) {
+            return None;
+        }
+        let Io::Plain(s) = &self.io else {
+            return None;
+        };
+        match socket2::SockRef::from(s).send_vectored(bufs) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            done => Some(done),
+        }
+    }
 }
 
 impl std::fmt::Debug for Socket {
@@ -253,7 +314,11 @@ impl AsyncRead for Socket {
 
 impl AsyncWrite for Socket {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        if let Some(done) = this.write_fresh(&[io::IoSlice::new(b)]) {
+            return Poll::Ready(done);
+        }
+        match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, b),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, b),
         }
@@ -264,7 +329,11 @@ impl AsyncWrite for Socket {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        if let Some(done) = this.write_fresh(bufs) {
+            return Poll::Ready(done);
+        }
+        match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
@@ -289,5 +358,58 @@ impl AsyncWrite for Socket {
             Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn socket(tcp: TcpStream) -> Socket {
+        let counters = Arc::new(ClusterCounters::default());
+        counters.max_connections.store(1, Ordering::Relaxed);
+        let slot = OpenSlot::reserve(&counters).expect("a slot");
+        Socket {
+            io: Io::Plain(tcp),
+            fresh: true,
+            _slot: slot,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fresh_connection_carries_every_write_in_order() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (client, accepted) = tokio::join!(tcp_connect(addr), listener.accept());
+        let mut s = socket(client.expect("connected"));
+        let (mut server, _) = accepted.expect("accepted");
+        // The first write goes to the socket directly, the next ones
+        // through the reactor; an empty one first changes nothing.
+        s.write_all(b"").await.expect("empty write");
+        s.write_all(b"GET / HTTP/1.1\r\n")
+            .await
+            .expect("first write");
+        s.write_all(b"host: a\r\n\r\n").await.expect("second write");
+        s.flush().await.expect("flush");
+        let mut got = vec![0u8; 27];
+        server.read_exact(&mut got).await.expect("read");
+        assert_eq!(got, b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        server.write_all(b"ok").await.expect("answer");
+        let mut back = [0u8; 2];
+        s.read_exact(&mut back).await.expect("read back");
+        assert_eq!(&back, b"ok");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_an_error_not_a_stream() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let refused = tcp_connect(SocketAddr::from(([127, 0, 0, 1], port))).await;
+        assert!(refused.is_err(), "{refused:?}");
     }
 }
