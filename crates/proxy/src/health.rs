@@ -27,7 +27,8 @@ use crate::upstream::TlsClient;
 pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
     let clients = Clients::new();
     let checking = InFlight::default();
-    let mut last_check: HashMap<String, Instant> = HashMap::new();
+    // When each cluster was last checked, and the jitter drawn for its next wait.
+    let mut last_check: HashMap<String, (Instant, Duration)> = HashMap::new();
     let mut last_tick: HashMap<String, Instant> = HashMap::new();
     let mut panicking: HashMap<String, bool> = HashMap::new();
     let mut round = tokio::time::interval(Duration::from_millis(100));
@@ -60,13 +61,10 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
             let Some(hc) = &cluster.config.health_check else {
                 continue;
             };
-            let due = last_check
-                .get(name)
-                .is_none_or(|t| now.duration_since(*t) >= hc.interval);
-            if !due {
+            if !check_due(last_check.get(name).copied(), now, hc) {
                 continue;
             }
-            last_check.insert(name.clone(), now);
+            last_check.insert(name.clone(), (now, draw_jitter(hc.interval_jitter)));
             // A cluster that sends a PROXY header on its flows sends one on
             // its checks too (`LOCAL`: the check is the proxy's own
             // connection), or an endpoint that requires it refuses them.
@@ -119,6 +117,30 @@ pub async fn run(state: Arc<ProxyState>, mut stop: watch::Receiver<bool>) {
             }
         }
     }
+}
+
+/// Whether a cluster's checks are due at `now`: never checked, or its
+/// last round (`last`: when, and the jitter drawn then) is at least
+/// `interval` plus that jitter ago. The drawn jitter counts only up to the
+/// current `interval_jitter`, so a reload that lowers it applies at once.
+fn check_due(
+    last: Option<(Instant, Duration)>,
+    now: Instant,
+    hc: &crate::config::HealthCheck,
+) -> bool {
+    last.is_none_or(|(at, jitter)| {
+        let wait = hc.interval.saturating_add(jitter.min(hc.interval_jitter));
+        now.saturating_duration_since(at) >= wait
+    })
+}
+
+/// A uniformly drawn extra wait in `0..=max`.
+fn draw_jitter(max: Duration) -> Duration {
+    if max.is_zero() {
+        return Duration::ZERO;
+    }
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(fastrand::u64(0..=nanos))
 }
 
 /// A cluster's name and one of its endpoint ids.
@@ -427,6 +449,58 @@ fn serving(body: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn hc(interval_ms: u64, jitter_ms: u64) -> crate::config::HealthCheck {
+        crate::config::HealthCheck {
+            path: None,
+            grpc: None,
+            tcp: false,
+            interval: Duration::from_millis(interval_ms),
+            interval_jitter: Duration::from_millis(jitter_ms),
+            timeout: Duration::from_secs(1),
+            healthy_threshold: 2,
+            unhealthy_threshold: 3,
+        }
+    }
+
+    proptest! {
+        /// A drawn jitter is never above its maximum, and none is drawn
+        /// without one.
+        #[test]
+        fn a_drawn_jitter_stays_within_its_maximum(max_ns in 0u64..=u64::MAX / 2) {
+            let max = Duration::from_nanos(max_ns);
+            let drawn = draw_jitter(max);
+            prop_assert!(drawn <= max);
+            prop_assert_eq!(draw_jitter(Duration::ZERO), Duration::ZERO);
+        }
+
+        /// A check is due exactly once `interval` plus the drawn jitter
+        /// (capped by the current `interval_jitter`) has passed.
+        #[test]
+        fn a_check_is_due_after_its_interval_and_drawn_jitter(
+            interval in 1u64..10_000, jitter in 0u64..10_000, drawn in 0u64..20_000, elapsed in 0u64..40_000,
+        ) {
+            let at = Instant::now();
+            let now = at + Duration::from_millis(elapsed);
+            let due = check_due(Some((at, Duration::from_millis(drawn))), now, &hc(interval, jitter));
+            prop_assert_eq!(due, elapsed >= interval + drawn.min(jitter));
+        }
+    }
+
+    #[test]
+    fn a_cluster_never_checked_is_due_at_once() {
+        assert!(check_due(None, Instant::now(), &hc(5_000, 1_000)));
+    }
+
+    #[test]
+    fn jitter_spreads_the_waits() {
+        let drawn: std::collections::HashSet<Duration> = (0..64)
+            .map(|_| draw_jitter(Duration::from_secs(1)))
+            .collect();
+        // 64 draws out of 10^9 + 1 values: equal ones would mean no spread.
+        assert!(drawn.len() > 1, "{drawn:?}");
+    }
 
     #[test]
     fn only_one_serving_message_passes() {

@@ -546,6 +546,13 @@ clusters:
             ),
             (
                 (
+                    "interval: 2s",
+                    format!("interval: 2s, interval_jitter: {H}"),
+                ),
+                "clusters[0].health_check.interval_jitter",
+            ),
+            (
+                (
                     "balancer: { policy: p2c,",
                     format!("timeouts: {{ idle: {H} }}\n    balancer: {{ policy: p2c,"),
                 ),

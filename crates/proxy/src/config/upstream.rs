@@ -206,6 +206,11 @@ pub struct HealthCheck {
     /// Time between checks of one endpoint.
     #[serde(default = "default_health_interval", with = "duration")]
     pub interval: Duration,
+    /// Up to this much more between two checks, drawn afresh for each
+    /// wait (Envoy's `interval_jitter`), so proxies started together do
+    /// not check the same endpoints in step. 0 (default): none.
+    #[serde(default, with = "duration")]
+    pub interval_jitter: Duration,
     /// A check slower than this fails.
     #[serde(default = "default_health_timeout", with = "duration")]
     pub timeout: Duration,
