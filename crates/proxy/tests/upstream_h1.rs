@@ -498,3 +498,42 @@ async fn an_early_answer_lets_an_http2_upload_finish() {
     drop(tx);
     p.shutdown().await;
 }
+
+/// review10 U8: an HTTP/2 `GET` whose content comes in DATA frames with
+/// no `content-length` reaches the HTTP/1.1 upstream chunked, on either
+/// client (hyper's client would send it without a body); a `GET` with no
+/// content still goes with no framing field at all.
+#[tokio::test]
+async fn an_http2_get_with_content_and_no_length_keeps_its_content() {
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let backend = common::backend("echo").await;
+    for engine in ["meshless", "hyper"] {
+        let cfg = ProxyConfig::parse(&yaml(backend.local_addr(), engine), "t.yaml").expect("valid");
+        let p = Proxy::start(cfg).await.expect("proxy");
+        let addr = p.listener_addr("web").await.expect("listener");
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+        // A streamed body: its length is not known, so none is declared.
+        let streamed = |parts: &[&'static str]| {
+            let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = parts
+                .iter()
+                .map(|s| Ok(Frame::data(Bytes::from_static(s.as_bytes()))))
+                .collect();
+            StreamBody::new(tokio_stream::iter(frames))
+        };
+        for (parts, want) in [(&["hel", "lo"][..], &b"hello"[..]), (&[][..], &b""[..])] {
+            let req = Request::get(format!("http://{addr}/echo"))
+                .body(streamed(parts))
+                .unwrap();
+            let resp = client.request(req).await.expect("response");
+            assert_eq!(resp.status(), 200, "{engine}");
+            let got = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(&got[..], want, "{engine}: the GET's content");
+        }
+        p.shutdown().await;
+    }
+}

@@ -397,8 +397,9 @@ fn join_cookies(h: &mut HeaderMap) {
 /// the body is already at its end (no `Transfer-Encoding` sent); a
 /// `Transfer-Encoding` given is kept, made to end in `chunked`; else a
 /// valid `Content-Length` given; else, for a body of unknown length,
-/// none for `GET`/`HEAD`/`CONNECT` and chunked for the others; else the
-/// body's exact length as `Content-Length`. The body is `None` when none
+/// none for `HEAD`/`CONNECT` and chunked for the others (hyper's client
+/// sends none for `GET` either: content lost; see [`chunk_unsized_get`]);
+/// else the body's exact length as `Content-Length`. The body is `None` when none
 /// is written.
 fn frame_request(
     method: &Method,
@@ -432,9 +433,12 @@ fn frame_request(
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
             (Encoding::Length(n), Some(body))
         }
-        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
-            (Encoding::Length(0), None)
-        }
+        // `HEAD` and `CONNECT` carry no content. A `GET` with content of
+        // unknown length (HTTP/2 DATA without `content-length`) is sent
+        // chunked: dropping it would lose what the client sent (RFC 9110
+        // §7.6), as hyper's client does ([`chunk_unsized_get`] makes it
+        // send such a `GET` chunked too).
+        None if matches!(*method, Method::HEAD | Method::CONNECT) => (Encoding::Length(0), None),
         None => {
             h.insert(
                 header::TRANSFER_ENCODING,
@@ -443,6 +447,27 @@ fn frame_request(
             h.remove(header::CONTENT_LENGTH);
             (Encoding::Chunked, Some(body))
         }
+    }
+}
+
+/// Before hyper's HTTP/1.1 client sends `req`: a `GET` whose content has
+/// no known length and no framing field (an HTTP/2 request with DATA and
+/// no `content-length`) is marked `transfer-encoding: chunked`, which
+/// hyper's client honours; without it hyper sends the `GET` with no body
+/// at all, and the client's content is lost silently. The same rule as
+/// [`frame_request`] for meshless's own connections.
+pub(super) fn chunk_unsized_get(req: &mut Request<UpstreamBody>) {
+    let unsized_content = !req.body().is_end_stream() && req.body().size_hint().exact().is_none();
+    let h = req.headers();
+    if req.method() == Method::GET
+        && unsized_content
+        && !h.contains_key(header::CONTENT_LENGTH)
+        && !h.contains_key(header::TRANSFER_ENCODING)
+    {
+        req.headers_mut().insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
     }
 }
 
@@ -931,8 +956,15 @@ mod tests {
         let (fields, body) = split(&wire.expect("written"));
         assert_eq!(field(&fields, "transfer-encoding"), Some("chunked"));
         assert_eq!(body, b"2\r\nab\r\n0\r\n\r\n");
+        // A GET with content of unknown length is chunked too (hyper's
+        // client drops it; `chunk_unsized_get` makes hyper chunk it), a
+        // HEAD is sent without.
         let wire = written(request(Method::GET, &[], stream(vec![b"ab".to_vec()]))).await;
-        assert_eq!(wire.expect("written"), b"GET /p?q HTTP/1.1\r\n\r\n");
+        let (fields, body) = split(&wire.expect("written"));
+        assert_eq!(field(&fields, "transfer-encoding"), Some("chunked"));
+        assert_eq!(body, b"2\r\nab\r\n0\r\n\r\n");
+        let wire = written(request(Method::HEAD, &[], stream(vec![b"ab".to_vec()]))).await;
+        assert_eq!(wire.expect("written"), b"HEAD /p?q HTTP/1.1\r\n\r\n");
         // A Transfer-Encoding given is made to end in chunked, and wins
         // over a Content-Length.
         let given = [("transfer-encoding", "gzip"), ("content-length", "2")];

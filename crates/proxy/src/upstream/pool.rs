@@ -329,6 +329,9 @@ impl EndpointPool {
             .await
             .map_err(SendError::Connect)?;
         let mut req = make();
+        if self.shared.settings.protocol == UpstreamProtocol::Http1 {
+            super::h1::chunk_unsized_get(&mut req);
+        }
         loop {
             match lease.send(req).await {
                 Ok(resp) => return Ok((resp.map(ResponseBody::Hyper), lease)),
