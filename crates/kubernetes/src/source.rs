@@ -13,7 +13,7 @@
 //! - Only what changed is written: per service, the endpoints that differ
 //!   from what was last written, and the ids that left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -160,12 +160,12 @@ impl Source {
             tokio::select! {
                 _ = crate::stopped(&mut stop) => return,
                 next = updates.next() => match next {
-                    Some(u) => self.handle(u),
+                    Some(u) => self.handle(u).await,
                     None => return,
                 },
                 _ = retry.tick(), if !self.retry.is_empty() => {
                     for key in std::mem::take(&mut self.retry) {
-                        self.sync(&key);
+                        self.sync(&key).await;
                     }
                 }
             }
@@ -186,7 +186,7 @@ impl Source {
         self.metrics().last_sync_timestamp.set(now);
     }
 
-    fn handle(&mut self, update: Update) {
+    async fn handle(&mut self, update: Update) {
         let touched = match update {
             Update::Service(scope, e) => match *e {
                 Ok(e) => self.service_event(scope, e),
@@ -198,7 +198,7 @@ impl Source {
             },
         };
         for key in touched {
-            self.sync(&key);
+            self.sync(&key).await;
         }
         self.metrics().services.set(self.written.len() as i64);
         if self.listed.len() == self.watches && !self.state.distributor.is_synced() {
@@ -272,43 +272,60 @@ impl Source {
         }
     }
 
-    /// Brings the registry's copy of `key` to what the cache says.
-    fn sync(&mut self, key: &str) {
+    /// Brings the registry's copy of `key` to what the cache says. The
+    /// store's transaction (and fsync, with `data_dir`) runs off the
+    /// executor's threads: through group commit for a write, on the
+    /// blocking pool for a delete, so the plane's streams and heartbeats
+    /// never wait behind the disk.
+    async fn sync(&mut self, key: &str) {
         match self.cache.desired(key) {
-            None => self.remove(key),
-            Some(d) => self.write(key, d),
+            None => self.remove(key).await,
+            Some(d) => self.write(key, d).await,
         }
     }
 
     /// The Service is gone: its service leaves the registry. Until the
     /// delete is stored the service stays claimed (read-only) and is
     /// retried ([`RETRY`]).
-    fn remove(&mut self, key: &str) {
+    async fn remove(&mut self, key: &str) {
         self.bad_annotations.remove(key);
         self.replaced.remove(key);
         if !self.written.contains_key(key) {
             return;
         }
         let committed = Instant::now();
-        let mut reg = self.state.lock();
-        let deleted = match reg.delete_service(key) {
-            Ok(delta) => {
-                self.state.distributor.publish(&delta, committed);
-                true
+        let owned = key.to_owned();
+        let deleted = self
+            .state
+            .with_registry_offloaded(move |state, reg| {
+                let deleted = match reg.delete_service(&owned) {
+                    Ok(delta) => {
+                        state.distributor.publish(&delta, committed);
+                        Ok(())
+                    }
+                    Err(meshless_control::registry::RegistryError::UnknownService(_)) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if deleted.is_ok() {
+                    reg.release(&owned);
+                }
+                deleted
+            })
+            .await;
+        match deleted {
+            Some(Ok(())) => {
+                self.written.remove(key);
+                self.retry.remove(key);
+                tracing::info!(service = key, "kubernetes service removed");
             }
-            Err(meshless_control::registry::RegistryError::UnknownService(_)) => true,
-            Err(e) => {
+            Some(Err(e)) => {
                 tracing::error!(service = key, error = %e, "cannot remove kubernetes service; retrying");
-                false
+                self.retry.insert(key.to_owned());
             }
-        };
-        if deleted {
-            reg.release(key);
-            self.written.remove(key);
-            self.retry.remove(key);
-            tracing::info!(service = key, "kubernetes service removed");
-        } else {
-            self.retry.insert(key.to_owned());
+            // The runtime is shutting down.
+            None => {
+                self.retry.insert(key.to_owned());
+            }
         }
     }
 
@@ -362,7 +379,7 @@ impl Source {
         }
     }
 
-    fn write(&mut self, key: &str, mut d: Desired) {
+    async fn write(&mut self, key: &str, mut d: Desired) {
         if d.skipped > 0 {
             self.metrics().skipped_endpoints.inc_by(d.skipped);
         }
@@ -387,23 +404,33 @@ impl Source {
             .collect();
         let origin = format!("Kubernetes Service {key}");
         let spec = d.spec.clone();
-        let result = self.state.write(|r| {
-            let mut deletes = deletes;
-            if replace {
-                deletes.extend(stale_ids(r, key, &wanted, &deletes));
-            }
-            if spec_changed || r.owner(key).is_none() {
-                r.put_service(spec)?;
-                r.claim(key, origin);
-            }
-            if !puts.is_empty() {
-                r.put_endpoints(key, puts)?;
-            }
-            if !deletes.is_empty() {
-                r.delete_endpoints(key, &deletes, false)?;
-            }
-            Ok(())
-        });
+        let owned = key.to_owned();
+        let wanted_ids: BTreeSet<String> = if replace {
+            wanted.keys().cloned().collect()
+        } else {
+            BTreeSet::new()
+        };
+        let result = self
+            .state
+            .write_offloaded(move |r| {
+                let key = owned.as_str();
+                let mut deletes = deletes;
+                if replace {
+                    deletes.extend(stale_ids(r, key, &wanted_ids, &deletes));
+                }
+                if spec_changed || r.owner(key).is_none() {
+                    r.put_service(spec)?;
+                    r.claim(key, origin);
+                }
+                if !puts.is_empty() {
+                    r.put_endpoints(key, puts)?;
+                }
+                if !deletes.is_empty() {
+                    r.delete_endpoints(key, &deletes, false)?;
+                }
+                Ok(())
+            })
+            .await;
         match result {
             Ok(()) => {
                 self.retry.remove(key);
@@ -436,14 +463,14 @@ impl Source {
 fn stale_ids(
     r: &meshless_control::registry::Registry,
     key: &str,
-    wanted: &BTreeMap<String, EndpointInput>,
+    wanted: &BTreeSet<String>,
     deletes: &[EndpointId],
 ) -> Vec<EndpointId> {
     r.view(key)
         .map(|v| v.endpoints)
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| !wanted.contains_key(&e.id) && !deletes.iter().any(|d| d.as_str() == e.id))
+        .filter(|e| !wanted.contains(&e.id) && !deletes.iter().any(|d| d.as_str() == e.id))
         .map(|e| EndpointId::new(e.id))
         .collect()
 }
