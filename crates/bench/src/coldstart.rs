@@ -122,6 +122,11 @@ pub struct ColdstartReport {
     pub paired_overhead_ms_p50: f64,
     pub paired_overhead_ms_p99: f64,
     pub paired_overhead_ms_max: f64,
+    /// The same client's next request of each run, once the instance is
+    /// up (not held): what a request pays through this client and the
+    /// proxy without a cold start, for comparison.
+    pub warm_ms_p50: f64,
+    pub warm_ms_p99: f64,
     /// The paired overhead phase by phase (each run's own instants).
     pub paired_phases: Vec<Phase>,
     /// Every run in the order it ran: its paired overhead and its phases
@@ -453,6 +458,20 @@ async fn get_text(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<(
     Ok((status, body))
 }
 
+/// One measured request through `kind`: its status and the instants it
+/// was sent and answered.
+async fn measured(
+    kind: ClientKind,
+    client: &HttpClient,
+    addr: SocketAddr,
+) -> Result<(u16, Instant, Instant)> {
+    match kind {
+        ClientKind::Hyper => timed(get(client, addr)).await,
+        ClientKind::Raw => timed(raw_get(addr)).await,
+        ClientKind::Open => open_get(addr).await,
+    }
+}
+
 /// The status of `request`, with the instants it was sent and answered.
 async fn timed(
     request: impl std::future::Future<Output = Result<u16>>,
@@ -656,6 +675,11 @@ impl fmt::Display for ColdstartReport {
             self.paired_overhead_ms_p99,
             self.paired_overhead_ms_max
         )?;
+        write!(
+            f,
+            "\nwarm request (same client) p50/p99 {:.2} / {:.2} ms",
+            self.warm_ms_p50, self.warm_ms_p99
+        )?;
         for p in &self.paired_phases {
             write!(
                 f,
@@ -763,6 +787,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
     let mut base_notify = Vec::new();
     let mut overhead_notify = Vec::new();
     let mut paired: Vec<Paired> = Vec::new();
+    let mut warm = Vec::new();
     let (receiver, otlp) = Receiver::start().await?;
     let own_rts = OwnRuntimes::new(args.own_runtimes)?;
     let rts = own_rts.handles();
@@ -780,11 +805,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
             rts,
         )
         .await?;
-        let (status, start, answered) = match args.client {
-            ClientKind::Hyper => timed(get(&client, stack.addr)).await?,
-            ClientKind::Raw => timed(raw_get(stack.addr)).await?,
-            ClientKind::Open => open_get(stack.addr).await?,
-        };
+        let (status, start, answered) = measured(args.client, &client, stack.addr).await?;
         let f = ms(answered - start);
         if status != 200 {
             return Err(BenchError::Failed(format!(
@@ -792,6 +813,8 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
             )));
         }
         let own = instance_start(&stack.plane).await?;
+        let (_, warm_start, warm_answered) = measured(args.client, &client, stack.addr).await?;
+        warm.push(ms(warm_answered - warm_start));
         paired.push(Paired {
             sent: start,
             answered,
@@ -833,6 +856,7 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         &mut base_notify,
         &mut overhead_notify,
         &mut burst_latency,
+        &mut warm,
     ] {
         v.sort_by(f64::total_cmp);
     }
@@ -855,6 +879,8 @@ pub async fn run(args: &ColdstartSettings) -> Result<ColdstartReport> {
         paired_overhead_ms_p50: percentile(&paired_overhead, 0.5),
         paired_overhead_ms_p99: percentile(&paired_overhead, 0.99),
         paired_overhead_ms_max: percentile(&paired_overhead, 1.0),
+        warm_ms_p50: percentile(&warm, 0.5),
+        warm_ms_p99: percentile(&warm, 0.99),
         paired_phases: paired_phases(&paired),
         paired_runs: paired
             .iter()

@@ -17,7 +17,33 @@ use crate::{BenchError, percentile};
 /// Durations (ms) of spans by name, as received.
 #[derive(Debug, Clone, Default)]
 pub struct Receiver {
-    spans: Arc<Mutex<BTreeMap<String, Vec<f64>>>>,
+    spans: Arc<Mutex<Spans>>,
+}
+
+/// What the receiver kept.
+#[derive(Debug, Default)]
+struct Spans {
+    /// Every span but [`REQUEST`], by name.
+    by_name: BTreeMap<String, Vec<f64>>,
+    /// [`REQUEST`] spans: trace id and duration.
+    requests: Vec<(String, f64)>,
+    /// Traces with an `activation.*` span: the held (cold) requests.
+    held: std::collections::HashSet<String>,
+}
+
+/// The span of a whole proxied request.
+const REQUEST: &str = "proxy request";
+
+impl Spans {
+    /// The durations of the [`REQUEST`] spans of held requests only (a
+    /// benchmark's warm requests are left out).
+    fn held_requests(&self) -> Vec<f64> {
+        self.requests
+            .iter()
+            .filter(|(trace, _)| self.held.contains(trace))
+            .map(|(_, ms)| *ms)
+            .collect()
+    }
 }
 
 /// One phase's durations (milliseconds).
@@ -29,7 +55,7 @@ pub struct Phase {
     pub p99_ms: f64,
 }
 
-fn record(spans: &Mutex<BTreeMap<String, Vec<f64>>>, body: &[u8]) {
+fn record(spans: &Mutex<Spans>, body: &[u8]) {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return;
     };
@@ -46,7 +72,15 @@ fn record(spans: &Mutex<BTreeMap<String, Vec<f64>>>, body: &[u8]) {
                     continue;
                 };
                 let ms = b.saturating_sub(a) as f64 / 1e6;
-                spans.entry(name.to_owned()).or_default().push(ms);
+                let trace = s["traceId"].as_str().unwrap_or_default().to_owned();
+                if name == REQUEST {
+                    spans.requests.push((trace, ms));
+                    continue;
+                }
+                if name.starts_with("activation.") {
+                    spans.held.insert(trace);
+                }
+                spans.by_name.entry(name.to_owned()).or_default().push(ms);
             }
         }
     }
@@ -87,10 +121,14 @@ impl Receiver {
         Ok((me, format!("http://{addr}/v1/traces")))
     }
 
-    /// Spans received named `name`.
+    /// Spans received named `name` (for `proxy request`: of held
+    /// requests only).
     pub fn count(&self, name: &str) -> usize {
         let spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
-        spans.get(name).map_or(0, Vec::len)
+        if name == REQUEST {
+            return spans.held_requests().len();
+        }
+        spans.by_name.get(name).map_or(0, Vec::len)
     }
 
     /// Each phase's p50 and p99, in `order` (names not received are left out).
@@ -99,7 +137,11 @@ impl Receiver {
         order
             .iter()
             .filter_map(|name| {
-                let mut v = spans.get(*name)?.clone();
+                let mut v = if *name == REQUEST {
+                    Some(spans.held_requests()).filter(|v| !v.is_empty())?
+                } else {
+                    spans.by_name.get(*name)?.clone()
+                };
                 v.sort_by(f64::total_cmp);
                 Some(Phase {
                     name: (*name).to_owned(),

@@ -231,6 +231,7 @@ fn bench_coldstart_measures_a_real_cold_start() {
         "{v}"
     );
     assert_eq!(runs[0]["overhead_ms"], v["paired_overhead_ms_p50"], "{v}");
+    assert!(v["warm_ms_p50"].as_f64().unwrap_or(0.0) > 0.0, "{v}");
 }
 
 /// `meshless simulate distribution --json ARGS`.
