@@ -35,6 +35,12 @@ pub struct AccessRecord<'a> {
     /// `client_error` (its request body was malformed or cut); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault: Option<&'static str>,
+    /// A gRPC call's `grpc-status` (from the upstream's trailers or
+    /// trailers-only answer, or the proxy's own answer); absent for other
+    /// requests and for a call cut before any status (`status` then holds
+    /// its HTTP equivalent, as in the metrics).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
 }
 
 /// Where access-log lines go.

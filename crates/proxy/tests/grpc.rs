@@ -462,3 +462,62 @@ async fn a_held_grpc_call_is_released_to_the_new_instance() {
     p.shutdown().await;
     plane.shutdown().await;
 }
+
+/// The access log's `grpc_status` field: the upstream's status from its
+/// trailers (OK, and NOT_FOUND), and the proxy's own in a local reply
+/// (UNAVAILABLE: no endpoint); a plain HTTP request has none.
+#[tokio::test]
+async fn the_access_log_records_each_calls_grpc_status() {
+    let b = backends(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!(
+        "access_log: \"{}\"\nadmin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - {{ match: {{ path_prefix: /meshless.echo.v1.Echo/ClientStream }}, cluster: empty }}\n      - {{ cluster: one }}\nclusters:\n  - name: empty\n    endpoints: []\n  - name: one\n    upstream_protocol: http2\n    endpoints: [{{ address: \"{}\" }}]\n",
+        log.display(),
+        b[0].local_addr()
+    );
+    let (_p, addr) = proxy(&yaml).await;
+    let mut c = channel(addr).await;
+    c.unary(req("x")).await.expect("ok");
+    let err = c
+        .unary(EchoRequest {
+            fail_code: Code::NotFound as u32,
+            ..req("x")
+        })
+        .await
+        .expect_err("fails");
+    assert_eq!(err.code(), Code::NotFound);
+    let err = c
+        .client_stream(tokio_stream::iter([req("x")]))
+        .await
+        .expect_err("no endpoint");
+    assert_eq!(err.code(), Code::Unavailable);
+    let (status, _, _) = get(&client(), addr, "/plain", &[]).await;
+    assert_eq!(status, 200);
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    eventually("four access-log lines", || async { lines().len() == 4 }).await;
+    let got: Vec<(String, serde_json::Value)> = lines()
+        .iter()
+        .map(|l| {
+            (
+                l["path"].as_str().unwrap_or("").to_owned(),
+                l["grpc_status"].clone(),
+            )
+        })
+        .collect();
+    let want = [
+        ("/meshless.echo.v1.Echo/Unary", serde_json::json!(0)),
+        ("/meshless.echo.v1.Echo/Unary", serde_json::json!(5)),
+        ("/meshless.echo.v1.Echo/ClientStream", serde_json::json!(14)),
+        ("/plain", serde_json::Value::Null),
+    ];
+    for (i, (path, code)) in want.iter().enumerate() {
+        assert_eq!((got[i].0.as_str(), &got[i].1), (*path, code), "{got:?}");
+    }
+}

@@ -91,6 +91,8 @@ pub struct Completion {
     /// headers): if its stream ends without one in trailers either, the
     /// call failed (gRPC clients see INTERNAL), and is recorded so.
     pub grpc_status_due: bool,
+    /// The gRPC call's `grpc-status`, once known (the access log's field).
+    pub grpc_code: Option<u32>,
     /// The request's trace context (always; spans only with `tracing:`).
     pub trace: crate::request::trace::RequestTrace,
     /// Wakes a held request when this one ends (dropped after `guard`).
@@ -124,6 +126,7 @@ impl Completion {
             deadline: None,
             grpc: crate::request::grpc::is_grpc(&parts.headers),
             grpc_status_due: false,
+            grpc_code: None,
             trace: crate::request::trace::RequestTrace::from_headers(&parts.headers),
             capacity: None,
         }
@@ -143,6 +146,7 @@ impl Completion {
 
     /// The outcome of a gRPC call answered with `code`.
     fn set_grpc_code(&mut self, code: u32) {
+        self.grpc_code = Some(code);
         self.status = crate::request::grpc::http_status(code);
         if let Some(g) = self.guard.as_mut() {
             g.set_outcome(Outcome::Status(self.status));
@@ -267,6 +271,7 @@ impl Drop for Completion {
                 request_id: &self.request_id,
                 attempts: self.attempts,
                 fault: self.client_fault(),
+                grpc_status: self.grpc_code,
             });
             if !queued {
                 metrics.access_log_dropped.inc();
@@ -409,6 +414,7 @@ impl Body for ProxyBody {
                 // A gRPC client is told DEADLINE_EXCEEDED in trailers.
                 *this.cut = true;
                 let code = crate::request::grpc::code::DEADLINE_EXCEEDED;
+                c.grpc_code = Some(code);
                 c.status = crate::request::grpc::http_status(code);
                 let t = crate::request::grpc::status_headers(code, "request timeout");
                 return Poll::Ready(Some(Ok(Frame::trailers(t))));

@@ -115,8 +115,9 @@ impl LocalReply {
     /// only (`grpc-status`, `grpc-message` in the headers, no body), so the
     /// client reports the status rather than a protocol error. The record
     /// keeps the HTTP status the reply stands for (metrics, access log).
-    fn respond_grpc(self, record: Completion) -> Response<ProxyBody> {
+    fn respond_grpc(self, mut record: Completion) -> Response<ProxyBody> {
         let code = grpc::local_code(self.status, self.reason);
+        record.grpc_code = Some(code);
         let message = String::from_utf8_lossy(&self.body);
         let mut resp = Response::new(ProxyBody::full(Bytes::new(), Some(record)));
         *resp.headers_mut() = grpc::status_headers(code, &message);
