@@ -43,6 +43,32 @@ pub struct AccessRecord<'a> {
     pub grpc_status: Option<u32>,
 }
 
+/// One finished TCP flow of a `tcp` listener (HAProxy's `option tcplog`).
+#[derive(Debug, Serialize)]
+pub struct FlowRecord<'a> {
+    /// RFC 3339 time the flow ended.
+    pub time: String,
+    pub listener: &'a str,
+    /// `tcp`: a flow's line (request lines have `method` instead).
+    pub protocol: &'static str,
+    /// The client's IP address.
+    pub client: &'a str,
+    pub cluster: &'a str,
+    /// The endpoint the flow went to; `-` when none was connected.
+    pub endpoint: &'a str,
+    /// Bytes read from the client (and sent on to the endpoint).
+    pub bytes_received: u64,
+    /// Bytes read from the endpoint (and sent on to the client).
+    pub bytes_sent: u64,
+    /// Milliseconds from the endpoint's connection to the flow's end (0
+    /// when none was connected).
+    pub duration_ms: f64,
+    /// How it ended: `closed`, `error`, `idle_timeout`,
+    /// `endpoint_drained`, `listener_drained` or `no_endpoint` (the
+    /// `end` label of `meshless_proxy_tcp_flows_ended_total`).
+    pub end: &'static str,
+}
+
 /// Where access-log lines go.
 #[derive(Debug)]
 pub struct AccessLogger {
@@ -116,8 +142,9 @@ impl AccessLogger {
         self.sender.is_some()
     }
 
-    /// Queues one line; false if it was dropped (the queue is full).
-    pub fn log(&self, record: &AccessRecord<'_>) -> bool {
+    /// Queues one line (a request's [`AccessRecord`] or a flow's
+    /// [`FlowRecord`]); false if it was dropped (the queue is full).
+    pub fn log<R: Serialize>(&self, record: &R) -> bool {
         if let Some(tx) = &self.sender
             && let Ok(mut line) = serde_json::to_string(record)
         {

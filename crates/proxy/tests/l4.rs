@@ -549,3 +549,85 @@ async fn a_delta_wakes_only_the_flows_of_endpoints_that_left() {
     eventually("no endpoint tracked", || async { flows.tracked() == 0 }).await;
     p.shutdown().await;
 }
+
+/// With `access_log` on, each flow writes one line when it ends: its
+/// client, endpoint, bytes each way and how it ended; a flow that found
+/// no endpoint writes one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_flow_writes_an_access_log_line() {
+    let es = echoes(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!(
+        "access_log: \"{}\"\n{}",
+        log.display(),
+        l4_yaml(&[es[0].addr], "5s", "", "")
+    );
+    let (p, addr) = start(&yaml).await;
+    let mut s = connect_from(7, addr).await;
+    s.write_all(b"hello ").await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut all = String::new();
+    tokio::time::timeout(DEADLINE, s.read_to_string(&mut all))
+        .await
+        .expect("the flow ends")
+        .unwrap();
+    assert_eq!(all, "e0\nhello bye\n");
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    eventually("the flow's line", || async { lines().len() == 1 }).await;
+    let l = &lines()[0];
+    let endpoint = es[0].addr.to_string();
+    assert_eq!(
+        (
+            l["protocol"].as_str(),
+            l["listener"].as_str(),
+            l["client"].as_str(),
+            l["cluster"].as_str(),
+            l["endpoint"].as_str(),
+            l["bytes_received"].as_u64(),
+            l["bytes_sent"].as_u64(),
+            l["end"].as_str(),
+        ),
+        (
+            Some("tcp"),
+            Some("l4"),
+            Some("127.0.0.7"),
+            Some("c"),
+            Some(endpoint.as_str()),
+            Some(6),
+            Some(13),
+            Some("closed"),
+        ),
+        "{l}"
+    );
+    p.shutdown().await;
+
+    // No endpoint: the flow is closed at once, and logged so.
+    let yaml = format!(
+        "access_log: \"{}\"\n{}",
+        log.display(),
+        l4_yaml(&[], "5s", "", "").replace("endpoints:\n", "endpoints: []\n")
+    );
+    let (p, addr) = start(&yaml).await;
+    let mut s = connect_from(8, addr).await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, s.read_to_end(&mut rest)).await;
+    eventually("the refused flow's line", || async { lines().len() == 2 }).await;
+    let l = &lines()[1];
+    assert_eq!(
+        (
+            l["endpoint"].as_str(),
+            l["end"].as_str(),
+            l["bytes_sent"].as_u64()
+        ),
+        (Some("-"), Some("no_endpoint"), Some(0)),
+        "{l}"
+    );
+    p.shutdown().await;
+}

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use crate::proxy_protocol::{self, ProxyProtocolVersion};
 use crate::request::Downstream;
-use pipe::{Activity, Metered};
+use pipe::{Activity, Metered, Side};
 
 /// Bytes buffered per direction of a flow: HAProxy's `tune.bufsize`
 /// (tokio's default is 8 KiB; 16 KiB halves the reads and writes of a
@@ -68,12 +68,18 @@ impl FlowKey {
     }
 }
 
-/// Records how a flow ended; dropped before [`FlowEnd::set`], it counts
+/// Records how a flow ended (metrics, and an access-log line when the
+/// log is on); dropped before [`FlowEnd::set`], it counts
 /// `listener_drained` (its listener closed it at the end of a drain).
 struct FlowEnd<'a> {
     downstream: &'a Downstream,
     cluster: &'a str,
     end: &'static str,
+    client: SocketAddr,
+    /// The endpoint, once connected.
+    endpoint: Option<meshless_model::EndpointId>,
+    /// Its bytes, once connected.
+    activity: Option<Arc<Activity>>,
 }
 
 impl FlowEnd<'_> {
@@ -84,8 +90,36 @@ impl FlowEnd<'_> {
 
 impl Drop for FlowEnd<'_> {
     fn drop(&mut self) {
-        let m = &self.downstream.state.metrics.edge;
-        m.flow_ended(&self.downstream.name, self.cluster, self.end);
+        let state = &self.downstream.state;
+        state
+            .metrics
+            .edge
+            .flow_ended(&self.downstream.name, self.cluster, self.end);
+        let logger = state.access_log.load();
+        if !logger.enabled() {
+            return;
+        }
+        let (received, sent) = self.activity.as_ref().map_or((0, 0), |a| a.bytes());
+        let duration = self
+            .activity
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |a| a.began().elapsed());
+        let client = self.client.ip().to_string();
+        let queued = logger.log(&crate::access_log::FlowRecord {
+            time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            listener: &self.downstream.name,
+            protocol: "tcp",
+            client: &client,
+            cluster: self.cluster,
+            endpoint: self.endpoint.as_ref().map_or("-", |e| e.as_str()),
+            bytes_received: received,
+            bytes_sent: sent,
+            duration_ms: duration.as_secs_f64() * 1000.0,
+            end: self.end,
+        });
+        if !queued {
+            state.metrics.access_log_dropped.inc();
+        }
     }
 }
 
@@ -106,10 +140,13 @@ pub async fn serve(
     };
     let state = &downstream.state;
     let snapshot = state.snapshot.load_full();
-    let end = FlowEnd {
+    let mut end = FlowEnd {
         downstream: &downstream,
         cluster: &tcp.cluster,
         end: "listener_drained",
+        client,
+        endpoint: None,
+        activity: None,
     };
     let Some(cluster) = snapshot.clusters.get(&tcp.cluster).cloned() else {
         return end.set("no_endpoint");
@@ -134,21 +171,25 @@ pub async fn serve(
     // keeps the flow's load until the flow ends.
     guard.report_now(Outcome::Status(200));
     let endpoint = guard.endpoint_id().clone();
+    end.endpoint = Some(endpoint.clone());
     let _active = state
         .metrics
         .edge
         .flow_opened(&downstream.name, &cluster.name);
     let activity = Activity::new();
+    end.activity = Some(Arc::clone(&activity));
     let metrics = &state.metrics.edge;
     let mut down = Metered::new(
         stream,
         metrics.bytes(&downstream.name, "downstream_rx"),
         Arc::clone(&activity),
+        Side::Downstream,
     );
     let mut up = Metered::new(
         upstream,
         metrics.bytes(&downstream.name, "downstream_tx"),
         Arc::clone(&activity),
+        Side::Upstream,
     );
     let ended = tokio::select! {
         copied = tokio::io::copy_bidirectional_with_sizes(&mut down, &mut up, BUFFER, BUFFER) => match copied {

@@ -15,11 +15,25 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// When a flow last moved a byte, in nanoseconds since it began.
+/// When a flow last moved a byte, in nanoseconds since it began, and the
+/// bytes it moved each way.
 #[derive(Debug)]
 pub struct Activity {
     began: Instant,
     last: AtomicU64,
+    /// Read from the client (and written to the endpoint).
+    received: AtomicU64,
+    /// Read from the endpoint (and written to the client).
+    sent: AtomicU64,
+}
+
+/// The side of a flow a [`Metered`] stream is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client's connection.
+    Downstream,
+    /// The endpoint's connection.
+    Upstream,
 }
 
 impl Activity {
@@ -28,12 +42,27 @@ impl Activity {
         Arc::new(Self {
             began: Instant::now(),
             last: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         })
+    }
+
+    /// Bytes read from the client and from the endpoint so far.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.received.load(Ordering::Relaxed),
+            self.sent.load(Ordering::Relaxed),
+        )
     }
 
     fn touch(&self) {
         let nanos = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.last.store(nanos, Ordering::Relaxed);
+    }
+
+    /// When the flow began.
+    pub fn began(&self) -> Instant {
+        self.began
     }
 
     /// When the flow last moved a byte.
@@ -58,21 +87,24 @@ impl Activity {
     }
 }
 
-/// A stream whose reads are counted in `bytes` and touch `activity`.
+/// A stream whose reads are counted in `bytes` and in `activity` (as
+/// read from its `side`) and touch `activity`.
 #[derive(Debug)]
 pub struct Metered<S> {
     inner: S,
     bytes: Counter,
     activity: Arc<Activity>,
+    side: Side,
 }
 
 impl<S> Metered<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S, bytes: Counter, activity: Arc<Activity>) -> Self {
+    /// Wraps `inner`, the flow's `side`.
+    pub fn new(inner: S, bytes: Counter, activity: Arc<Activity>, side: Side) -> Self {
         Self {
             inner,
             bytes,
             activity,
+            side,
         }
     }
 }
@@ -88,6 +120,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
         let n = buf.filled().len() - before;
         if n > 0 {
             self.bytes.inc_by(n as u64);
+            let flow = match self.side {
+                Side::Downstream => &self.activity.received,
+                Side::Upstream => &self.activity.sent,
+            };
+            flow.fetch_add(n as u64, Ordering::Relaxed);
             self.activity.touch();
         }
         polled
@@ -122,12 +159,13 @@ mod tests {
     async fn idle_counts_from_the_last_byte() {
         let activity = Activity::new();
         let (a, mut b) = tokio::io::duplex(64);
-        let mut a = Metered::new(a, Counter::default(), Arc::clone(&activity));
+        let mut a = Metered::new(a, Counter::default(), Arc::clone(&activity), Side::Upstream);
         tokio::time::advance(Duration::from_secs(3)).await;
         b.write_all(b"hello").await.unwrap();
         let mut buf = [0u8; 5];
         a.read_exact(&mut buf).await.unwrap();
         assert_eq!(a.bytes.get(), 5);
+        assert_eq!(activity.bytes(), (0, 5));
         let started = tokio::time::Instant::now();
         activity.idle_for(Duration::from_secs(10)).await;
         // Paused time: the wait is exactly the idle time after the last byte.
