@@ -3,7 +3,7 @@
 //! turned into `http::request::Parts` whose header values are slices of
 //! the head's bytes (no copy per field, as hyper does).
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use meshless_h1::{Error, Framing, Limits, Parsed};
 
@@ -46,7 +46,12 @@ pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> 
     let Some(f) = found else {
         return Ok(None);
     };
-    let raw = buf.split_to(f.consumed).freeze();
+    // Copied out, not split off: the values point into this copy of the
+    // head alone, so the read buffer stays unshared and goes back to the
+    // pool when the connection has no bytes pending (a split would keep
+    // all of it alive, and a new buffer be allocated, per request).
+    let raw = Bytes::copy_from_slice(&buf[..f.consumed]);
+    buf.advance(f.consumed);
     // Room for the fields the proxy adds before forwarding it
     // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
     let mut headers = HeaderMap::with_capacity(f.spans.len() + 6);
@@ -118,6 +123,20 @@ mod tests {
         assert_eq!(head.parts.headers["x-a"], "v");
         assert_eq!(head.framing.body, meshless_h1::Body::Length(2));
         assert!(head.raw.ends_with(b"\r\n\r\n"));
+    }
+
+    /// The fields point into a copy of the head: the read buffer is left
+    /// unshared, so it can go back to the pool while they live.
+    #[test]
+    fn the_read_buffer_is_not_shared_with_the_head() {
+        let mut buf = BytesMut::with_capacity(4096);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\nHost: t\r\nX-A: v\r\n\r\n");
+        let head = take(&mut buf, &Limits::default())
+            .expect("valid")
+            .expect("whole");
+        assert!(buf.is_empty());
+        assert!(buf.try_reclaim(4096), "the buffer is its own again");
+        assert_eq!(head.parts.headers["x-a"], "v");
     }
 
     #[test]

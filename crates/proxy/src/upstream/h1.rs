@@ -41,6 +41,39 @@ use super::pool::EndpointPool;
 /// Bytes read at a time (the read buffer grows to a head's size).
 const READ_SIZE: usize = 8 * 1024;
 
+/// Free read buffers kept per worker thread for the exchanges to come: a
+/// connection holds one only while its exchange reads (an idle pooled
+/// connection holds none), and gives it back when its response ends.
+const FREE_MAX: usize = 32;
+
+thread_local! {
+    static FREE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A free read buffer of this worker, or a new empty one.
+fn borrow_buffer() -> BytesMut {
+    FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default()
+}
+
+/// Gives `buf` back to this worker's free buffers if it is unshared (no
+/// data frame sent on still points into it) and worth keeping.
+fn give_back(mut buf: BytesMut) {
+    buf.clear();
+    if buf.try_reclaim(READ_SIZE) {
+        FREE.with(|f| {
+            let mut free = f.borrow_mut();
+            if free.len() < FREE_MAX {
+                free.push(buf);
+            }
+        });
+    }
+}
+
+/// Response data frames up to this size are copied out of the read
+/// buffer rather than split off it, so the buffer stays unshared and is
+/// given back whole ([`give_back`]).
+const SPLIT_MIN: usize = 4 * 1024;
+
 /// Request data frames up to this size are copied behind the head.
 const COPY_MAX: usize = 16 * 1024;
 
@@ -488,6 +521,9 @@ impl Exchange {
     /// Reads more bytes into the buffer: `Ready(Ok(0))` at the end of
     /// the stream.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.conn.buf.capacity() == 0 {
+            self.conn.buf = borrow_buffer();
+        }
         self.conn.buf.reserve(READ_SIZE);
         tokio_util::io::poll_read_buf(Pin::new(&mut self.conn.io), cx, &mut self.conn.buf)
     }
@@ -594,7 +630,10 @@ fn take_head(
         let value = h.value.as_ptr() as usize - base;
         spans.push((name, h.name.len(), value, h.value.len()));
     }
-    let raw = buf.split_to(consumed).freeze();
+    // Copied out, not split off: the values point into this copy alone,
+    // and the read buffer stays unshared ([`give_back`]).
+    let raw = Bytes::copy_from_slice(&buf[..consumed]);
+    buf.advance(consumed);
     let mut headers = HeaderMap::with_capacity(spans.len());
     for (n, nl, v, vl) in spans {
         let name = HeaderName::from_bytes(&raw[n..n + nl])
@@ -691,11 +730,10 @@ impl ResponseBody {
         }
         let reusable = ex.keep_alive && ex.sending.complete() && ex.conn.buf.is_empty();
         if reusable && let Some(pool) = self.pool.take() {
-            // Keep the buffer's memory only while it is not shared with
-            // data sent on.
-            if !ex.conn.buf.try_reclaim(READ_SIZE) {
-                ex.conn.buf = BytesMut::new();
-            }
+            // An idle connection holds no buffer: its memory goes back to
+            // the worker's free buffers while it is not shared with data
+            // sent on.
+            give_back(std::mem::take(&mut ex.conn.buf));
             pool.checkin_own(ex.conn);
         }
     }
@@ -714,7 +752,13 @@ impl ResponseBody {
                     return Ok(None);
                 }
                 let take = usize::try_from(*left).map_or(buf.len(), |l| l.min(buf.len()));
-                let data = buf.split_to(take).freeze();
+                let data = if take < SPLIT_MIN {
+                    let small = Bytes::copy_from_slice(&buf[..take]);
+                    buf.advance(take);
+                    small
+                } else {
+                    buf.split_to(take).freeze()
+                };
                 *left -= take as u64;
                 if *left == 0 {
                     self.finish();
@@ -846,6 +890,29 @@ mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full, StreamBody};
     use proptest::prelude::*;
+
+    /// The head's fields point into a copy of it: the read buffer stays
+    /// unshared, so it goes back to the worker's free buffers whole.
+    #[test]
+    fn a_response_head_leaves_the_read_buffer_unshared() {
+        let mut buf = BytesMut::with_capacity(READ_SIZE);
+        buf.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: v\r\n\r\nhi");
+        let limits = ResponseLimits::default();
+        let (parts, _) = take_head(&mut buf, &Method::GET, &limits)
+            .expect("valid")
+            .expect("whole");
+        assert_eq!(&buf[..], b"hi");
+        FREE.with(|f| f.borrow_mut().clear());
+        give_back(buf);
+        assert_eq!(FREE.with(|f| f.borrow().len()), 1, "unshared: kept");
+        assert_eq!(parts.headers["x-a"], "v");
+        let mut shared = borrow_buffer();
+        shared.extend_from_slice(b"abc");
+        let sent = shared.split_to(2).freeze();
+        give_back(shared);
+        assert_eq!(FREE.with(|f| f.borrow().len()), 0, "shared: not kept");
+        drop(sent);
+    }
 
     fn full(data: &'static [u8]) -> UpstreamBody {
         Full::new(Bytes::from_static(data))
