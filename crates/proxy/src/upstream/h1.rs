@@ -243,12 +243,15 @@ impl Sending {
             .get_all(header::CONNECTION)
             .iter()
             .any(|v| has_token(v.as_bytes(), "close"));
-        let target = match parts.uri.authority() {
-            Some(_) => parts.uri.to_string(),
+        // Borrowed from the URI but for an absolute form (no allocation
+        // per request).
+        let target: std::borrow::Cow<'_, str> = match parts.uri.authority() {
+            Some(_) => parts.uri.to_string().into(),
             None => parts
                 .uri
                 .path_and_query()
-                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+                .map_or("/", |p| p.as_str())
+                .into(),
         };
         join_cookies(h);
         let mut out = BytesMut::with_capacity(512);
