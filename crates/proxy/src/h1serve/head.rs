@@ -4,7 +4,7 @@
 //! the head's bytes (no copy per field, as hyper does).
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue};
 use meshless_h1::{Error, Framing, Limits, Parsed};
 
 /// Header slots parsed on the stack (hyper's default); more use the heap.
@@ -54,7 +54,7 @@ pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> 
     buf.advance(f.consumed);
     // Room for the fields the proxy adds before forwarding it
     // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
-    let mut headers = HeaderMap::with_capacity(f.spans.len() + 6);
+    let mut headers = crate::header_maps::with_capacity(f.spans.len() + 6);
     for (n, nl, v, vl) in f.spans {
         let name =
             HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| Error::Head("header name"))?;

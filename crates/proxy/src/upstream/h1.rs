@@ -261,6 +261,8 @@ impl Sending {
             Encoding::Chunked => Trailers::declared(h),
             Encoding::Length(_) => None,
         };
+        // Written: the map goes back for a head to come.
+        crate::header_maps::recycle(std::mem::take(&mut parts.headers));
         let mut sending = Self {
             out,
             big: None,
@@ -637,7 +639,7 @@ fn take_head(
     // and the read buffer stays unshared ([`give_back`]).
     let raw = Bytes::copy_from_slice(&buf[..consumed]);
     buf.advance(consumed);
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut headers = crate::header_maps::with_capacity(spans.len());
     for (n, nl, v, vl) in spans {
         let name = HeaderName::from_bytes(&raw[n..n + nl])
             .map_err(|_| meshless_h1::Error::Head("header name"))?;
