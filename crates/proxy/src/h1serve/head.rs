@@ -19,16 +19,14 @@ pub struct Head {
     pub raw: Bytes,
 }
 
-/// Where the name and value of one forwarded field lie in the buffer.
-type Span = (usize, usize, usize, usize);
-
-/// What is kept of a parsed head before its bytes are taken out.
+/// A parsed head, its fields made, before its bytes leave the buffer.
 struct Found {
     method: http::Method,
     uri: http::Uri,
     version: http::Version,
     framing: Framing,
-    spans: Vec<Span>,
+    headers: http::HeaderMap,
+    raw: Bytes,
     consumed: usize,
 }
 
@@ -46,58 +44,55 @@ pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> 
     let Some(f) = found else {
         return Ok(None);
     };
-    // Copied out, not split off: the values point into this copy of the
-    // head alone, so the read buffer stays unshared and goes back to the
-    // pool when the connection has no bytes pending (a split would keep
-    // all of it alive, and a new buffer be allocated, per request).
-    let raw = Bytes::copy_from_slice(&buf[..f.consumed]);
     buf.advance(f.consumed);
-    // Room for the fields the proxy adds before forwarding it
-    // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
-    let mut headers = crate::header_maps::with_capacity(f.spans.len() + 6);
-    for (n, nl, v, vl) in f.spans {
-        let name =
-            HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| Error::Head("header name"))?;
-        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
-            .map_err(|_| Error::Head("header value"))?;
-        headers.append(name, value);
-    }
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = f.method;
     parts.uri = f.uri;
     parts.version = f.version;
-    parts.headers = headers;
+    parts.headers = f.headers;
     Ok(Some(Head {
         parts,
         framing: f.framing,
-        raw,
+        raw: f.raw,
     }))
 }
 
-/// Parses the head at the start of `buf` into `slots`, keeping where its
-/// forwarded fields lie.
+/// Parses the head at the start of `buf` into `slots` and makes its
+/// forwarded fields, straight from the parsed ones (no list of where
+/// they lie in between).
 fn find<'b>(
     buf: &'b [u8],
     limits: &Limits,
     slots: &mut [httparse::Header<'b>],
 ) -> Result<Option<Found>, Error> {
-    let base = buf.as_ptr() as usize;
     let Parsed::Complete { head, consumed } = meshless_h1::request::parse(buf, slots, limits)?
     else {
         return Ok(None);
     };
-    let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
+    // Copied out, not split off: the values point into this copy of the
+    // head alone, so the read buffer stays unshared and goes back to the
+    // pool when the connection has no bytes pending (a split would keep
+    // all of it alive, and a new buffer be allocated, per request).
+    let raw = Bytes::copy_from_slice(&buf[..consumed]);
+    let base = buf.as_ptr() as usize;
+    // Room for the fields the proxy adds before forwarding it
+    // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
+    let mut headers = crate::header_maps::with_capacity(head.headers.len() + 6);
     for h in head.framing.forwarded(head.headers) {
-        let name = h.name.as_ptr() as usize - base;
-        let value = h.value.as_ptr() as usize - base;
-        spans.push((name, h.name.len(), value, h.value.len()));
+        let name =
+            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Error::Head("header name"))?;
+        let at = h.value.as_ptr() as usize - base;
+        let value = HeaderValue::from_maybe_shared(raw.slice(at..at + h.value.len()))
+            .map_err(|_| Error::Head("header value"))?;
+        headers.append(name, value);
     }
     Ok(Some(Found {
         method: head.method,
         uri: head.uri,
         version: head.version,
         framing: head.framing,
-        spans,
+        headers,
+        raw,
         consumed,
     }))
 }

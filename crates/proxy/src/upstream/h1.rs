@@ -607,9 +607,6 @@ fn poll_head(
     }
 }
 
-/// Where the name and value of one field lie in the head's bytes.
-type Span = (usize, usize, usize, usize);
-
 /// Takes the response head at the start of `buf` out of it, its header
 /// values slices of the head's bytes; `None` until it is whole.
 fn take_head(
@@ -629,24 +626,20 @@ fn take_head(
     let reason = (Some(head.reason) != status.canonical_reason())
         .then(|| hyper::ext::ReasonPhrase::try_from(head.reason.as_bytes()).ok())
         .flatten();
-    let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
-    for h in framing.forwarded(head.headers) {
-        let name = h.name.as_ptr() as usize - base;
-        let value = h.value.as_ptr() as usize - base;
-        spans.push((name, h.name.len(), value, h.value.len()));
-    }
     // Copied out, not split off: the values point into this copy alone,
-    // and the read buffer stays unshared ([`give_back`]).
+    // and the read buffer stays unshared ([`give_back`]). The fields are
+    // made straight from the parsed ones (no list of where they lie).
     let raw = Bytes::copy_from_slice(&buf[..consumed]);
-    buf.advance(consumed);
-    let mut headers = crate::header_maps::with_capacity(spans.len());
-    for (n, nl, v, vl) in spans {
-        let name = HeaderName::from_bytes(&raw[n..n + nl])
+    let mut headers = crate::header_maps::with_capacity(head.headers.len());
+    for h in framing.forwarded(head.headers) {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| meshless_h1::Error::Head("header name"))?;
-        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
+        let at = h.value.as_ptr() as usize - base;
+        let value = HeaderValue::from_maybe_shared(raw.slice(at..at + h.value.len()))
             .map_err(|_| meshless_h1::Error::Head("header value"))?;
         headers.append(name, value);
     }
+    buf.advance(consumed);
     let (mut parts, ()) = Response::new(()).into_parts();
     parts.status = status;
     parts.version = version;
