@@ -111,11 +111,41 @@ const TCHAR: [bool; 256] = {
 
 /// Checks one field before it is written.
 fn writable(name: &[u8], value: &[u8]) -> Result<(), Unwritable> {
-    let bad_name = name.is_empty() || !name.iter().all(|&b| TCHAR[b as usize]);
-    if bad_name || value.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0)) {
+    // No early exit: the table lookups of a name run without a branch each.
+    let bad_name = name.is_empty() || !name.iter().fold(true, |ok, &b| ok & TCHAR[b as usize]);
+    if bad_name || injects(value) {
         return Err(Unwritable(String::from_utf8_lossy(name).into_owned()));
     }
     Ok(())
+}
+
+/// A byte a field value may not hold: it would end the line (CR, LF) or
+/// the string (NUL).
+fn injecting(b: &u8) -> bool {
+    matches!(*b, b'\r' | b'\n' | 0)
+}
+
+/// Whether `value` holds a CR, LF or NUL. Eight bytes at a time: a word
+/// with no byte below 0x0e cannot hold one (nearly every value: tab is
+/// the only control byte a valid field holds); a word with such a byte
+/// is checked byte by byte, so the answer is the byte loop's.
+fn injects(value: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut words = value.chunks_exact(8);
+    for word in &mut words {
+        // Always 8 bytes; were it not, 0 sends the word to the byte loop.
+        let w = <[u8; 8]>::try_from(word).map_or(0, u64::from_le_bytes);
+        // Non-zero exactly when some byte is below 0x0e (the bit trick
+        // `hasless(w, 0x0e)`): with none, no byte borrows and no byte
+        // keeps a high bit in both `w - 0x0e..` and `!w`; the lowest such
+        // byte wraps to >= 0xf2 with its own high bit clear.
+        let below = w.wrapping_sub(ONES * 0x0e) & !w & HIGH;
+        if below != 0 && word.iter().any(injecting) {
+            return true;
+        }
+    }
+    words.remainder().iter().any(injecting)
 }
 
 fn version_bytes(version: Version) -> &'static [u8] {
@@ -238,6 +268,30 @@ mod tests {
             let tchar = b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
             assert_eq!(TCHAR[b as usize], tchar, "byte {b}");
         }
+    }
+
+    /// The word-at-a-time check answers as the byte loop, for every byte
+    /// at every position of words and of the tail.
+    #[test]
+    fn the_value_check_is_the_byte_loop() {
+        for len in 0..24 {
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    let mut v = vec![b'a'; len];
+                    v[at] = b;
+                    assert_eq!(injects(&v), v.iter().any(injecting), "{b} at {at} of {len}");
+                    // Below it, every byte that borrows or not.
+                    v.iter_mut().take(at).for_each(|x| *x = 0x0e);
+                    assert_eq!(injects(&v), v.iter().any(injecting), "{b} at {at} of {len}");
+                    v.iter_mut().take(at).for_each(|x| *x = 0xff);
+                    assert_eq!(injects(&v), v.iter().any(injecting), "{b} at {at} of {len}");
+                }
+            }
+        }
+        assert!(!injects(b"text/html; charset=utf-8\tand obs-text \x80\xff"));
+        assert!(injects(
+            b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r"
+        ));
     }
 
     #[test]

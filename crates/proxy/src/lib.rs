@@ -17,6 +17,7 @@ pub mod flows;
 pub mod h1out;
 pub mod h1serve;
 pub mod handoff;
+pub mod header_maps;
 pub mod health;
 pub mod hyper_h1;
 pub mod l4;

@@ -119,9 +119,24 @@ impl TraceParent {
 /// machinery, for code that runs on every request).
 pub fn hex(out: &mut [u8], mut n: u128) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for byte in out.iter_mut().rev() {
-        *byte = DIGITS[(n & 0xf) as usize];
-        n >>= 4;
+    // Every byte's two digits: a step writes two.
+    static PAIRS: [[u8; 2]; 256] = {
+        let mut t = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+            i += 1;
+        }
+        t
+    };
+    let mut pairs = out.rchunks_exact_mut(2);
+    for pair in &mut pairs {
+        pair.copy_from_slice(&PAIRS[(n & 0xff) as usize]);
+        n >>= 8;
+    }
+    // An odd width: the most significant digit alone.
+    if let [first] = pairs.into_remainder() {
+        *first = DIGITS[(n & 0xf) as usize];
     }
 }
 
@@ -137,6 +152,16 @@ mod tests {
             let expected = format!("00-{trace_id:032x}-{span_id:016x}-{flags:02x}");
             let value = p.header_value();
             prop_assert_eq!(value.as_bytes(), expected.as_bytes());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn hex_is_what_format_writes(n: u128, width in 0usize..=32) {
+            let mut out = vec![0u8; width];
+            hex(&mut out, n);
+            let full = format!("{n:032x}");
+            prop_assert_eq!(&out[..], &full.as_bytes()[32 - width..]);
         }
     }
 

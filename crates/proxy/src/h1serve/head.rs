@@ -3,8 +3,8 @@
 //! turned into `http::request::Parts` whose header values are slices of
 //! the head's bytes (no copy per field, as hyper does).
 
-use bytes::{Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue};
 use meshless_h1::{Error, Framing, Limits, Parsed};
 
 /// Header slots parsed on the stack (hyper's default); more use the heap.
@@ -19,16 +19,14 @@ pub struct Head {
     pub raw: Bytes,
 }
 
-/// Where the name and value of one forwarded field lie in the buffer.
-type Span = (usize, usize, usize, usize);
-
-/// What is kept of a parsed head before its bytes are taken out.
+/// A parsed head, its fields made, before its bytes leave the buffer.
 struct Found {
     method: http::Method,
     uri: http::Uri,
     version: http::Version,
     framing: Framing,
-    spans: Vec<Span>,
+    headers: http::HeaderMap,
+    raw: Bytes,
     consumed: usize,
 }
 
@@ -46,53 +44,55 @@ pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> 
     let Some(f) = found else {
         return Ok(None);
     };
-    let raw = buf.split_to(f.consumed).freeze();
-    // Room for the fields the proxy adds before forwarding it
-    // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
-    let mut headers = HeaderMap::with_capacity(f.spans.len() + 6);
-    for (n, nl, v, vl) in f.spans {
-        let name =
-            HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| Error::Head("header name"))?;
-        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
-            .map_err(|_| Error::Head("header value"))?;
-        headers.append(name, value);
-    }
+    buf.advance(f.consumed);
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = f.method;
     parts.uri = f.uri;
     parts.version = f.version;
-    parts.headers = headers;
+    parts.headers = f.headers;
     Ok(Some(Head {
         parts,
         framing: f.framing,
-        raw,
+        raw: f.raw,
     }))
 }
 
-/// Parses the head at the start of `buf` into `slots`, keeping where its
-/// forwarded fields lie.
+/// Parses the head at the start of `buf` into `slots` and makes its
+/// forwarded fields, straight from the parsed ones (no list of where
+/// they lie in between).
 fn find<'b>(
     buf: &'b [u8],
     limits: &Limits,
     slots: &mut [httparse::Header<'b>],
 ) -> Result<Option<Found>, Error> {
-    let base = buf.as_ptr() as usize;
     let Parsed::Complete { head, consumed } = meshless_h1::request::parse(buf, slots, limits)?
     else {
         return Ok(None);
     };
-    let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
+    // Copied out, not split off: the values point into this copy of the
+    // head alone, so the read buffer stays unshared and goes back to the
+    // pool when the connection has no bytes pending (a split would keep
+    // all of it alive, and a new buffer be allocated, per request).
+    let raw = Bytes::copy_from_slice(&buf[..consumed]);
+    let base = buf.as_ptr() as usize;
+    // Room for the fields the proxy adds before forwarding it
+    // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
+    let mut headers = crate::header_maps::with_capacity(head.headers.len() + 6);
     for h in head.framing.forwarded(head.headers) {
-        let name = h.name.as_ptr() as usize - base;
-        let value = h.value.as_ptr() as usize - base;
-        spans.push((name, h.name.len(), value, h.value.len()));
+        let name =
+            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Error::Head("header name"))?;
+        let at = h.value.as_ptr() as usize - base;
+        let value = HeaderValue::from_maybe_shared(raw.slice(at..at + h.value.len()))
+            .map_err(|_| Error::Head("header value"))?;
+        headers.append(name, value);
     }
     Ok(Some(Found {
         method: head.method,
         uri: head.uri,
         version: head.version,
         framing: head.framing,
-        spans,
+        headers,
+        raw,
         consumed,
     }))
 }
@@ -118,6 +118,20 @@ mod tests {
         assert_eq!(head.parts.headers["x-a"], "v");
         assert_eq!(head.framing.body, meshless_h1::Body::Length(2));
         assert!(head.raw.ends_with(b"\r\n\r\n"));
+    }
+
+    /// The fields point into a copy of the head: the read buffer is left
+    /// unshared, so it can go back to the pool while they live.
+    #[test]
+    fn the_read_buffer_is_not_shared_with_the_head() {
+        let mut buf = BytesMut::with_capacity(4096);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\nHost: t\r\nX-A: v\r\n\r\n");
+        let head = take(&mut buf, &Limits::default())
+            .expect("valid")
+            .expect("whole");
+        assert!(buf.is_empty());
+        assert!(buf.try_reclaim(4096), "the buffer is its own again");
+        assert_eq!(head.parts.headers["x-a"], "v");
     }
 
     #[test]

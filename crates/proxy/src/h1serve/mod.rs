@@ -383,19 +383,26 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             keep_alive: framing.keep_alive,
         };
         let req = http::Request::from_parts(parts, Source::H1(body));
-        let fut: Handling = Box::pin(crate::request::handle(
-            Arc::clone(downstream),
-            peer.clone(),
-            req,
-        ));
-        Box::new(Exchange::new(
-            fut,
-            feeder,
-            answering,
-            Lent::borrow(&self.gauge),
-            limits(settings).max_head_bytes(),
-            settings.timeouts.request_headers,
-        ))
+        // Both made in their allocation (`Box::write` into a box taken
+        // first), which lets the compiler build them there: `Box::new` of
+        // a value built before it copies the whole of it, and the
+        // request's future is kilobytes.
+        let fut = Box::write(
+            Box::new_uninit(),
+            crate::request::handle(Arc::clone(downstream), peer.clone(), req),
+        );
+        let fut: Handling = Box::into_pin(fut);
+        Box::write(
+            Box::new_uninit(),
+            Exchange::new(
+                fut,
+                feeder,
+                answering,
+                Lent::borrow(&self.gauge),
+                limits(settings).max_head_bytes(),
+                settings.timeouts.request_headers,
+            ),
+        )
     }
 
     /// After an exchange: the write buffer goes back to the pool, and so

@@ -175,6 +175,8 @@ impl Writer {
             .unwrap_or("");
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         meshless_h1::response::write_response_head(&mut out, line, status, reason, fields)?;
+        // Written: the map goes back for a head to come.
+        crate::header_maps::recycle(std::mem::take(&mut parts.headers));
         let left = match encoding {
             Encoding::Length(n) => n,
             _ => 0,

@@ -29,9 +29,19 @@ const BACKOFF_MAX: Duration = Duration::from_millis(250);
 pub struct RetryPolicy {
     max_attempts: u32,
     attempts: u32,
-    on: Vec<RetryOn>,
+    /// The retried failures, one bit each ([`bit`]): made per request
+    /// without the allocation a copy of the config's list was.
+    on: u32,
     tried: [usize; TRIED],
 }
+
+/// The bit of `on` in [`RetryPolicy`]'s set.
+fn bit(on: RetryOn) -> u32 {
+    1 << (on as u32)
+}
+
+// Every kind has a bit of a `u32` (the last one declared is the largest).
+const _: () = assert!((RetryOn::Unavailable as u32) < 32);
 
 impl RetryPolicy {
     /// `1 + retries.count` attempts for a `replayable` request (no body,
@@ -46,7 +56,7 @@ impl RetryPolicy {
                 1
             },
             attempts: 0,
-            on: retries.on.clone(),
+            on: retries.on.iter().fold(0, |set, &on| set | bit(on)),
             tried: [usize::MAX; TRIED],
         }
     }
@@ -89,7 +99,8 @@ impl RetryPolicy {
     /// Whether a failure of kind `on` may be retried (the budget aside).
     /// A refused stream (never processed) is, listed in `on` or not.
     pub fn may_retry(&self, on: RetryOn) -> bool {
-        self.attempts < self.max_attempts && (on == RetryOn::RefusedStream || self.on.contains(&on))
+        self.attempts < self.max_attempts
+            && (on == RetryOn::RefusedStream || self.on & bit(on) != 0)
     }
 
     /// A pick that avoids endpoints already tried (when the cluster has
@@ -272,6 +283,33 @@ mod tests {
             on,
             ..Retries::default()
         }
+    }
+
+    /// Each kind listed is retried, and only those (and a refused
+    /// stream, always): the bits are distinct.
+    #[test]
+    fn the_retried_kinds_are_the_listed_ones() {
+        let all = [
+            RetryOn::ConnectFailure,
+            RetryOn::Reset,
+            RetryOn::RefusedStream,
+            RetryOn::FiveXx,
+            RetryOn::Cancelled,
+            RetryOn::DeadlineExceeded,
+            RetryOn::Internal,
+            RetryOn::ResourceExhausted,
+            RetryOn::Unavailable,
+        ];
+        for listed in all {
+            let p = RetryPolicy::new(&retries(1, vec![listed]), true);
+            for asked in all {
+                let retried = asked == listed || asked == RetryOn::RefusedStream;
+                assert_eq!(p.may_retry(asked), retried, "{listed:?} listed, {asked:?}");
+            }
+        }
+        let p = RetryPolicy::new(&retries(1, all[3..].to_vec()), true);
+        assert!(all[3..].iter().all(|&k| p.may_retry(k)));
+        assert!(!p.may_retry(RetryOn::Reset) && !p.may_retry(RetryOn::ConnectFailure));
     }
 
     #[test]

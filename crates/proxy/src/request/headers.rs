@@ -45,7 +45,9 @@ pub fn request_id(headers: &HeaderMap) -> String {
 fn hex128(n: u128) -> String {
     let mut out = [0u8; 32];
     meshless_trace::context::hex(&mut out, n);
-    out.iter().copied().map(char::from).collect()
+    // Hex digits are ASCII: one allocation of the right size, no
+    // `char` at a time.
+    std::str::from_utf8(&out).map_or_else(|_| String::new(), str::to_owned)
 }
 
 /// Methods a retry may repeat (RFC 9110 9.2.2).
@@ -82,14 +84,21 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
 /// `remove` hashes: this runs on every request and response).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
     if headers.contains_key(header::CONNECTION) {
-        // Cloned (shared bytes, no copy) so that `headers` can be changed.
-        let named: Vec<HeaderValue> = headers
-            .get_all(header::CONNECTION)
+        // Cloned (shared bytes, no copy) so that `headers` can be changed;
+        // the first two on the stack (a message nearly always has one
+        // `Connection` field: no allocation per request).
+        let mut first: [Option<HeaderValue>; 2] = [None, None];
+        let mut more: Vec<HeaderValue> = Vec::new();
+        for (i, v) in headers.get_all(header::CONNECTION).iter().enumerate() {
+            match first.get_mut(i) {
+                Some(slot) => *slot = Some(v.clone()),
+                None => more.push(v.clone()),
+            }
+        }
+        let tokens = first
             .iter()
-            .cloned()
-            .collect();
-        let tokens = named
-            .iter()
+            .flatten()
+            .chain(&more)
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim);
@@ -256,6 +265,23 @@ pub fn build_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_connection_field_names_what_is_removed() {
+        let mut h = HeaderMap::new();
+        for (i, v) in ["x-a", "x-b, x-c", "x-d", "X-E"].into_iter().enumerate() {
+            h.append(header::CONNECTION, HeaderValue::from_static(v));
+            h.insert(
+                ["x-a", "x-b", "x-d", "x-e"][i],
+                HeaderValue::from_static("1"),
+            );
+        }
+        h.insert("x-c", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+    }
 
     #[test]
     fn hop_by_hop_headers_are_removed() {

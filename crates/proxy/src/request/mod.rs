@@ -128,6 +128,11 @@ impl Peer {
     }
 }
 
+/// `traceparent` as a name made once: a `&str` key makes (and allocates)
+/// a new name on every insert.
+static TRACEPARENT: http::HeaderName =
+    http::HeaderName::from_static(meshless_trace::context::TRACEPARENT);
+
 /// Handles one downstream request received by `downstream`.
 pub async fn handle(
     downstream: Arc<Downstream>,
@@ -181,10 +186,7 @@ pub async fn handle(
     // Made once, moved into the last attempt (cloned only for retries).
     let mut upstream_headers =
         headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
-    upstream_headers.insert(
-        meshless_trace::context::TRACEPARENT,
-        record.trace.context.header_value(),
-    );
+    upstream_headers.insert(TRACEPARENT.clone(), record.trace.context.header_value());
     let exchange = Exchange {
         state,
         snapshot: &snapshot,

@@ -41,6 +41,39 @@ use super::pool::EndpointPool;
 /// Bytes read at a time (the read buffer grows to a head's size).
 const READ_SIZE: usize = 8 * 1024;
 
+/// Free read buffers kept per worker thread for the exchanges to come: a
+/// connection holds one only while its exchange reads (an idle pooled
+/// connection holds none), and gives it back when its response ends.
+const FREE_MAX: usize = 32;
+
+thread_local! {
+    static FREE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A free read buffer of this worker, or a new empty one.
+fn borrow_buffer() -> BytesMut {
+    FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default()
+}
+
+/// Gives `buf` back to this worker's free buffers if it is unshared (no
+/// data frame sent on still points into it) and worth keeping.
+fn give_back(mut buf: BytesMut) {
+    buf.clear();
+    if buf.try_reclaim(READ_SIZE) {
+        FREE.with(|f| {
+            let mut free = f.borrow_mut();
+            if free.len() < FREE_MAX {
+                free.push(buf);
+            }
+        });
+    }
+}
+
+/// Response data frames up to this size are copied out of the read
+/// buffer rather than split off it, so the buffer stays unshared and is
+/// given back whole ([`give_back`]).
+const SPLIT_MIN: usize = 4 * 1024;
+
 /// Request data frames up to this size are copied behind the head.
 const COPY_MAX: usize = 16 * 1024;
 
@@ -210,12 +243,15 @@ impl Sending {
             .get_all(header::CONNECTION)
             .iter()
             .any(|v| has_token(v.as_bytes(), "close"));
-        let target = match parts.uri.authority() {
-            Some(_) => parts.uri.to_string(),
+        // Borrowed from the URI but for an absolute form (no allocation
+        // per request).
+        let target: std::borrow::Cow<'_, str> = match parts.uri.authority() {
+            Some(_) => parts.uri.to_string().into(),
             None => parts
                 .uri
                 .path_and_query()
-                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+                .map_or("/", |p| p.as_str())
+                .into(),
         };
         join_cookies(h);
         let mut out = BytesMut::with_capacity(512);
@@ -225,6 +261,8 @@ impl Sending {
             Encoding::Chunked => Trailers::declared(h),
             Encoding::Length(_) => None,
         };
+        // Written: the map goes back for a head to come.
+        crate::header_maps::recycle(std::mem::take(&mut parts.headers));
         let mut sending = Self {
             out,
             big: None,
@@ -513,6 +551,9 @@ impl Exchange {
     /// Reads more bytes into the buffer: `Ready(Ok(0))` at the end of
     /// the stream.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.conn.buf.capacity() == 0 {
+            self.conn.buf = borrow_buffer();
+        }
         self.conn.buf.reserve(READ_SIZE);
         tokio_util::io::poll_read_buf(Pin::new(&mut self.conn.io), cx, &mut self.conn.buf)
     }
@@ -591,9 +632,6 @@ fn poll_head(
     }
 }
 
-/// Where the name and value of one field lie in the head's bytes.
-type Span = (usize, usize, usize, usize);
-
 /// Takes the response head at the start of `buf` out of it, its header
 /// values slices of the head's bytes; `None` until it is whole.
 fn take_head(
@@ -613,21 +651,20 @@ fn take_head(
     let reason = (Some(head.reason) != status.canonical_reason())
         .then(|| hyper::ext::ReasonPhrase::try_from(head.reason.as_bytes()).ok())
         .flatten();
-    let mut spans: Vec<Span> = Vec::with_capacity(head.headers.len());
+    // Copied out, not split off: the values point into this copy alone,
+    // and the read buffer stays unshared ([`give_back`]). The fields are
+    // made straight from the parsed ones (no list of where they lie).
+    let raw = Bytes::copy_from_slice(&buf[..consumed]);
+    let mut headers = crate::header_maps::with_capacity(head.headers.len());
     for h in framing.forwarded(head.headers) {
-        let name = h.name.as_ptr() as usize - base;
-        let value = h.value.as_ptr() as usize - base;
-        spans.push((name, h.name.len(), value, h.value.len()));
-    }
-    let raw = buf.split_to(consumed).freeze();
-    let mut headers = HeaderMap::with_capacity(spans.len());
-    for (n, nl, v, vl) in spans {
-        let name = HeaderName::from_bytes(&raw[n..n + nl])
+        let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| meshless_h1::Error::Head("header name"))?;
-        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
+        let at = h.value.as_ptr() as usize - base;
+        let value = HeaderValue::from_maybe_shared(raw.slice(at..at + h.value.len()))
             .map_err(|_| meshless_h1::Error::Head("header value"))?;
         headers.append(name, value);
     }
+    buf.advance(consumed);
     let (mut parts, ()) = Response::new(()).into_parts();
     parts.status = status;
     parts.version = version;
@@ -716,11 +753,10 @@ impl ResponseBody {
         }
         let reusable = ex.keep_alive && ex.sending.complete() && ex.conn.buf.is_empty();
         if reusable && let Some(pool) = self.pool.take() {
-            // Keep the buffer's memory only while it is not shared with
-            // data sent on.
-            if !ex.conn.buf.try_reclaim(READ_SIZE) {
-                ex.conn.buf = BytesMut::new();
-            }
+            // An idle connection holds no buffer: its memory goes back to
+            // the worker's free buffers while it is not shared with data
+            // sent on.
+            give_back(std::mem::take(&mut ex.conn.buf));
             pool.checkin_own(ex.conn);
         }
     }
@@ -739,7 +775,13 @@ impl ResponseBody {
                     return Ok(None);
                 }
                 let take = usize::try_from(*left).map_or(buf.len(), |l| l.min(buf.len()));
-                let data = buf.split_to(take).freeze();
+                let data = if take < SPLIT_MIN {
+                    let small = Bytes::copy_from_slice(&buf[..take]);
+                    buf.advance(take);
+                    small
+                } else {
+                    buf.split_to(take).freeze()
+                };
                 *left -= take as u64;
                 if *left == 0 {
                     self.finish();
@@ -871,6 +913,29 @@ mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full, StreamBody};
     use proptest::prelude::*;
+
+    /// The head's fields point into a copy of it: the read buffer stays
+    /// unshared, so it goes back to the worker's free buffers whole.
+    #[test]
+    fn a_response_head_leaves_the_read_buffer_unshared() {
+        let mut buf = BytesMut::with_capacity(READ_SIZE);
+        buf.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: v\r\n\r\nhi");
+        let limits = ResponseLimits::default();
+        let (parts, _) = take_head(&mut buf, &Method::GET, &limits)
+            .expect("valid")
+            .expect("whole");
+        assert_eq!(&buf[..], b"hi");
+        FREE.with(|f| f.borrow_mut().clear());
+        give_back(buf);
+        assert_eq!(FREE.with(|f| f.borrow().len()), 1, "unshared: kept");
+        assert_eq!(parts.headers["x-a"], "v");
+        let mut shared = borrow_buffer();
+        shared.extend_from_slice(b"abc");
+        let sent = shared.split_to(2).freeze();
+        give_back(shared);
+        assert_eq!(FREE.with(|f| f.borrow().len()), 0, "shared: not kept");
+        drop(sent);
+    }
 
     fn full(data: &'static [u8]) -> UpstreamBody {
         Full::new(Bytes::from_static(data))
