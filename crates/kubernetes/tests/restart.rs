@@ -29,17 +29,9 @@ async fn start_plane(
     grpc: SocketAddr,
     data_dir: Option<PathBuf>,
 ) -> (ControlPlane, watch::Sender<bool>) {
-    let source = KubernetesSource {
-        kubeconfig: Some(kubeconfig.to_owned()),
-        ..KubernetesSource::default()
-    };
-    let config = ControlConfig {
-        api_address: "127.0.0.1:0".parse().unwrap(),
-        grpc_address: grpc,
-        kubernetes: Some(source.clone()),
-        data_dir,
-        ..ControlConfig::default()
-    };
+    let (source, mut config) = watching(kubeconfig);
+    config.grpc_address = grpc;
+    config.data_dir = data_dir;
     start_plane_on(config, source, || None).await
 }
 
@@ -210,16 +202,7 @@ async fn writes_the_store_refused_are_retried_without_a_new_event() {
     let (fake, dir, kubeconfig) = fake_with_kubeconfig("retry").await;
     fake.apply(&service("shop", "cart", &[("http", 80)]));
     fake.apply(&pod_slice("cart", &a, PodState::Ready));
-    let source = KubernetesSource {
-        kubeconfig: Some(kubeconfig),
-        ..KubernetesSource::default()
-    };
-    let config = ControlConfig {
-        api_address: "127.0.0.1:0".parse().unwrap(),
-        grpc_address: "127.0.0.1:0".parse().unwrap(),
-        kubernetes: Some(source.clone()),
-        ..ControlConfig::default()
-    };
+    let (source, config) = watching(&kubeconfig);
     let fail = Arc::new(AtomicBool::new(false));
     let data = dir.path().join("data");
     let (plane, stop) = start_plane_on(config, source, || {

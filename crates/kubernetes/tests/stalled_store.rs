@@ -12,9 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{pod, pod_slice, temp_dir};
-use meshless_control::config::ControlConfig;
-use meshless_control::kubernetes::KubernetesSource;
+use common::{pod, pod_slice, temp_dir, watching};
 use meshless_control::plane::ControlPlane;
 use meshless_control::store::{Loaded, Storage, Store, StoreError, WriteBatch};
 use meshless_kubernetes::fake_api::FakeApiServer;
@@ -108,16 +106,7 @@ fn a_stalled_commit_of_a_kubernetes_change_leaves_the_executor_serving() {
     let dir = temp_dir("stalled-store");
     let kubeconfig = dir.path().join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig).unwrap();
-    let source = KubernetesSource {
-        kubeconfig: Some(kubeconfig),
-        ..KubernetesSource::default()
-    };
-    let config = ControlConfig {
-        api_address: "127.0.0.1:0".parse().unwrap(),
-        grpc_address: "127.0.0.1:0".parse().unwrap(),
-        kubernetes: Some(source.clone()),
-        ..ControlConfig::default()
-    };
+    let (source, config) = watching(&kubeconfig);
     let gate = Arc::new((Mutex::new(false), Condvar::new(), AtomicBool::new(false)));
     let store = Gated {
         inner: Store::open(&dir.path().join("data")).unwrap(),

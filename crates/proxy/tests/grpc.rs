@@ -494,13 +494,7 @@ async fn the_access_log_records_each_calls_grpc_status() {
     assert_eq!(err.code(), Code::Unavailable);
     let (status, _, _) = get(&client(), addr, "/plain", &[]).await;
     assert_eq!(status, 200);
-    let lines = || -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    };
+    let lines = || common::access_log_lines(&log);
     eventually("four access-log lines", || async { lines().len() == 4 }).await;
     let got: Vec<(String, serde_json::Value)> = lines()
         .iter()

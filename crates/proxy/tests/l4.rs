@@ -573,13 +573,7 @@ async fn each_flow_writes_an_access_log_line() {
         .expect("the flow ends")
         .unwrap();
     assert_eq!(all, "e0\nhello bye\n");
-    let lines = || -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    };
+    let lines = || common::access_log_lines(&log);
     eventually("the flow's line", || async { lines().len() == 1 }).await;
     let l = &lines()[0];
     let endpoint = es[0].addr.to_string();

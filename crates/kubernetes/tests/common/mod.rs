@@ -46,6 +46,22 @@ pub fn temp_dir(name: &str) -> tempfile::TempDir {
         .unwrap()
 }
 
+/// A Kubernetes source reading `kubeconfig`, and a control plane config
+/// on free loopback ports that watches with it.
+pub fn watching(kubeconfig: &std::path::Path) -> (KubernetesSource, ControlConfig) {
+    let source = KubernetesSource {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        ..KubernetesSource::default()
+    };
+    let config = ControlConfig {
+        api_address: "127.0.0.1:0".parse().unwrap(),
+        grpc_address: "127.0.0.1:0".parse().unwrap(),
+        kubernetes: Some(source.clone()),
+        ..ControlConfig::default()
+    };
+    (source, config)
+}
+
 /// The fake, a control plane watching it, and the source's stop switch.
 pub struct Cluster {
     pub fake: FakeApiServer,
@@ -66,16 +82,7 @@ impl Cluster {
         let dir = temp_dir(name);
         let kubeconfig = dir.path().join("kubeconfig");
         fake.write_kubeconfig(&kubeconfig).unwrap();
-        let source = KubernetesSource {
-            kubeconfig: Some(kubeconfig),
-            ..KubernetesSource::default()
-        };
-        let config = ControlConfig {
-            api_address: "127.0.0.1:0".parse().unwrap(),
-            grpc_address: "127.0.0.1:0".parse().unwrap(),
-            kubernetes: Some(source.clone()),
-            ..ControlConfig::default()
-        };
+        let (source, config) = watching(&kubeconfig);
         let plane = ControlPlane::start(config).await.unwrap();
         let (stop, stopped) = watch::channel(false);
         meshless_kubernetes::start(plane.state.clone(), source, stopped)

@@ -578,3 +578,12 @@ pub async fn cluster_addresses(p: &Proxy, name: &str) -> Vec<String> {
         .filter_map(|e| e["address"].as_str().map(str::to_owned))
         .collect()
 }
+
+/// The JSON lines of an access-log file so far (none while it is missing).
+pub fn access_log_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
