@@ -39,14 +39,16 @@ pub fn with_capacity(fields: usize) -> HeaderMap {
 }
 
 /// Gives `map` back, emptied, for a head to come (freed if it holds no
-/// room, too much, or this worker keeps enough).
+/// room, too much — more than [`KEEP_MAX`] fields' room, or more than
+/// that many values, whose store for repeated fields `clear` keeps — or
+/// this worker keeps enough, or its thread is exiting).
 pub fn recycle(mut map: HeaderMap) {
     let room = map.capacity();
-    if room == 0 || room > KEEP_MAX {
+    if room == 0 || room > KEEP_MAX || map.len() > KEEP_MAX {
         return;
     }
     map.clear();
-    FREE.with(|f| {
+    let _ = FREE.try_with(|f| {
         let mut free = f.borrow_mut();
         if free.len() < FREE_MAX {
             free.push(map);
@@ -75,6 +77,15 @@ mod tests {
         // No room, or too much: not kept.
         recycle(HeaderMap::new());
         recycle(HeaderMap::with_capacity(KEEP_MAX * 2));
+        assert_eq!(FREE.with(|f| f.borrow().len()), 0);
+        // Few fields but many repeated values (their store outlives
+        // `clear`): not kept either.
+        let mut repeated = HeaderMap::with_capacity(4);
+        for _ in 0..=KEEP_MAX {
+            repeated.append("set-cookie", HeaderValue::from_static("a=b"));
+        }
+        assert!(repeated.capacity() <= KEEP_MAX);
+        recycle(repeated);
         assert_eq!(FREE.with(|f| f.borrow().len()), 0);
     }
 }

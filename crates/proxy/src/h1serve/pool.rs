@@ -15,6 +15,9 @@ use prometheus_client::metrics::gauge::Gauge;
 /// head limit.
 pub const BUF_SIZE: usize = 8 * 1024;
 
+/// The largest buffer kept for reuse: one grown for a large head is freed.
+const KEEP_MAX: usize = 4 * BUF_SIZE;
+
 /// Free buffers kept per worker thread; more are freed.
 const FREE_MAX: usize = 64;
 
@@ -64,8 +67,9 @@ impl Drop for Lent {
         // Memory still shared with body data sent on (or too small to be
         // worth keeping) is not pooled: only a buffer that can take a
         // whole `BUF_SIZE` again without allocating.
-        if buf.try_reclaim(BUF_SIZE) {
-            FREE.with(|f| {
+        // Dropped instead while the thread's locals are torn down.
+        if buf.capacity() <= KEEP_MAX && buf.try_reclaim(BUF_SIZE) {
+            let _ = FREE.try_with(|f| {
                 let mut free = f.borrow_mut();
                 if free.len() < FREE_MAX {
                     free.push(buf);
@@ -105,5 +109,11 @@ mod tests {
         let b = Lent::borrow(&g);
         drop(b);
         assert_eq!(FREE.with(|f| f.borrow().len()), 1, "unique: kept");
+        // One grown for a large head is freed, not kept (it took the
+        // pooled one).
+        let mut big = Lent::borrow(&g);
+        big.reserve(KEEP_MAX + 1);
+        drop(big);
+        assert_eq!(FREE.with(|f| f.borrow().len()), 0, "grown: not kept");
     }
 }

@@ -55,12 +55,18 @@ fn borrow_buffer() -> BytesMut {
     FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default()
 }
 
+/// The largest read buffer kept for reuse (one grown for a large head is
+/// freed instead), so the free list holds at most `FREE_MAX` of these.
+const KEEP_MAX: usize = 4 * READ_SIZE;
+
 /// Gives `buf` back to this worker's free buffers if it is unshared (no
-/// data frame sent on still points into it) and worth keeping.
+/// data frame sent on still points into it) and worth keeping: not grown
+/// past [`KEEP_MAX`]. Dropped instead while the thread's locals are torn
+/// down (a body dropped at thread exit).
 fn give_back(mut buf: BytesMut) {
     buf.clear();
-    if buf.try_reclaim(READ_SIZE) {
-        FREE.with(|f| {
+    if buf.capacity() <= KEEP_MAX && buf.try_reclaim(READ_SIZE) {
+        let _ = FREE.try_with(|f| {
             let mut free = f.borrow_mut();
             if free.len() < FREE_MAX {
                 free.push(buf);
@@ -935,6 +941,9 @@ mod tests {
         give_back(shared);
         assert_eq!(FREE.with(|f| f.borrow().len()), 0, "shared: not kept");
         drop(sent);
+        // One grown for a large head is freed, not kept.
+        give_back(BytesMut::with_capacity(KEEP_MAX + 1));
+        assert_eq!(FREE.with(|f| f.borrow().len()), 0, "grown: not kept");
     }
 
     fn full(data: &'static [u8]) -> UpstreamBody {
