@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::sync::mpsc;
 
+use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
 use crate::config::AccessLog;
@@ -143,14 +144,21 @@ impl AccessLogger {
     }
 
     /// Queues one line (a request's [`AccessRecord`] or a flow's
-    /// [`FlowRecord`]); false if it was dropped (the queue is full).
-    pub fn log<R: Serialize>(&self, record: &R) -> bool {
+    /// [`FlowRecord`]); a line that finds the queue full is dropped and
+    /// counted in `dropped` (`meshless_proxy_access_log_dropped_total`).
+    pub fn log<R: Serialize>(&self, record: &R, dropped: &Counter) {
         if let Some(tx) = &self.sender
             && let Ok(mut line) = serde_json::to_string(record)
         {
             line.push('\n');
-            return !matches!(tx.try_send(line), Err(mpsc::TrySendError::Full(_)));
+            if let Err(mpsc::TrySendError::Full(_)) = tx.try_send(line) {
+                dropped.inc();
+            }
         }
-        true
     }
+}
+
+/// The time of a line: now, RFC 3339 with milliseconds.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }

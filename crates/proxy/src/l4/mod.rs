@@ -105,8 +105,8 @@ impl Drop for FlowEnd<'_> {
             .as_ref()
             .map_or(std::time::Duration::ZERO, |a| a.began().elapsed());
         let client = self.client.ip().to_string();
-        let queued = logger.log(&crate::access_log::FlowRecord {
-            time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        let record = crate::access_log::FlowRecord {
+            time: crate::access_log::now(),
             listener: &self.downstream.name,
             protocol: "tcp",
             client: &client,
@@ -116,10 +116,8 @@ impl Drop for FlowEnd<'_> {
             bytes_sent: sent,
             duration_ms: duration.as_secs_f64() * 1000.0,
             end: self.end,
-        });
-        if !queued {
-            state.metrics.access_log_dropped.inc();
-        }
+        };
+        logger.log(&record, &state.metrics.access_log_dropped);
     }
 }
 

@@ -256,9 +256,9 @@ impl Drop for Completion {
             let client = self
                 .client
                 .map_or_else(|| "-".to_owned(), |ip| ip.to_string());
-            let queued = logger.log(&AccessRecord {
+            let record = AccessRecord {
                 client: &client,
-                time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                time: crate::access_log::now(),
                 listener: &self.listener,
                 route: &self.route,
                 cluster: &self.cluster,
@@ -272,10 +272,8 @@ impl Drop for Completion {
                 attempts: self.attempts,
                 fault: self.client_fault(),
                 grpc_status: self.grpc_code,
-            });
-            if !queued {
-                metrics.access_log_dropped.inc();
-            }
+            };
+            logger.log(&record, &metrics.access_log_dropped);
         }
     }
 }
