@@ -481,15 +481,25 @@ async fn timed(
     Ok((status, start, Instant::now()))
 }
 
+/// A failed `GET http://addr/`.
+fn get_failed(addr: SocketAddr, what: &str) -> BenchError {
+    BenchError::Failed(format!("GET http://{addr}/: {what}"))
+}
+
+/// A new connection to `addr`, `TCP_NODELAY` set.
+async fn connected(addr: SocketAddr) -> Result<tokio::net::TcpStream> {
+    let conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| get_failed(addr, &e.to_string()))?;
+    conn.set_nodelay(true)
+        .map_err(|e| get_failed(addr, &e.to_string()))?;
+    Ok(conn)
+}
+
 /// Status of `GET http://addr/` sent by this task on a fresh connection
 /// (`connection: close`), once the whole response is read.
 async fn raw_get(addr: SocketAddr) -> Result<u16> {
-    let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
-    let conn = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| failed(&e.to_string()))?;
-    conn.set_nodelay(true).map_err(|e| failed(&e.to_string()))?;
-    raw_exchange(conn, addr).await
+    raw_exchange(connected(addr).await?, addr).await
 }
 
 /// [`ClientKind::Open`]: status of `GET http://addr/` sent on a
@@ -497,28 +507,20 @@ async fn raw_get(addr: SocketAddr) -> Result<u16> {
 /// sent and answered, both taken by the task of the runtime that writes
 /// the request and reads the response.
 async fn open_get(addr: SocketAddr) -> Result<(u16, Instant, Instant)> {
-    let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
-    let conn = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| failed(&e.to_string()))?;
-    conn.set_nodelay(true).map_err(|e| failed(&e.to_string()))?;
+    let conn = connected(addr).await?;
     // Time for the proxy to accept the connection and wait on it, as on
     // a kept-alive connection.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    tokio::spawn(async move {
-        let start = Instant::now();
-        let status = raw_exchange(conn, addr).await?;
-        Ok((status, start, Instant::now()))
-    })
-    .await
-    .map_err(|e| failed(&e.to_string()))?
+    tokio::spawn(timed(raw_exchange(conn, addr)))
+        .await
+        .map_err(|e| get_failed(addr, &e.to_string()))?
 }
 
 /// Writes `GET /` (`connection: close`) on `conn` and reads the whole
 /// response: its status.
 async fn raw_exchange(mut conn: tokio::net::TcpStream, addr: SocketAddr) -> Result<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let failed = |what: &str| BenchError::Failed(format!("GET http://{addr}/: {what}"));
+    let failed = |what: &str| get_failed(addr, what);
     let req = format!("GET / HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
     conn.write_all(req.as_bytes())
         .await
