@@ -35,14 +35,20 @@ struct Spans {
 const REQUEST: &str = "proxy request";
 
 impl Spans {
-    /// The durations of the [`REQUEST`] spans of held requests only (a
-    /// benchmark's warm requests are left out).
-    fn held_requests(&self) -> Vec<f64> {
-        self.requests
+    /// The durations of the spans named `name` (`None`: none received);
+    /// of [`REQUEST`], those of held requests only (a benchmark's warm
+    /// requests are left out).
+    fn durations(&self, name: &str) -> Option<Vec<f64>> {
+        if name != REQUEST {
+            return self.by_name.get(name).cloned();
+        }
+        let held: Vec<f64> = self
+            .requests
             .iter()
             .filter(|(trace, _)| self.held.contains(trace))
             .map(|(_, ms)| *ms)
-            .collect()
+            .collect();
+        (!held.is_empty()).then_some(held)
     }
 }
 
@@ -125,10 +131,7 @@ impl Receiver {
     /// requests only).
     pub fn count(&self, name: &str) -> usize {
         let spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
-        if name == REQUEST {
-            return spans.held_requests().len();
-        }
-        spans.by_name.get(name).map_or(0, Vec::len)
+        spans.durations(name).map_or(0, |v| v.len())
     }
 
     /// Each phase's p50 and p99, in `order` (names not received are left out).
@@ -137,11 +140,7 @@ impl Receiver {
         order
             .iter()
             .filter_map(|name| {
-                let mut v = if *name == REQUEST {
-                    Some(spans.held_requests()).filter(|v| !v.is_empty())?
-                } else {
-                    spans.by_name.get(*name)?.clone()
-                };
+                let mut v = spans.durations(name)?;
                 v.sort_by(f64::total_cmp);
                 Some(Phase {
                     name: (*name).to_owned(),
