@@ -137,6 +137,20 @@ async fn round_trip(r: &mut BufReader<TcpStream>, text: &str) -> String {
     line.trim().to_owned()
 }
 
+/// A flow from `127.0.0.<from>` that sends `text` and closes its side:
+/// everything it read until the flow ended.
+async fn send_and_close(from: u8, to: SocketAddr, text: &str) -> String {
+    let mut s = connect_from(from, to).await;
+    s.write_all(text.as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut all = String::new();
+    tokio::time::timeout(DEADLINE, s.read_to_string(&mut all))
+        .await
+        .expect("the flow ends")
+        .unwrap();
+    all
+}
+
 /// The endpoint id (address) the proxy's cluster `c` picks for `key`.
 fn pick(p: &Proxy, key: u64) -> String {
     let snap = p.state().snapshot.load();
@@ -271,15 +285,7 @@ async fn a_flow_survives_table_changes_and_its_endpoint_drains() {
 async fn half_close_passes_through() {
     let es = echoes(1).await;
     let (p, addr) = start(&l4_yaml(&[es[0].addr], "5s", "", "")).await;
-    let mut s = connect_from(1, addr).await;
-    s.write_all(b"hello ").await.unwrap();
-    s.shutdown().await.unwrap();
-    let mut all = String::new();
-    tokio::time::timeout(DEADLINE, s.read_to_string(&mut all))
-        .await
-        .expect("the flow ends")
-        .unwrap();
-    assert_eq!(all, "e0\nhello bye\n");
+    assert_eq!(send_and_close(1, addr, "hello ").await, "e0\nhello bye\n");
     eventually("flow gauge back to 0", || async {
         let page = admin(&p, "/metrics").await.1;
         common::metric(
@@ -564,15 +570,7 @@ async fn each_flow_writes_an_access_log_line() {
         l4_yaml(&[es[0].addr], "5s", "", "")
     );
     let (p, addr) = start(&yaml).await;
-    let mut s = connect_from(7, addr).await;
-    s.write_all(b"hello ").await.unwrap();
-    s.shutdown().await.unwrap();
-    let mut all = String::new();
-    tokio::time::timeout(DEADLINE, s.read_to_string(&mut all))
-        .await
-        .expect("the flow ends")
-        .unwrap();
-    assert_eq!(all, "e0\nhello bye\n");
+    assert_eq!(send_and_close(7, addr, "hello ").await, "e0\nhello bye\n");
     let lines = || common::access_log_lines(&log);
     eventually("the flow's line", || async { lines().len() == 1 }).await;
     let l = &lines()[0];
