@@ -58,6 +58,13 @@ fn wait_in_flight(admin: SocketAddr) {
     });
 }
 
+/// Waits until the proxy's admin listener at `admin` says it is ready.
+fn wait_ready(admin: SocketAddr) {
+    wait_until("proxy ready", || {
+        matches!(http_get(admin, "/ready"), Ok((200, _)))
+    });
+}
+
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ok() {
@@ -246,9 +253,7 @@ fn sighup_and_watch_reload_and_sigterm_drains() {
         .spawn()
         .expect("spawn proxy");
     let mut proxy = Running(child);
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     assert_eq!(http_get(listen, "/").expect("get"), (200, "app-1\n".into()));
     assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
 
@@ -351,9 +356,7 @@ fn sighup_reloads_without_watch_and_sigint_drains() {
         .spawn()
         .expect("spawn proxy");
     let mut proxy = Running(child);
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
     write_config(dir, listen, admin, backend, "v2");
     signal(&proxy.0, "-HUP");
@@ -488,9 +491,7 @@ fn watch_retries_a_reload_when_the_failing_ca_file_is_fixed() {
             .spawn()
             .expect("spawn proxy"),
     );
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     assert_eq!(http_get(listen, "/gone").expect("get").1, "v1");
 
     // v2 adds a TLS cluster whose CA file does not exist yet: rejected.
@@ -576,9 +577,7 @@ fn a_stalled_upgrade_peer_blocks_neither_sighup_nor_sigterm() {
     let path = write("v1");
     let socket = dir.join("up.sock");
     let mut proxy = spawn_proxy(&path, &["--upgrade-socket".as_ref(), socket.as_os_str()]);
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     let _first = stall(&socket);
     write("v2");
     signal(&proxy.0, "-HUP");
@@ -657,9 +656,7 @@ fn takeover_with_no_running_proxy_starts_on_its_own() {
                 "--takeover".as_ref(),
             ],
         );
-        wait_until("proxy ready", || {
-            matches!(http_get(admin, "/ready"), Ok((200, _)))
-        });
+        wait_ready(admin);
         assert_eq!(http_get(listen, "/").expect("get"), (200, "app-1\n".into()));
         signal(&proxy.0, "-TERM");
         let exit = wait_exit(&mut proxy, "exit");
@@ -683,9 +680,7 @@ fn a_second_signal_cuts_the_drain_short() {
     )
     .expect("write");
     let mut proxy = spawn_proxy(&path, &[]);
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     signal(&proxy.0, "-TERM");
     wait_until("draining", || {
         matches!(http_get(admin, "/ready"), Ok((503, _)))
@@ -713,9 +708,7 @@ fn sigterm_waits_for_a_listener_a_reload_removed() {
     let two = two.replace("drain_timeout: 5s", "drain_timeout: 30s");
     std::fs::write(&path, &two).expect("write");
     let mut proxy = spawn_proxy(&path, &[]);
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     let slow = std::thread::spawn(move || http_get(listen2, "/?delay_ms=8000"));
     wait_in_flight(admin);
     std::fs::write(&path, &one).expect("write");
@@ -745,9 +738,7 @@ fn sigusr1_and_sighup_reopen_a_renamed_access_log() {
     let text = std::fs::read_to_string(&path).expect("read");
     std::fs::write(&path, format!("access_log: \"{}\"\n{text}", log.display())).expect("write");
     let mut proxy = spawn_proxy(&path, &[]);
-    wait_until("proxy ready", || {
-        matches!(http_get(admin, "/ready"), Ok((200, _)))
-    });
+    wait_ready(admin);
     let lines = |p: &Path| {
         std::fs::read_to_string(p)
             .map(|t| t.lines().count())
