@@ -533,6 +533,12 @@ fn spawn_proxy(path: &Path, args: &[&std::ffi::OsStr]) -> Running {
     Running(child)
 }
 
+/// Waits for the proxy to exit (`what`), and asserts it exited with 0.
+fn wait_clean_exit(proxy: &mut Running, what: &str) {
+    let exit = wait_exit(proxy, what);
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
 fn wait_exit(proxy: &mut Running, what: &str) -> std::process::ExitStatus {
     wait_until(what, || matches!(proxy.0.try_wait(), Ok(Some(_))));
     proxy.0.wait().expect("wait")
@@ -598,8 +604,7 @@ fn a_stalled_upgrade_peer_blocks_neither_sighup_nor_sigterm() {
         "the hand-over's connection: {read:?}"
     );
     signal(&proxy.0, "-TERM");
-    let exit = wait_exit(&mut proxy, "exit on the second SIGTERM");
-    assert!(exit.success(), "exit status {exit:?}");
+    wait_clean_exit(&mut proxy, "exit on the second SIGTERM");
 }
 
 /// Review 9, E21: a SIGHUP while a `--takeover` process waits for the old
@@ -659,8 +664,7 @@ fn takeover_with_no_running_proxy_starts_on_its_own() {
         wait_ready(admin);
         assert_eq!(http_get(listen, "/").expect("get"), (200, "app-1\n".into()));
         signal(&proxy.0, "-TERM");
-        let exit = wait_exit(&mut proxy, "exit");
-        assert!(exit.success(), "exit status {exit:?}");
+        wait_clean_exit(&mut proxy, "exit");
     }
 }
 
@@ -686,8 +690,7 @@ fn a_second_signal_cuts_the_drain_short() {
         matches!(http_get(admin, "/ready"), Ok((503, _)))
     });
     signal(&proxy.0, "-INT");
-    let exit = wait_exit(&mut proxy, "exit on the second signal");
-    assert!(exit.success(), "exit status {exit:?}");
+    wait_clean_exit(&mut proxy, "exit on the second signal");
 }
 
 /// Review 9, E15: SIGTERM soon after a reload removed a listener waits
@@ -721,8 +724,7 @@ fn sigterm_waits_for_a_listener_a_reload_removed() {
         (200, "app-1\n"),
         "the removed listener's request drained"
     );
-    let exit = wait_exit(&mut proxy, "exit");
-    assert!(exit.success(), "exit status {exit:?}");
+    wait_clean_exit(&mut proxy, "exit");
 }
 
 /// Review 9, E20: after logrotate renames a file access log, SIGUSR1 (or
@@ -759,6 +761,5 @@ fn sigusr1_and_sighup_reopen_a_renamed_access_log() {
     }
     assert!(matches!(proxy.0.try_wait(), Ok(None)), "still running");
     signal(&proxy.0, "-TERM");
-    let exit = wait_exit(&mut proxy, "exit");
-    assert!(exit.success(), "exit status {exit:?}");
+    wait_clean_exit(&mut proxy, "exit");
 }
