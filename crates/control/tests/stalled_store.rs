@@ -48,6 +48,18 @@ impl Gate {
     }
 }
 
+impl Gated {
+    /// A store in `dir` with its gate open, and the gate.
+    fn open(dir: &std::path::Path) -> (Self, Arc<Gate>) {
+        let gate = Arc::new(Gate::default());
+        let store = Self {
+            inner: Store::open(dir).unwrap(),
+            gate: Arc::clone(&gate),
+        };
+        (store, gate)
+    }
+}
+
 impl Storage for Gated {
     fn load(&self) -> Result<Loaded, StoreError> {
         self.inner.load()
@@ -119,11 +131,7 @@ fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<u16
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_commit_leaves_the_executor_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Gate::default());
-    let store = Gated {
-        inner: Store::open(dir.path()).unwrap(),
-        gate: Arc::clone(&gate),
-    };
+    let (store, gate) = Gated::open(dir.path());
     let config = ControlConfig::parse(
         "api_address: \"127.0.0.1:0\"\ngrpc_address: \"127.0.0.1:0\"\n",
         "test",
@@ -230,11 +238,7 @@ fn request_text(addr: SocketAddr, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_ready_during_a_stalled_commit_leave_the_executor_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Gate::default());
-    let store = Gated {
-        inner: Store::open(dir.path()).unwrap(),
-        gate: Arc::clone(&gate),
-    };
+    let (store, gate) = Gated::open(dir.path());
     let marks = dir.path().join("marks");
     std::fs::create_dir(&marks).unwrap();
     // Each instance listens on $PORT a moment after it starts, and leaves
