@@ -9,8 +9,8 @@
 //!
 //! Bounded: at most [`FREE_MAX`] maps per worker thread, each of at most
 //! [`KEEP_MAX`] fields' room (a map grown for a large head is freed).
-//! Imports nothing of the crate: both the listener side and the upstream
-//! side use it.
+//! Imports nothing of the crate but [`crate::free_list`]: both the
+//! listener side and the upstream side use it.
 
 use std::cell::RefCell;
 
@@ -29,7 +29,7 @@ thread_local! {
 /// An empty map with room for at least `fields` fields: a free one of
 /// this worker if there is one.
 pub fn with_capacity(fields: usize) -> HeaderMap {
-    match FREE.with(|f| f.borrow_mut().pop()) {
+    match crate::free_list::take(&FREE) {
         Some(mut map) => {
             map.reserve(fields);
             map
@@ -48,12 +48,7 @@ pub fn recycle(mut map: HeaderMap) {
         return;
     }
     map.clear();
-    let _ = FREE.try_with(|f| {
-        let mut free = f.borrow_mut();
-        if free.len() < FREE_MAX {
-            free.push(map);
-        }
-    });
+    crate::free_list::give(&FREE, map, FREE_MAX);
 }
 
 #[cfg(test)]

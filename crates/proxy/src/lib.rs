@@ -14,6 +14,7 @@ pub mod edge_metrics;
 pub mod endpoint_labels;
 pub mod endpoint_series;
 pub mod flows;
+pub mod free_list;
 pub mod h1out;
 pub mod h1serve;
 pub mod handoff;

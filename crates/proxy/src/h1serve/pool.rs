@@ -36,7 +36,7 @@ pub struct Lent {
 impl Lent {
     /// Borrows an empty buffer with room for at least [`BUF_SIZE`] bytes.
     pub fn borrow(gauge: &Gauge) -> Self {
-        let mut buf = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
+        let mut buf = crate::free_list::take(&FREE).unwrap_or_default();
         buf.reserve(BUF_SIZE);
         gauge.inc();
         Self {
@@ -67,14 +67,8 @@ impl Drop for Lent {
         // Memory still shared with body data sent on (or too small to be
         // worth keeping) is not pooled: only a buffer that can take a
         // whole `BUF_SIZE` again without allocating.
-        // Dropped instead while the thread's locals are torn down.
         if buf.capacity() <= KEEP_MAX && buf.try_reclaim(BUF_SIZE) {
-            let _ = FREE.try_with(|f| {
-                let mut free = f.borrow_mut();
-                if free.len() < FREE_MAX {
-                    free.push(buf);
-                }
-            });
+            crate::free_list::give(&FREE, buf, FREE_MAX);
         }
     }
 }

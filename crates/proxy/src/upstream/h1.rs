@@ -52,7 +52,7 @@ thread_local! {
 
 /// A free read buffer of this worker, or a new empty one.
 fn borrow_buffer() -> BytesMut {
-    FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default()
+    crate::free_list::take(&FREE).unwrap_or_default()
 }
 
 /// The largest read buffer kept for reuse (one grown for a large head is
@@ -66,12 +66,7 @@ const KEEP_MAX: usize = 4 * READ_SIZE;
 fn give_back(mut buf: BytesMut) {
     buf.clear();
     if buf.capacity() <= KEEP_MAX && buf.try_reclaim(READ_SIZE) {
-        let _ = FREE.try_with(|f| {
-            let mut free = f.borrow_mut();
-            if free.len() < FREE_MAX {
-                free.push(buf);
-            }
-        });
+        crate::free_list::give(&FREE, buf, FREE_MAX);
     }
 }
 
