@@ -494,8 +494,18 @@ async fn the_access_log_records_each_calls_grpc_status() {
     assert_eq!(err.code(), Code::Unavailable);
     let (status, _, _) = get(&client(), addr, "/plain", &[]).await;
     assert_eq!(status, 200);
+    // A stream cut mid-way by its deadline: DEADLINE_EXCEEDED.
+    let long = EchoRequest {
+        count: 10_000,
+        delay_ms: 20,
+        ..req("s")
+    };
+    assert_eq!(
+        raw_call(addr, "ServerStream", &long, Some("300m")).await,
+        "4"
+    );
     let lines = || common::access_log_lines(&log);
-    eventually("four access-log lines", || async { lines().len() == 4 }).await;
+    eventually("five access-log lines", || async { lines().len() == 5 }).await;
     let got: Vec<(String, serde_json::Value)> = lines()
         .iter()
         .map(|l| {
@@ -510,6 +520,7 @@ async fn the_access_log_records_each_calls_grpc_status() {
         ("/meshless.echo.v1.Echo/Unary", serde_json::json!(5)),
         ("/meshless.echo.v1.Echo/ClientStream", serde_json::json!(14)),
         ("/plain", serde_json::Value::Null),
+        ("/meshless.echo.v1.Echo/ServerStream", serde_json::json!(4)),
     ];
     for (i, (path, code)) in want.iter().enumerate() {
         assert_eq!((got[i].0.as_str(), &got[i].1), (*path, code), "{got:?}");
