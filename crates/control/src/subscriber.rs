@@ -98,6 +98,8 @@ struct Follow<'a> {
     sent_up_to: u64,
     /// Messages gathered for the next write.
     pending: Vec<ServerMessage>,
+    /// Delta bytes of `pending` (counted in the metrics when written).
+    pending_bytes: u64,
     /// Messages per write at most (`stream_batch`).
     batch: usize,
     /// The encoding this subscriber reads (`Hello.compact`).
@@ -108,22 +110,26 @@ impl<'a> Follow<'a> {
     /// Queues `msg` for the next write; writes when the batch is full.
     async fn send(&mut self, msg: ServerMessage, delta_bytes: usize) -> Result<(), StreamEnd> {
         self.pending.push(msg);
-        self.d.metrics.messages_sent.inc();
-        self.d.metrics.bytes_sent.inc_by(delta_bytes as u64);
+        self.pending_bytes += delta_bytes as u64;
         if self.pending.len() >= self.batch {
             self.flush().await?;
         }
         Ok(())
     }
 
-    /// Writes what is gathered, as one batch.
+    /// Writes what is gathered, as one batch; counts it in the metrics
+    /// (once per batch: the counters are shared by every subscriber).
     async fn flush(&mut self) -> Result<(), StreamEnd> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(self.batch));
+        let (messages, bytes) = (batch.len() as u64, std::mem::take(&mut self.pending_bytes));
         self.out.send(batch).await.map_err(|_| StreamEnd::Gone)?;
-        self.d.metrics.stream_writes.inc();
+        let m = &self.d.metrics;
+        m.messages_sent.inc_by(messages);
+        m.bytes_sent.inc_by(bytes);
+        m.stream_writes.inc();
         Ok(())
     }
 
@@ -353,9 +359,11 @@ pub(crate) async fn serve(
         return Ok(());
     }
     // Every source but the ring behind a gate: the task wakes once per
-    // delta, and an idle source then costs an atomic swap, not a poll.
-    let mut closing = gate::watch_changes(closing);
-    let mut inbound = gate::Gate::new(inbound);
+    // delta, and an idle source then costs an atomic read, not a poll; the
+    // task's waker is registered once per wake-up for all of them.
+    let wakes = gate::Wakes::new();
+    let mut closing = gate::watch_changes(closing, &wakes, 0);
+    let mut inbound = gate::Gate::new(inbound, &wakes, 1);
     let identity = [&hello.subscriber, &hello.node]
         .into_iter()
         .find(|s| !s.is_empty())
@@ -376,23 +384,55 @@ pub(crate) async fn serve(
         leases: BTreeMap::new(),
         sent_up_to: 0,
         pending: Vec::with_capacity(batch.max(1)),
+        pending_bytes: 0,
         batch: batch.max(1),
         encoding: Encoding::of(&hello),
     };
     f.start(&hello, sizes).await?;
-    let mut placements = gate::watch_changes(d.placements.changed());
+    let mut placements = gate::watch_changes(d.placements.changed(), &wakes, 2);
     let mut placed = PlacementsSent::default();
     placed.send_changes(&mut f).await?;
     f.flush().await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
-    let mut heartbeat = gate::ticks(heartbeat);
+    let mut heartbeat = gate::ticks(heartbeat, &wakes, 3);
     // Pacing (`stream_interval`): after a write that emptied the ring,
     // the ring is not read again until the pause ends.
     let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
     let mut paused = false;
     loop {
+        // In order: the registration before the gates look at their bits;
+        // then the gated sources, each an atomic read while idle; the ring
+        // last, so a steady stream of deltas cannot keep the subscriber's
+        // own messages (activations, loads) waiting.
         tokio::select! {
+            biased;
+            () = wakes.registered() => {}
+            _ = closing.next() => return Ok(()),
+            msg = inbound.next() => match msg {
+                Some(Ok(ClientMessage { msg: Some(m) })) => {
+                    let resubscribed = matches!(m, client_message::Msg::Subscribe(_));
+                    on_message(&mut f, id, &hello.node, m).await?;
+                    if resubscribed {
+                        d.placements.watching(id, &f.watched);
+                        placed.send_changes(&mut f).await?;
+                    }
+                    f.flush().await?;
+                }
+                Some(Ok(_)) => {}
+                None => return Ok(()),
+                Some(Err(s)) => return Err(StreamEnd::Inbound(s)),
+            },
+            Some(()) = placements.next() => {
+                placed.send_changes(&mut f).await?;
+                f.flush().await?;
+            }
+            Some(()) = heartbeat.next() => {
+                let hb = v1::Heartbeat { version: f.sent_up_to };
+                let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
+                f.send(msg, 0).await?;
+                f.flush().await?;
+            }
             () = &mut pause, if paused => paused = false,
             got = rx.recv(), if !paused => match got {
                 Ok(delta) => {
@@ -414,31 +454,6 @@ pub(crate) async fn serve(
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
-            msg = inbound.next() => match msg {
-                Some(Ok(ClientMessage { msg: Some(m) })) => {
-                    let resubscribed = matches!(m, client_message::Msg::Subscribe(_));
-                    on_message(&mut f, id, &hello.node, m).await?;
-                    if resubscribed {
-                        d.placements.watching(id, &f.watched);
-                        placed.send_changes(&mut f).await?;
-                    }
-                    f.flush().await?;
-                }
-                Some(Ok(_)) => {}
-                None => return Ok(()),
-                Some(Err(s)) => return Err(StreamEnd::Inbound(s)),
-            },
-            Some(()) = placements.next() => {
-                placed.send_changes(&mut f).await?;
-                f.flush().await?;
-            }
-            _ = closing.next() => return Ok(()),
-            Some(()) = heartbeat.next() => {
-                let hb = v1::Heartbeat { version: f.sent_up_to };
-                let msg = ServerMessage { msg: Some(server_message::Msg::Heartbeat(hb)) };
-                f.send(msg, 0).await?;
-                f.flush().await?;
-            }
         }
     }
 }
@@ -656,6 +671,7 @@ mod tests {
             leases: BTreeMap::new(),
             sent_up_to: 0,
             pending: Vec::new(),
+            pending_bytes: 0,
             batch: 16,
             encoding: Encoding::Full,
         };
@@ -697,6 +713,7 @@ mod tests {
             leases: [("ns/a".to_owned(), lease)].into(),
             sent_up_to: 0,
             pending: Vec::new(),
+            pending_bytes: 0,
             batch: 16,
             encoding: Encoding::Full,
         };
