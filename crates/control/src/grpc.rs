@@ -19,8 +19,8 @@ use crate::outbox::{Follower, Outbox};
 use crate::state::PlaneState;
 
 pub use crate::subscriber::HEARTBEAT;
-/// Batches queued per subscriber before it counts as slow: with batches of
-/// `stream_batch` (16 by default) messages, 64 messages.
+/// Batches of `stream_batch` messages (16 by default) queued per
+/// subscriber before its future waits for the stream: 64 messages.
 const QUEUE: usize = 4;
 
 /// Serves the distribution stream on `listener` until `stop` changes.
@@ -99,7 +99,7 @@ impl Distribution for DistributionService {
             Ok(Err(s)) => return Err(s),
             Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
         };
-        let out = Outbox::new(QUEUE);
+        let out = Outbox::new(QUEUE * self.batch);
         let d = Arc::clone(&self.distributor);
         let (batch, interval) = (self.batch, self.interval);
         let id = d

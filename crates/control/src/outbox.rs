@@ -7,9 +7,11 @@
 //! batches over an `mpsc` channel to the stream).
 //!
 //! Invariant: the future runs only inside [`Follower::poll_next`], and only
-//! while the outbox is empty or below its capacity, so at most `capacity`
-//! batches wait per subscriber (server memory per subscriber stays
-//! bounded); messages leave in the order they were queued.
+//! while fewer than `capacity` messages wait, so at most `capacity` plus
+//! one batch of messages wait per subscriber (server memory per subscriber
+//! stays bounded); messages leave in the order they were queued. A batch
+//! is moved into the queue (its `Vec` keeps its room for the next one), so
+//! a write allocates nothing here.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -20,17 +22,15 @@ use std::task::{Context, Poll, Waker};
 use meshless_api::v1::ServerMessage;
 use tonic::Status;
 
-/// Batches queued for the response stream and the waker of a future
+/// Messages queued for the response stream and the waker of a future
 /// waiting for room.
 #[derive(Debug, Default)]
 struct Queue {
-    batches: VecDeque<Vec<ServerMessage>>,
-    /// Messages of the front batch already handed out.
-    taken: usize,
+    messages: VecDeque<ServerMessage>,
     waiting: Option<Waker>,
 }
 
-/// The subscriber's side: where its future puts the batches to write.
+/// The subscriber's side: where its future puts the messages to write.
 #[derive(Debug, Clone)]
 pub(crate) struct Outbox {
     queue: Arc<Mutex<Queue>>,
@@ -42,7 +42,8 @@ pub(crate) struct Outbox {
 pub(crate) struct Closed;
 
 impl Outbox {
-    /// An outbox holding at most `capacity` batches (at least 1).
+    /// An outbox taking a batch while fewer than `capacity` messages (at
+    /// least 1) wait.
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             queue: Arc::new(Mutex::new(Queue::default())),
@@ -54,50 +55,42 @@ impl Outbox {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `batch`, waiting first while `capacity` batches wait.
-    pub(crate) async fn send(&self, batch: Vec<ServerMessage>) -> Result<(), Closed> {
+    /// Moves the messages of `batch` into the queue (leaving it empty),
+    /// waiting first while `capacity` messages wait.
+    pub(crate) async fn send(&self, batch: &mut Vec<ServerMessage>) -> Result<(), Closed> {
         std::future::poll_fn(|cx| {
             if Arc::strong_count(&self.queue) == 1 {
                 return Poll::Ready(Err(Closed));
             }
             let mut q = self.lock();
-            if q.batches.len() < self.capacity {
+            if q.messages.len() < self.capacity {
+                q.messages.extend(batch.drain(..));
                 Poll::Ready(Ok(()))
             } else {
                 q.waiting = Some(cx.waker().clone());
                 Poll::Pending
             }
         })
-        .await?;
-        self.lock().batches.push_back(batch);
-        Ok(())
+        .await
     }
 
-    /// The next message queued, if any; wakes a future waiting for room.
+    /// The next message queued, if any; once the queue is empty, wakes a
+    /// future waiting for room.
     fn pop(&self) -> Option<ServerMessage> {
         let mut q = self.lock();
-        loop {
-            let taken = q.taken;
-            let front = q.batches.front_mut()?;
-            if taken < front.len() {
-                let msg = std::mem::take(&mut front[taken]);
-                q.taken += 1;
-                return Some(msg);
-            }
-            q.batches.pop_front();
-            q.taken = 0;
-            if let Some(w) = q.waiting.take() {
-                w.wake();
-            }
+        let msg = q.messages.pop_front();
+        if msg.is_none()
+            && let Some(w) = q.waiting.take()
+        {
+            w.wake();
         }
+        msg
     }
 
-    /// Batches waiting (for tests).
+    /// Messages waiting (for tests).
     #[cfg(test)]
-    pub(crate) fn drain_batches(&self) -> Vec<Vec<ServerMessage>> {
-        let mut q = self.lock();
-        q.taken = 0;
-        q.batches.drain(..).collect()
+    pub(crate) fn drain_messages(&self) -> Vec<ServerMessage> {
+        self.lock().messages.drain(..).collect()
     }
 }
 
@@ -132,7 +125,7 @@ impl tokio_stream::Stream for Follower {
             match future.as_mut().poll(cx) {
                 Poll::Ready(()) => self.future = None,
                 // Nothing queued while it ran: wait for its wake-up.
-                Poll::Pending if self.outbox.lock().batches.is_empty() => return Poll::Pending,
+                Poll::Pending if self.outbox.lock().messages.is_empty() => return Poll::Pending,
                 Poll::Pending => {}
             }
         }
@@ -166,11 +159,12 @@ mod tests {
         let writer = outbox.clone();
         let follower = Follower::new(outbox, async move {
             for b in 0..10u64 {
-                let batch = (0..3).map(|i| hb(b * 3 + i)).collect();
-                if writer.send(batch).await.is_err() {
+                let mut batch = (0..3).map(|i| hb(b * 3 + i)).collect();
+                if writer.send(&mut batch).await.is_err() {
                     return;
                 }
-                assert!(writer.lock().batches.len() <= 2, "bounded by capacity");
+                assert!(batch.is_empty(), "moved into the queue");
+                assert!(writer.lock().messages.len() <= 2 + 3, "bounded by capacity");
                 tokio::task::yield_now().await;
             }
         });
@@ -205,6 +199,9 @@ mod tests {
         drop(follower);
         assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
         drop(outbox);
-        assert!(kept.send(vec![hb(1)]).await.is_err(), "nobody reads it");
+        assert!(
+            kept.send(&mut vec![hb(1)]).await.is_err(),
+            "nobody reads it"
+        );
     }
 }
