@@ -216,15 +216,15 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     headers
 }
 
-/// The request to endpoint `index` of `cluster`: its target is the
+/// The target of the request to endpoint `index` of `cluster`: the
 /// client's (shared, not parsed again) with the endpoint's authority.
-pub fn build_request(
+/// Apart from [`build_request`] so that a failure is known before a
+/// connection is asked for (the request is made only once one is there).
+pub fn target(
     parts: &http::request::Parts,
-    headers: HeaderMap,
     cluster: &UpstreamCluster,
     index: usize,
-    body: UpstreamBody,
-) -> Result<Request<UpstreamBody>, http::Error> {
+) -> Result<Uri, http::Error> {
     let path = parts
         .uri
         .path_and_query()
@@ -232,8 +232,7 @@ pub fn build_request(
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut target = http::uri::Parts::default();
     // HTTP/1.1 in origin form; HTTP/2 takes `:scheme` and `:authority` from it.
-    let http2 = cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2;
-    if http2 {
+    if is_http2(cluster) {
         target.scheme = Some(if cluster.config.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -242,9 +241,27 @@ pub fn build_request(
         target.authority = Some(cluster.authorities[index].clone());
     }
     target.path_and_query = Some(path);
+    Ok(Uri::from_parts(target)?)
+}
+
+fn is_http2(cluster: &UpstreamCluster) -> bool {
+    cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2
+}
+
+/// The request to endpoint `index` of `cluster`, to `target` (see
+/// [`target`]).
+pub fn build_request(
+    parts: &http::request::Parts,
+    target: Uri,
+    headers: HeaderMap,
+    cluster: &UpstreamCluster,
+    index: usize,
+    body: UpstreamBody,
+) -> Request<UpstreamBody> {
+    let http2 = is_http2(cluster);
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = Uri::from_parts(target)?;
+    *req.uri_mut() = target;
     *req.headers_mut() = headers;
     // Between proxies only (ahead-of-time placement's one-hop marker).
     req.headers_mut().remove(crate::placement::FORWARDED_BY);
@@ -259,7 +276,7 @@ pub fn build_request(
             req.headers_mut().insert(header::HOST, v);
         }
     }
-    Ok(req)
+    req
 }
 
 #[cfg(test)]
