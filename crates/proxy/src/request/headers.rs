@@ -74,53 +74,88 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
         .map(|t| t.trim().to_ascii_lowercase())
 }
 
+/// Which of [`HOP_BY_HOP`] `name` is, if any: a match on the name's text
+/// (a length, then a comparison), not a comparison with each of them.
+fn hop_by_hop(name: &str) -> Option<usize> {
+    Some(match name {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "transfer-encoding" => 6,
+        "http2-settings" => 7,
+        _ => return None,
+    })
+}
+
 /// Removes hop-by-hop headers, and those the `Connection` header names
 /// (but never `Host`, `Content-Length` or `Transfer-Encoding`: a client
 /// may not unname what the message is routed or framed by); keeps
 /// `Connection: upgrade` and `Upgrade` for a protocol switch. A message
 /// with `Transfer-Encoding` also loses its `Content-Length` (RFC 9112
-/// 6.3: the coding decided the framing, and the length is stale). One
-/// pass over the names present, then only what is there is removed (each
-/// `remove` hashes: this runs on every request and response).
+/// 6.3: the coding decided the framing, and the length is stale).
+///
+/// One pass over the fields finds the hop-by-hop ones and the
+/// `Connection` values; a name a `Connection` token gives is removed only
+/// when a field has it (a second pass over the names, only for a token
+/// that is none of the above: `close`, say); then only what is there is
+/// removed. This runs on every request and response, and each `remove`
+/// (or lookup) hashes the name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
-    if headers.contains_key(header::CONNECTION) {
-        // Cloned (shared bytes, no copy) so that `headers` can be changed;
-        // the first two on the stack (a message nearly always has one
-        // `Connection` field: no allocation per request).
-        let mut first: [Option<HeaderValue>; 2] = [None, None];
-        let mut more: Vec<HeaderValue> = Vec::new();
-        for (i, v) in headers.get_all(header::CONNECTION).iter().enumerate() {
-            match first.get_mut(i) {
-                Some(slot) => *slot = Some(v.clone()),
-                None => more.push(v.clone()),
-            }
-        }
-        let tokens = first
-            .iter()
-            .flatten()
-            .chain(&more)
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim);
-        for token in tokens {
-            let kept = ["host", "content-length", "transfer-encoding"]
-                .iter()
-                .any(|k| token.eq_ignore_ascii_case(k));
-            let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
-            if !(kept || switch) {
-                // A `&str` key is parsed on the stack; an invalid name
-                // matches nothing.
-                headers.remove(token);
-            }
-        }
-    }
     let mut present = [false; HOP_BY_HOP_COUNT];
     let mut upgrade = false;
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
+    // Cloned (shared bytes, no copy) so that `headers` can be changed;
+    // the first two on the stack (a message nearly always has at most one
+    // `Connection` field: no allocation per request).
+    let mut first: [Option<HeaderValue>; 2] = [None, None];
+    let mut more: Vec<HeaderValue> = Vec::new();
+    let mut listed = 0;
+    for (name, value) in headers.iter() {
+        let name = name.as_str();
+        match hop_by_hop(name) {
+            Some(i) => {
+                present[i] = true;
+                if i == 0 {
+                    match first.get_mut(listed) {
+                        Some(slot) => *slot = Some(value.clone()),
+                        None => more.push(value.clone()),
+                    }
+                    listed += 1;
+                }
+            }
+            None => upgrade |= name == "upgrade",
         }
-        upgrade |= name == header::UPGRADE;
+    }
+    let tokens = first
+        .iter()
+        .flatten()
+        .chain(&more)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    for token in tokens {
+        let kept = ["host", "content-length", "transfer-encoding"]
+            .iter()
+            .any(|k| token.eq_ignore_ascii_case(k));
+        let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
+        // A hop-by-hop name (and `Upgrade`, unless switching) goes below
+        // anyway, whether a token names it or not.
+        let below = token.eq_ignore_ascii_case("upgrade")
+            || HOP_BY_HOP
+                .iter()
+                .any(|h| token.eq_ignore_ascii_case(h.as_str()));
+        if kept || switch || below {
+            continue;
+        }
+        if headers
+            .keys()
+            .any(|n| n.as_str().eq_ignore_ascii_case(token))
+        {
+            // A `&str` key is parsed on the stack.
+            headers.remove(token);
+        }
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         if *name == header::TRANSFER_ENCODING {
@@ -298,6 +333,140 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn the_name_match_is_the_list() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop(name.as_str()), Some(i), "{name}");
+        }
+        for other in [
+            "upgrade",
+            "host",
+            "trailer",
+            "content-length",
+            "connectio",
+            "",
+        ] {
+            assert_eq!(hop_by_hop(other), None, "{other}");
+        }
+    }
+
+    /// The removal as it was before the one pass: a `remove` per token and
+    /// a comparison of every name with each hop-by-hop one.
+    fn strip_reference(headers: &mut HeaderMap, upgrading: bool) {
+        let values: Vec<HeaderValue> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        let tokens = values
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim);
+        for token in tokens {
+            let kept = ["host", "content-length", "transfer-encoding"]
+                .iter()
+                .any(|k| token.eq_ignore_ascii_case(k));
+            let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
+            if !(kept || switch) {
+                headers.remove(token);
+            }
+        }
+        let mut upgrade = false;
+        let mut present = Vec::new();
+        for name in headers.keys() {
+            if HOP_BY_HOP.contains(name) {
+                present.push(name.clone());
+            }
+            upgrade |= name == header::UPGRADE;
+        }
+        for name in present {
+            if name == header::TRANSFER_ENCODING {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            headers.remove(name);
+        }
+        if upgrading {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        } else if upgrade {
+            headers.remove(header::UPGRADE);
+        }
+    }
+
+    /// Each name with its values in order, names sorted: removals may
+    /// leave the entries in another order, which no encoder depends on.
+    fn by_name(h: &HeaderMap) -> Vec<(String, Vec<Vec<u8>>)> {
+        let mut out: Vec<(String, Vec<Vec<u8>>)> = h
+            .keys()
+            .map(|n| {
+                let values = h.get_all(n).iter().map(|v| v.as_bytes().to_vec()).collect();
+                (n.as_str().to_owned(), values)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    const NAMES: [&str; 16] = [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "transfer-encoding",
+        "http2-settings",
+        "upgrade",
+        "host",
+        "content-length",
+        "trailer",
+        "close",
+        "x-a",
+        "x-b",
+        "x-c",
+    ];
+
+    const TOKENS: [&str; 12] = [
+        "keep-alive",
+        "close",
+        "Upgrade",
+        "x-a",
+        "X-B",
+        "host",
+        "Content-Length",
+        "transfer-encoding",
+        "TE",
+        "",
+        "not a name",
+        "trailer",
+    ];
+
+    proptest::proptest! {
+        /// The one pass removes what the remove per token and per name did.
+        #[test]
+        fn one_pass_removes_what_a_remove_per_name_did(
+            fields in proptest::collection::vec((0..NAMES.len(), 0..4usize), 0..12),
+            lists in proptest::collection::vec(
+                proptest::collection::vec(0..TOKENS.len(), 0..4), 0..3),
+            upgrading: bool,
+        ) {
+            let mut h = HeaderMap::new();
+            for (n, v) in fields {
+                let value = HeaderValue::from_str(&format!("v{v}")).expect("value");
+                h.append(HeaderName::from_static(NAMES[n]), value);
+            }
+            for list in lists {
+                let text: Vec<&str> = list.iter().map(|&t| TOKENS[t]).collect();
+                let value = HeaderValue::from_str(&text.join(", ")).expect("value");
+                h.append(header::CONNECTION, value);
+            }
+            let mut reference = h.clone();
+            strip_reference(&mut reference, upgrading);
+            strip_hop_by_hop(&mut h, upgrading);
+            proptest::prop_assert_eq!(by_name(&h), by_name(&reference));
+        }
     }
 
     #[test]
