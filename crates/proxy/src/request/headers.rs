@@ -31,23 +31,48 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// A request's id, kept as the `x-request-id` value it is forwarded
+/// with: the client's (a reference to the bytes of its head) or 32 hex
+/// digits made once. Forwarding it takes a reference: no copy, no
+/// allocation.
+#[derive(Debug, Clone)]
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    /// The id as text (visible ASCII: checked when it was taken).
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+
+    /// The id as the header value it is forwarded with.
+    pub fn value(&self) -> &HeaderValue {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The request's id: the client's `x-request-id` when sane (1..=128
 /// bytes of visible ASCII), else 128 random bits as 32 hex digits.
-pub fn request_id(headers: &HeaderMap) -> String {
-    headers
+pub fn request_id(headers: &HeaderMap) -> RequestId {
+    let sane = headers
         .get(&X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(|| hex128(fastrand::u128(..)), str::to_owned)
+        .filter(|v| v.to_str().is_ok() && !v.is_empty() && v.len() <= 128);
+    RequestId(sane.map_or_else(|| hex128(fastrand::u128(..)), HeaderValue::clone))
 }
 
 /// `n` as 32 lower-case hex digits (this runs for every request).
-fn hex128(n: u128) -> String {
+fn hex128(n: u128) -> HeaderValue {
     let mut out = [0u8; 32];
     meshless_trace::context::hex(&mut out, n);
-    // Hex digits are ASCII: one allocation of the right size, no
-    // `char` at a time.
-    std::str::from_utf8(&out).map_or_else(|_| String::new(), str::to_owned)
+    // One allocation that holds the digits and counts the references
+    // (a `Bytes` made from a `Vec` allocates again on its first clone).
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(out))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Methods a retry may repeat (RFC 9110 9.2.2).
@@ -210,7 +235,7 @@ pub struct Forward<'a> {
     pub peer: &'a HeaderValue,
     /// The client came over TLS: `X-Forwarded-Proto: https`.
     pub secure: bool,
-    pub request_id: &'a str,
+    pub request_id: &'a HeaderValue,
     pub upgrading: bool,
     pub forwarding: &'a Forwarding,
     /// The upstream speaks HTTP/2: `TE: trailers` is kept.
@@ -245,9 +270,7 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
         let proto = if f.secure { "https" } else { "http" };
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
-    if let Ok(v) = HeaderValue::from_str(f.request_id) {
-        headers.insert(X_REQUEST_ID.clone(), v);
-    }
+    headers.insert(X_REQUEST_ID.clone(), f.request_id.clone());
     headers
 }
 
@@ -502,12 +525,13 @@ mod tests {
     }
 
     static PEER: HeaderValue = HeaderValue::from_static("10.0.0.9");
+    static ID: HeaderValue = HeaderValue::from_static("id-1");
 
     fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
         Forward {
             peer: &PEER,
             secure: false,
-            request_id: "id-1",
+            request_id: &ID,
             upgrading: false,
             forwarding,
             http2,
@@ -617,18 +641,23 @@ mod tests {
     #[test]
     fn hex_ids_match_the_formatter() {
         for n in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
-            assert_eq!(hex128(n), format!("{n:032x}"));
+            assert_eq!(hex128(n), format!("{n:032x}").as_str());
         }
     }
 
     #[test]
     fn request_ids_are_kept_when_sane() {
         let mut h = HeaderMap::new();
-        assert_eq!(request_id(&h).len(), 32);
+        assert_eq!(request_id(&h).as_str().len(), 32);
         h.insert(&X_REQUEST_ID, HeaderValue::from_static("abc"));
-        assert_eq!(request_id(&h), "abc");
+        assert_eq!(request_id(&h).as_str(), "abc");
         let long = "a".repeat(129);
         h.insert(&X_REQUEST_ID, HeaderValue::from_str(&long).expect("value"));
-        assert_eq!(request_id(&h).len(), 32);
+        assert_eq!(request_id(&h).as_str().len(), 32);
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("a\tb"));
+        assert_eq!(request_id(&h).as_str(), "a\tb", "a tab is visible enough");
+        let bad = HeaderValue::from_bytes(b"caf\xc3\xa9").expect("value");
+        h.insert(&X_REQUEST_ID, bad);
+        assert_eq!(request_id(&h).as_str().len(), 32, "not ASCII: replaced");
     }
 }

@@ -177,7 +177,7 @@ pub async fn handle(
     let forward = headers::Forward {
         peer: &peer.xff,
         secure: peer.secure,
-        request_id: &record.request_id,
+        request_id: record.request_id.value(),
         upgrading: upgrade.is_some(),
         forwarding: &settings.forwarding,
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
