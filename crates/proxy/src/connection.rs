@@ -209,12 +209,20 @@ async fn serve_h2<I>(
     let name = Arc::clone(&downstream.name);
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         // hyper drops the answer's future when the client resets the
-        // stream: its upstream attempt ends with it.
-        watch.track(crate::request::handle(
-            Arc::clone(&downstream),
-            peer.clone(),
-            req.map(Source::Hyper),
-        ))
+        // stream: its upstream attempt ends with it. Boxed, and built in
+        // its box (`Box::write` into a box taken first): hyper moves the
+        // service's future into its stream task and tokio moves that task
+        // into its cell, and the request's future is kilobytes: unboxed,
+        // every one of those moves copies the whole of it.
+        let fut = Box::write(
+            Box::new_uninit(),
+            crate::request::handle(
+                Arc::clone(&downstream),
+                peer.clone(),
+                req.map(Source::Hyper),
+            ),
+        );
+        watch.track(Box::into_pin(fut))
     });
     let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
     // A connection past its premature-reset limit drains as if its

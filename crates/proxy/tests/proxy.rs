@@ -182,6 +182,49 @@ async fn killed_backend_costs_no_request_with_retries() {
     p.shutdown().await;
 }
 
+/// With the default retries (`connect_failure` only), a request over
+/// meshless's own HTTP/1.1 connections is sent without a copy of its
+/// headers kept for a retry: its request takes them once a connection is
+/// there. A retry after a refused connect still sends every header, the
+/// client's and the proxy's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_refused_connect_sends_every_header() {
+    let up = Gated::start("g").await;
+    up.open();
+    // A port nothing listens on once the listener is dropped.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let endpoints = format!(
+        "      - {{ address: \"{dead}\" }}\n      - {{ address: \"{}\" }}\n",
+        up.local_addr()
+    );
+    let extra = "    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n";
+    let (p, addr) = proxy(&config_with_endpoints(&endpoints, extra)).await;
+    let c = client();
+    eventually("a request retried after a refused connect", || async {
+        let (s, _, _) = get(&c, addr, "/r", &[("x-client", "kept")]).await;
+        assert_eq!(s, StatusCode::OK);
+        proxy_metric(&p, "meshless_proxy_retries_total{cluster=\"c\"}").await >= 1.0
+    })
+    .await;
+    let seen = up.seen();
+    assert!(!seen.is_empty());
+    for req in seen {
+        for name in [
+            "host",
+            "x-client",
+            "x-request-id",
+            "traceparent",
+            "x-forwarded-for",
+            "x-forwarded-proto",
+        ] {
+            assert!(req.headers.contains_key(name), "{name}: {:?}", req.headers);
+        }
+    }
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_remove_and_restore() {
     let bs = backends(2).await;

@@ -86,12 +86,8 @@ const DRAIN_MAX: u64 = 64 * 1024;
 /// still sending, short enough that a client that never stops costs little.
 pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A request handler's future, boxed once per request (as hyper's path
-/// does: at hundreds of connections, a slot in every connection would be
-/// cold memory).
-type Handling = Pin<
-    Box<dyn Future<Output = Result<http::Response<ProxyBody>, std::convert::Infallible>> + Send>,
->;
+/// What a request handler's future gives.
+type Handled = Result<http::Response<ProxyBody>, std::convert::Infallible>;
 
 /// One downstream HTTP/1 connection.
 struct Conn<I> {
@@ -164,15 +160,17 @@ where
                 Box::pin(conn.hand_over(downstream, peer, head)).await;
                 return;
             }
-            let mut ex = conn.begin(&downstream, &peer, head, &settings);
+            let mut serving = conn.begin(&downstream, &peer, head, &settings);
             // A drain that starts meanwhile is seen when the response head
             // is made and when it ends (`draining_now`): no waiter per
             // request.
-            let keep = poll_fn(|cx| conn.poll_exchange(&mut ex, cx)).await;
+            let keep = poll_fn(|cx| conn.poll_serving(serving.as_mut(), cx)).await;
+            let ex = serving.as_mut().project().ex;
             if !keep {
-                conn.linger = conn.client_may_send(&ex);
+                conn.linger = conn.client_may_send(ex);
             }
             conn.end(ex);
+            drop(serving);
             if !keep {
                 break None;
             }
@@ -360,16 +358,18 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
 
     /// Starts serving the request of `head`: its handler's future (polled
     /// by [`Conn::poll_exchange`]), its body fed as it is wanted, its
-    /// response written. Boxed, one allocation per request: an exchange
-    /// (with its response writer) is several hundred bytes that an idle
-    /// connection's task would otherwise carry.
+    /// response written. Boxed, one allocation per request for the
+    /// handler's future and the exchange together ([`Serving`]): the
+    /// exchange (with its response writer) is several hundred bytes that
+    /// an idle connection's task would otherwise carry, and the future
+    /// kilobytes.
     fn begin(
         &mut self,
         downstream: &Arc<Downstream>,
         peer: &Peer,
         head: Head,
         settings: &ListenerSettings,
-    ) -> Box<Exchange> {
+    ) -> Pin<Box<Serving<impl Future<Output = Handled> + Send + use<I>>>> {
         let Head { parts, framing, .. } = head;
         let (feeder, body) = if framing.body == meshless_h1::Body::Empty {
             (None, RequestBody::empty())
@@ -383,31 +383,32 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             keep_alive: framing.keep_alive,
         };
         let req = http::Request::from_parts(parts, Source::H1(body));
-        // Both made in their allocation (`Box::write` into a box taken
-        // first), which lets the compiler build them there: `Box::new` of
-        // a value built before it copies the whole of it, and the
-        // request's future is kilobytes.
-        let fut = Box::write(
+        // Made in its allocation (`Box::write` into a box taken first),
+        // which lets the compiler build it there: `Box::new` of a value
+        // built before it copies the whole of it.
+        let serving = Box::write(
             Box::new_uninit(),
-            crate::request::handle(Arc::clone(downstream), peer.clone(), req),
+            Serving {
+                ex: Exchange::new(
+                    feeder,
+                    answering,
+                    Lent::borrow(&self.gauge),
+                    limits(settings).max_head_bytes(),
+                    settings.timeouts.request_headers,
+                ),
+                fut: Some(crate::request::handle(
+                    Arc::clone(downstream),
+                    peer.clone(),
+                    req,
+                )),
+            },
         );
-        let fut: Handling = Box::into_pin(fut);
-        Box::write(
-            Box::new_uninit(),
-            Exchange::new(
-                fut,
-                feeder,
-                answering,
-                Lent::borrow(&self.gauge),
-                limits(settings).max_head_bytes(),
-                settings.timeouts.request_headers,
-            ),
-        )
+        Box::into_pin(serving)
     }
 
     /// After an exchange: the write buffer goes back to the pool, and so
     /// does the read buffer unless it holds what follows.
-    fn end(&mut self, mut ex: Box<Exchange>) {
+    fn end(&mut self, ex: &mut Exchange) {
         if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
             *out = w.into_buffer();
         }
@@ -423,8 +424,24 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         }
     }
 
-    /// Drives one exchange; `Ready(keep_alive)` when it is over.
-    fn poll_exchange(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<bool> {
+    /// Drives one request under way; `Ready(keep_alive)` when it is over.
+    fn poll_serving<F: Future<Output = Handled>>(
+        &mut self,
+        serving: Pin<&mut Serving<F>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<bool> {
+        let this = serving.project();
+        self.poll_exchange(this.ex, this.fut, cx)
+    }
+
+    /// Drives one exchange and its handler's future `fut`;
+    /// `Ready(keep_alive)` when it is over.
+    fn poll_exchange<F: Future<Output = Handled>>(
+        &mut self,
+        ex: &mut Exchange,
+        mut fut: Pin<&mut Option<F>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<bool> {
         loop {
             let mut progress = false;
             match self.poll_continue(ex, cx) {
@@ -435,10 +452,10 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 Poll::Ready(()) => progress = true,
                 Poll::Pending => {}
             }
-            if let Some(fut) = ex.fut.as_mut()
-                && let Poll::Ready(Ok(resp)) = fut.as_mut().poll(cx)
+            if let Some(f) = fut.as_mut().as_pin_mut()
+                && let Poll::Ready(Ok(resp)) = f.poll(cx)
             {
-                ex.fut = None;
+                fut.set(None);
                 let out = ex
                     .out
                     .as_mut()
@@ -637,9 +654,18 @@ enum After {
     Discard { started: bool },
 }
 
-/// One request under way on a connection.
+pin_project_lite::pin_project! {
+    /// One request under way on a connection: its handler's future beside
+    /// the exchange's state, one allocation (they were two boxes).
+    struct Serving<F> {
+        ex: Exchange,
+        #[pin]
+        fut: Option<F>,
+    }
+}
+
+/// The state of one request under way on a connection.
 struct Exchange {
-    fut: Option<Handling>,
     writer: Option<Writer>,
     feeder: Option<Feeder>,
     answering: Answering,
@@ -664,7 +690,6 @@ struct Exchange {
 
 impl Exchange {
     fn new(
-        fut: Handling,
         feeder: Option<Feeder>,
         answering: Answering,
         out: Lent,
@@ -672,7 +697,6 @@ impl Exchange {
         discard_for: std::time::Duration,
     ) -> Self {
         Self {
-            fut: Some(fut),
             writer: None,
             feeder,
             answering,

@@ -97,22 +97,25 @@ fn framing(length: u64, expect_continue: bool) -> meshless_h1::Framing {
     }
 }
 
+/// A request handler's future, boxed.
+type Handling = Pin<Box<dyn Future<Output = Handled> + Send>>;
+
 /// An exchange of a `POST` whose handler is `fut`.
-fn exchange(c: &Conn<Slow>, feeder: Feeder, fut: Handling) -> Exchange {
+fn exchange(c: &Conn<Slow>, feeder: Feeder, fut: Handling) -> Pin<Box<Serving<Handling>>> {
     let answering = Answering {
         method: http::Method::POST,
         version: http::Version::HTTP_11,
         keep_alive: true,
     };
     let out = Lent::borrow(&c.gauge);
-    Exchange::new(
-        fut,
+    let ex = Exchange::new(
         Some(feeder),
         answering,
         out,
         8192,
         std::time::Duration::from_secs(60),
-    )
+    );
+    Box::pin(Serving { ex, fut: Some(fut) })
 }
 
 fn ok() -> Result<http::Response<ProxyBody>, std::convert::Infallible> {
@@ -136,9 +139,9 @@ fn drop_body_then_answer_on<B: Send + 'static>(body: B, release: &Arc<AtomicBool
 
 /// Polls the exchange (no waker) until it ends; `None` if it does not
 /// within `polls`.
-fn run(c: &mut Conn<Slow>, ex: &mut Exchange, polls: usize) -> Option<bool> {
+fn run(c: &mut Conn<Slow>, ex: &mut Pin<Box<Serving<Handling>>>, polls: usize) -> Option<bool> {
     let mut cx = Context::from_waker(Waker::noop());
-    (0..polls).find_map(|_| match c.poll_exchange(ex, &mut cx) {
+    (0..polls).find_map(|_| match c.poll_serving(ex.as_mut(), &mut cx) {
         Poll::Ready(keep) => Some(keep),
         Poll::Pending => None,
     })

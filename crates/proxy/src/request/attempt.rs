@@ -103,6 +103,17 @@ impl RetryPolicy {
             && (on == RetryOn::RefusedStream || self.on & bit(on) != 0)
     }
 
+    /// Whether a failure that can only come once the request was made
+    /// (a reset, a response) may still be retried: attempts are left and
+    /// `on` lists more than `connect_failure` (a refused stream, always
+    /// retried, comes from HTTP/2 endpoints only). Without it, an attempt
+    /// over meshless's own HTTP/1.1 connections is followed by another
+    /// only when it could not connect, before its request was made: the
+    /// request's headers need no copy for it.
+    pub fn retries_once_sent(&self) -> bool {
+        self.attempts < self.max_attempts && self.on & !bit(RetryOn::ConnectFailure) != 0
+    }
+
     /// A pick that avoids endpoints already tried (when the cluster has
     /// others), the way Envoy's `previous_hosts` predicate does.
     pub fn pick(&self, cluster: &UpstreamCluster, ctx: &PickContext<'_>) -> Option<InFlight> {
@@ -245,16 +256,28 @@ pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<Retr
 /// Sends one attempt to endpoint `index` and waits (up to `timeout`, if
 /// any) for its response headers. The lease holds the connection until the
 /// response ends.
+///
+/// The request is made by `make` only once a connection is there (a
+/// failure to connect leaves what `make` would take with the caller),
+/// unless it asks to `upgrade`: that one goes straight to a new connection
+/// ([`crate::upstream::EndpointPool::send`]).
 pub async fn send(
     cluster: &UpstreamCluster,
     index: usize,
-    req: http::Request<UpstreamBody>,
+    (make, upgrade): (impl FnOnce() -> http::Request<UpstreamBody>, bool),
     timeout: Option<Duration>,
     fault: &ClientFault,
 ) -> Result<(Response<ResponseBody>, Lease), Failure> {
+    let pool = &cluster.endpoint_pools[index];
     // Pinned in place: moved into `timeout` by value, the exchange would
     // take room in this future twice.
-    let exchange = std::pin::pin!(cluster.endpoint_pools[index].send(req));
+    let exchange = std::pin::pin!(async move {
+        if upgrade {
+            pool.send(make()).await
+        } else {
+            pool.send_once_connected(make).await
+        }
+    });
     let sent = match timeout {
         Some(t) => tokio::time::timeout(t, exchange).await,
         None => Ok(exchange.await),
@@ -310,6 +333,31 @@ mod tests {
         let p = RetryPolicy::new(&retries(1, all[3..].to_vec()), true);
         assert!(all[3..].iter().all(|&k| p.may_retry(k)));
         assert!(!p.may_retry(RetryOn::Reset) && !p.may_retry(RetryOn::ConnectFailure));
+    }
+
+    /// Asked once the attempt is recorded: only `connect_failure` listed
+    /// (the default), no retry can follow a request once made; anything
+    /// more listed, one can, until the attempts are used up.
+    #[test]
+    fn retries_once_sent_need_more_than_connect_failure() {
+        let mut p = RetryPolicy::new(&Retries::default(), true);
+        p.record(0);
+        assert!(!p.retries_once_sent(), "the default: connect_failure only");
+        for on in [
+            RetryOn::Reset,
+            RetryOn::FiveXx,
+            RetryOn::RefusedStream,
+            RetryOn::Unavailable,
+        ] {
+            let mut p = RetryPolicy::new(&retries(1, vec![RetryOn::ConnectFailure, on]), true);
+            p.record(0);
+            assert!(p.retries_once_sent(), "{on:?}: a retry is left");
+            p.record(1);
+            assert!(!p.retries_once_sent(), "{on:?}: attempts used up");
+        }
+        let mut p = RetryPolicy::new(&retries(1, vec![RetryOn::Reset]), false);
+        p.record(0);
+        assert!(!p.retries_once_sent(), "not replayable: one attempt");
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub struct Completion {
     pub uri: http::Uri,
     /// The status sent downstream; 0 before one is.
     pub status: u16,
-    pub request_id: String,
+    pub request_id: crate::request::headers::RequestId,
     pub attempts: u32,
     pub started: Instant,
     /// The endpoint's in-flight guard, until the response body ends.
@@ -222,7 +222,7 @@ impl Drop for Completion {
                 ("http.response.status_code", self.status.to_string()),
                 ("meshless.cluster", self.cluster.to_string()),
                 ("meshless.endpoint", self.endpoint.to_string()),
-                ("meshless.request_id", self.request_id.clone()),
+                ("meshless.request_id", self.request_id.as_str().to_owned()),
             ];
             self.trace.request(&self.state, self.started, attributes);
         }
@@ -268,7 +268,7 @@ impl Drop for Completion {
                 status: self.status,
                 bytes: self.bytes,
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
-                request_id: &self.request_id,
+                request_id: self.request_id.as_str(),
                 attempts: self.attempts,
                 fault: self.client_fault(),
                 grpc_status: self.grpc_code,

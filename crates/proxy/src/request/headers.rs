@@ -31,23 +31,48 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// A request's id, kept as the `x-request-id` value it is forwarded
+/// with: the client's (a reference to the bytes of its head) or 32 hex
+/// digits made once. Forwarding it takes a reference: no copy, no
+/// allocation.
+#[derive(Debug, Clone)]
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    /// The id as text (visible ASCII: checked when it was taken).
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+
+    /// The id as the header value it is forwarded with.
+    pub fn value(&self) -> &HeaderValue {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The request's id: the client's `x-request-id` when sane (1..=128
 /// bytes of visible ASCII), else 128 random bits as 32 hex digits.
-pub fn request_id(headers: &HeaderMap) -> String {
-    headers
+pub fn request_id(headers: &HeaderMap) -> RequestId {
+    let sane = headers
         .get(&X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(|| hex128(fastrand::u128(..)), str::to_owned)
+        .filter(|v| v.to_str().is_ok() && !v.is_empty() && v.len() <= 128);
+    RequestId(sane.map_or_else(|| hex128(fastrand::u128(..)), HeaderValue::clone))
 }
 
 /// `n` as 32 lower-case hex digits (this runs for every request).
-fn hex128(n: u128) -> String {
+fn hex128(n: u128) -> HeaderValue {
     let mut out = [0u8; 32];
     meshless_trace::context::hex(&mut out, n);
-    // Hex digits are ASCII: one allocation of the right size, no
-    // `char` at a time.
-    std::str::from_utf8(&out).map_or_else(|_| String::new(), str::to_owned)
+    // One allocation that holds the digits and counts the references
+    // (a `Bytes` made from a `Vec` allocates again on its first clone).
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(out))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Methods a retry may repeat (RFC 9110 9.2.2).
@@ -74,53 +99,88 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
         .map(|t| t.trim().to_ascii_lowercase())
 }
 
+/// Which of [`HOP_BY_HOP`] `name` is, if any: a match on the name's text
+/// (a length, then a comparison), not a comparison with each of them.
+fn hop_by_hop(name: &str) -> Option<usize> {
+    Some(match name {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "transfer-encoding" => 6,
+        "http2-settings" => 7,
+        _ => return None,
+    })
+}
+
 /// Removes hop-by-hop headers, and those the `Connection` header names
 /// (but never `Host`, `Content-Length` or `Transfer-Encoding`: a client
 /// may not unname what the message is routed or framed by); keeps
 /// `Connection: upgrade` and `Upgrade` for a protocol switch. A message
 /// with `Transfer-Encoding` also loses its `Content-Length` (RFC 9112
-/// 6.3: the coding decided the framing, and the length is stale). One
-/// pass over the names present, then only what is there is removed (each
-/// `remove` hashes: this runs on every request and response).
+/// 6.3: the coding decided the framing, and the length is stale).
+///
+/// One pass over the fields finds the hop-by-hop ones and the
+/// `Connection` values; a name a `Connection` token gives is removed only
+/// when a field has it (a second pass over the names, only for a token
+/// that is none of the above: `close`, say); then only what is there is
+/// removed. This runs on every request and response, and each `remove`
+/// (or lookup) hashes the name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
-    if headers.contains_key(header::CONNECTION) {
-        // Cloned (shared bytes, no copy) so that `headers` can be changed;
-        // the first two on the stack (a message nearly always has one
-        // `Connection` field: no allocation per request).
-        let mut first: [Option<HeaderValue>; 2] = [None, None];
-        let mut more: Vec<HeaderValue> = Vec::new();
-        for (i, v) in headers.get_all(header::CONNECTION).iter().enumerate() {
-            match first.get_mut(i) {
-                Some(slot) => *slot = Some(v.clone()),
-                None => more.push(v.clone()),
-            }
-        }
-        let tokens = first
-            .iter()
-            .flatten()
-            .chain(&more)
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim);
-        for token in tokens {
-            let kept = ["host", "content-length", "transfer-encoding"]
-                .iter()
-                .any(|k| token.eq_ignore_ascii_case(k));
-            let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
-            if !(kept || switch) {
-                // A `&str` key is parsed on the stack; an invalid name
-                // matches nothing.
-                headers.remove(token);
-            }
-        }
-    }
     let mut present = [false; HOP_BY_HOP_COUNT];
     let mut upgrade = false;
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
+    // Cloned (shared bytes, no copy) so that `headers` can be changed;
+    // the first two on the stack (a message nearly always has at most one
+    // `Connection` field: no allocation per request).
+    let mut first: [Option<HeaderValue>; 2] = [None, None];
+    let mut more: Vec<HeaderValue> = Vec::new();
+    let mut listed = 0;
+    for (name, value) in headers.iter() {
+        let name = name.as_str();
+        match hop_by_hop(name) {
+            Some(i) => {
+                present[i] = true;
+                if i == 0 {
+                    match first.get_mut(listed) {
+                        Some(slot) => *slot = Some(value.clone()),
+                        None => more.push(value.clone()),
+                    }
+                    listed += 1;
+                }
+            }
+            None => upgrade |= name == "upgrade",
         }
-        upgrade |= name == header::UPGRADE;
+    }
+    let tokens = first
+        .iter()
+        .flatten()
+        .chain(&more)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    for token in tokens {
+        let kept = ["host", "content-length", "transfer-encoding"]
+            .iter()
+            .any(|k| token.eq_ignore_ascii_case(k));
+        let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
+        // A hop-by-hop name (and `Upgrade`, unless switching) goes below
+        // anyway, whether a token names it or not.
+        let below = token.eq_ignore_ascii_case("upgrade")
+            || HOP_BY_HOP
+                .iter()
+                .any(|h| token.eq_ignore_ascii_case(h.as_str()));
+        if kept || switch || below {
+            continue;
+        }
+        if headers
+            .keys()
+            .any(|n| n.as_str().eq_ignore_ascii_case(token))
+        {
+            // A `&str` key is parsed on the stack.
+            headers.remove(token);
+        }
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         if *name == header::TRANSFER_ENCODING {
@@ -175,7 +235,7 @@ pub struct Forward<'a> {
     pub peer: &'a HeaderValue,
     /// The client came over TLS: `X-Forwarded-Proto: https`.
     pub secure: bool,
-    pub request_id: &'a str,
+    pub request_id: &'a HeaderValue,
     pub upgrading: bool,
     pub forwarding: &'a Forwarding,
     /// The upstream speaks HTTP/2: `TE: trailers` is kept.
@@ -210,21 +270,19 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
         let proto = if f.secure { "https" } else { "http" };
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
-    if let Ok(v) = HeaderValue::from_str(f.request_id) {
-        headers.insert(X_REQUEST_ID.clone(), v);
-    }
+    headers.insert(X_REQUEST_ID.clone(), f.request_id.clone());
     headers
 }
 
-/// The request to endpoint `index` of `cluster`: its target is the
+/// The target of the request to endpoint `index` of `cluster`: the
 /// client's (shared, not parsed again) with the endpoint's authority.
-pub fn build_request(
+/// Apart from [`build_request`] so that a failure is known before a
+/// connection is asked for (the request is made only once one is there).
+pub fn target(
     parts: &http::request::Parts,
-    headers: HeaderMap,
     cluster: &UpstreamCluster,
     index: usize,
-    body: UpstreamBody,
-) -> Result<Request<UpstreamBody>, http::Error> {
+) -> Result<Uri, http::Error> {
     let path = parts
         .uri
         .path_and_query()
@@ -232,8 +290,7 @@ pub fn build_request(
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut target = http::uri::Parts::default();
     // HTTP/1.1 in origin form; HTTP/2 takes `:scheme` and `:authority` from it.
-    let http2 = cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2;
-    if http2 {
+    if is_http2(cluster) {
         target.scheme = Some(if cluster.config.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -242,9 +299,27 @@ pub fn build_request(
         target.authority = Some(cluster.authorities[index].clone());
     }
     target.path_and_query = Some(path);
+    Ok(Uri::from_parts(target)?)
+}
+
+fn is_http2(cluster: &UpstreamCluster) -> bool {
+    cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2
+}
+
+/// The request to endpoint `index` of `cluster`, to `target` (see
+/// [`target`]).
+pub fn build_request(
+    parts: &http::request::Parts,
+    target: Uri,
+    headers: HeaderMap,
+    cluster: &UpstreamCluster,
+    index: usize,
+    body: UpstreamBody,
+) -> Request<UpstreamBody> {
+    let http2 = is_http2(cluster);
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = Uri::from_parts(target)?;
+    *req.uri_mut() = target;
     *req.headers_mut() = headers;
     // Between proxies only (ahead-of-time placement's one-hop marker).
     req.headers_mut().remove(crate::placement::FORWARDED_BY);
@@ -259,7 +334,7 @@ pub fn build_request(
             req.headers_mut().insert(header::HOST, v);
         }
     }
-    Ok(req)
+    req
 }
 
 #[cfg(test)]
@@ -281,6 +356,140 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn the_name_match_is_the_list() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop(name.as_str()), Some(i), "{name}");
+        }
+        for other in [
+            "upgrade",
+            "host",
+            "trailer",
+            "content-length",
+            "connectio",
+            "",
+        ] {
+            assert_eq!(hop_by_hop(other), None, "{other}");
+        }
+    }
+
+    /// The removal as it was before the one pass: a `remove` per token and
+    /// a comparison of every name with each hop-by-hop one.
+    fn strip_reference(headers: &mut HeaderMap, upgrading: bool) {
+        let values: Vec<HeaderValue> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        let tokens = values
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim);
+        for token in tokens {
+            let kept = ["host", "content-length", "transfer-encoding"]
+                .iter()
+                .any(|k| token.eq_ignore_ascii_case(k));
+            let switch = upgrading && token.eq_ignore_ascii_case("upgrade");
+            if !(kept || switch) {
+                headers.remove(token);
+            }
+        }
+        let mut upgrade = false;
+        let mut present = Vec::new();
+        for name in headers.keys() {
+            if HOP_BY_HOP.contains(name) {
+                present.push(name.clone());
+            }
+            upgrade |= name == header::UPGRADE;
+        }
+        for name in present {
+            if name == header::TRANSFER_ENCODING {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            headers.remove(name);
+        }
+        if upgrading {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        } else if upgrade {
+            headers.remove(header::UPGRADE);
+        }
+    }
+
+    /// Each name with its values in order, names sorted: removals may
+    /// leave the entries in another order, which no encoder depends on.
+    fn by_name(h: &HeaderMap) -> Vec<(String, Vec<Vec<u8>>)> {
+        let mut out: Vec<(String, Vec<Vec<u8>>)> = h
+            .keys()
+            .map(|n| {
+                let values = h.get_all(n).iter().map(|v| v.as_bytes().to_vec()).collect();
+                (n.as_str().to_owned(), values)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    const NAMES: [&str; 16] = [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "transfer-encoding",
+        "http2-settings",
+        "upgrade",
+        "host",
+        "content-length",
+        "trailer",
+        "close",
+        "x-a",
+        "x-b",
+        "x-c",
+    ];
+
+    const TOKENS: [&str; 12] = [
+        "keep-alive",
+        "close",
+        "Upgrade",
+        "x-a",
+        "X-B",
+        "host",
+        "Content-Length",
+        "transfer-encoding",
+        "TE",
+        "",
+        "not a name",
+        "trailer",
+    ];
+
+    proptest::proptest! {
+        /// The one pass removes what the remove per token and per name did.
+        #[test]
+        fn one_pass_removes_what_a_remove_per_name_did(
+            fields in proptest::collection::vec((0..NAMES.len(), 0..4usize), 0..12),
+            lists in proptest::collection::vec(
+                proptest::collection::vec(0..TOKENS.len(), 0..4), 0..3),
+            upgrading: bool,
+        ) {
+            let mut h = HeaderMap::new();
+            for (n, v) in fields {
+                let value = HeaderValue::from_str(&format!("v{v}")).expect("value");
+                h.append(HeaderName::from_static(NAMES[n]), value);
+            }
+            for list in lists {
+                let text: Vec<&str> = list.iter().map(|&t| TOKENS[t]).collect();
+                let value = HeaderValue::from_str(&text.join(", ")).expect("value");
+                h.append(header::CONNECTION, value);
+            }
+            let mut reference = h.clone();
+            strip_reference(&mut reference, upgrading);
+            strip_hop_by_hop(&mut h, upgrading);
+            proptest::prop_assert_eq!(by_name(&h), by_name(&reference));
+        }
     }
 
     #[test]
@@ -316,12 +525,13 @@ mod tests {
     }
 
     static PEER: HeaderValue = HeaderValue::from_static("10.0.0.9");
+    static ID: HeaderValue = HeaderValue::from_static("id-1");
 
     fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
         Forward {
             peer: &PEER,
             secure: false,
-            request_id: "id-1",
+            request_id: &ID,
             upgrading: false,
             forwarding,
             http2,
@@ -431,18 +641,23 @@ mod tests {
     #[test]
     fn hex_ids_match_the_formatter() {
         for n in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
-            assert_eq!(hex128(n), format!("{n:032x}"));
+            assert_eq!(hex128(n), format!("{n:032x}").as_str());
         }
     }
 
     #[test]
     fn request_ids_are_kept_when_sane() {
         let mut h = HeaderMap::new();
-        assert_eq!(request_id(&h).len(), 32);
+        assert_eq!(request_id(&h).as_str().len(), 32);
         h.insert(&X_REQUEST_ID, HeaderValue::from_static("abc"));
-        assert_eq!(request_id(&h), "abc");
+        assert_eq!(request_id(&h).as_str(), "abc");
         let long = "a".repeat(129);
         h.insert(&X_REQUEST_ID, HeaderValue::from_str(&long).expect("value"));
-        assert_eq!(request_id(&h).len(), 32);
+        assert_eq!(request_id(&h).as_str().len(), 32);
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("a\tb"));
+        assert_eq!(request_id(&h).as_str(), "a\tb", "a tab is visible enough");
+        let bad = HeaderValue::from_bytes(b"caf\xc3\xa9").expect("value");
+        h.insert(&X_REQUEST_ID, bad);
+        assert_eq!(request_id(&h).as_str().len(), 32, "not ASCII: replaced");
     }
 }

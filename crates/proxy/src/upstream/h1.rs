@@ -70,6 +70,35 @@ fn give_back(mut buf: BytesMut) {
     }
 }
 
+/// A request's write buffer: a head's room. Free ones are kept per worker
+/// thread (at most [`FREE_MAX`]) for the requests to come, as the read
+/// buffers are: one is taken per request, and an allocation per request
+/// is what it saves.
+const OUT_SIZE: usize = 512;
+
+/// The largest write buffer kept for reuse (one grown for a body copied
+/// behind its head is freed instead).
+const OUT_KEEP_MAX: usize = 4 * 1024;
+
+thread_local! {
+    static FREE_OUT: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A free write buffer of this worker, or a new one.
+fn out_buffer() -> BytesMut {
+    crate::free_list::take(&FREE_OUT).unwrap_or_else(|| BytesMut::with_capacity(OUT_SIZE))
+}
+
+/// Gives a request's write buffer back to this worker's free ones if it
+/// is unshared and was not grown past [`OUT_KEEP_MAX`]; what it held is
+/// dropped (an exchange that failed may leave bytes unwritten).
+fn give_out_back(mut out: BytesMut) {
+    out.clear();
+    if out.capacity() <= OUT_KEEP_MAX && out.try_reclaim(OUT_SIZE) {
+        crate::free_list::give(&FREE_OUT, out, FREE_MAX);
+    }
+}
+
 /// Response data frames up to this size are copied out of the read
 /// buffer rather than split off it, so the buffer stays unshared and is
 /// given back whole ([`give_back`]).
@@ -233,6 +262,13 @@ impl Trailers {
     }
 }
 
+impl Drop for Sending {
+    /// The write buffer goes back for a request to come.
+    fn drop(&mut self) {
+        give_out_back(std::mem::take(&mut self.out));
+    }
+}
+
 impl Sending {
     /// Encodes the head of `req` (hyper's client's framing rules for a
     /// request body) and keeps its body to write.
@@ -255,7 +291,7 @@ impl Sending {
                 .into(),
         };
         join_cookies(h);
-        let mut out = BytesMut::with_capacity(512);
+        let mut out = out_buffer();
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
         let trailers = match encoding {
@@ -939,6 +975,27 @@ mod tests {
         // One grown for a large head is freed, not kept.
         give_back(BytesMut::with_capacity(KEEP_MAX + 1));
         assert_eq!(FREE.with(|f| f.borrow().len()), 0, "grown: not kept");
+    }
+
+    /// A request's write buffer goes back to the worker's free ones when
+    /// its sending side drops, emptied, and the next request takes it;
+    /// one grown past `OUT_KEEP_MAX` is freed instead.
+    #[test]
+    fn a_request_write_buffer_is_reused_emptied() {
+        FREE_OUT.with(|f| f.borrow_mut().clear());
+        let req = http::Request::builder()
+            .uri("/x")
+            .body(full(b"hi"))
+            .expect("request");
+        let (sending, _) = Sending::new(req).expect("encoded");
+        assert!(!sending.out.is_empty(), "the head is in it");
+        drop(sending);
+        assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 1, "kept");
+        let out = out_buffer();
+        assert!(out.is_empty() && out.capacity() >= OUT_SIZE);
+        assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 0, "taken");
+        give_out_back(BytesMut::with_capacity(OUT_KEEP_MAX + 1));
+        assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 0, "grown: not kept");
     }
 
     fn full(data: &'static [u8]) -> UpstreamBody {

@@ -295,7 +295,11 @@ impl EndpointPool {
 
     /// As [`EndpointPool::send`], the request made by `make` only once a
     /// connection is there: when none can be had, `make` is never called
-    /// (a body it would take stays with the caller).
+    /// (a body it would take stays with the caller). On meshless's own
+    /// HTTP/1.1 connections ([`EndpointPool::makes_once_connected`]), a
+    /// request that does not ask to upgrade is made only after the last
+    /// connect: a failure to connect means it was never made. hyper's
+    /// client may give a made request back and connect again.
     pub async fn send_once_connected(
         self: &Arc<Self>,
         make: impl FnOnce() -> Request<UpstreamBody>,
@@ -304,6 +308,20 @@ impl EndpointPool {
             return self.send_own(make).await;
         }
         self.send_hyper(make, false).await
+    }
+
+    /// Whether a request that does not ask to upgrade, sent by
+    /// [`EndpointPool::send_once_connected`], is made only after the last
+    /// connect (meshless's own HTTP/1.1 connections): then a failure to
+    /// connect means that it was never made.
+    pub fn makes_once_connected(&self) -> bool {
+        self.own()
+    }
+
+    /// Whether a request with this head asks to upgrade (or is a
+    /// `CONNECT`): such a request goes through hyper's client.
+    pub fn upgrading_head(method: &http::Method, headers: &http::HeaderMap) -> bool {
+        method == http::Method::CONNECT || headers.contains_key(http::header::UPGRADE)
     }
 
     /// The TLS client its connections are opened with (`tls:`), if any.
@@ -373,16 +391,25 @@ impl EndpointPool {
             pool: Arc::clone(self),
             held: Held::Own,
         };
-        let req = make();
         let conn = match conn {
-            IdleConn::Own(c) if !upgrading(&req) => c,
+            IdleConn::Own(c) => c,
             other => {
-                // Unused: back to the pool as it was.
+                // Unused: back to the pool as it was. The request is made
+                // once the new connection is there, as every request a
+                // connection of ours takes: a failure to connect means it
+                // was never made (`send_once_connected`).
                 lock(&self.conns).push_idle(other, &self.shared);
                 drop(lease);
-                return self.send_hyper(|| req, true).await;
+                return self.send_hyper(make, true).await;
             }
         };
+        let req = make();
+        if upgrading(&req) {
+            // Unused: back to the pool as it was.
+            lock(&self.conns).push_idle(IdleConn::Own(conn), &self.shared);
+            drop(lease);
+            return self.send_hyper(|| req, true).await;
+        }
         match h1::exchange(conn, req, Arc::clone(self)).await {
             Ok(resp) => Ok((resp.map(ResponseBody::Own), lease)),
             Err(e) => Err(SendError::Exchange(e)),
@@ -757,7 +784,7 @@ const SWEEP_MAX: Duration = Duration::from_secs(1);
 /// Whether `req` asks to switch protocols (`Upgrade`, `CONNECT`): hyper
 /// carries those, on a connection of its own.
 fn upgrading<B>(req: &Request<B>) -> bool {
-    req.method() == http::Method::CONNECT || req.headers().contains_key(http::header::UPGRADE)
+    EndpointPool::upgrading_head(req.method(), req.headers())
 }
 
 #[cfg(test)]
