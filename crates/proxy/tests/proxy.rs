@@ -400,6 +400,46 @@ async fn forwarding_headers_and_request_ids() {
     p.shutdown().await;
 }
 
+/// R10: `X-Forwarded-For` in several field lines (HAProxy's `option
+/// forwardfor` adds a line; an HTTP/2 hop repeats the field): every line
+/// is kept, in order, and the peer appended after the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_forwarded_for_in_several_lines_keeps_every_entry() {
+    let up = Gated::start("g").await;
+    up.open();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    forwarding: {{ trusted_hops: 1 }}\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
+        up.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    for c in [client(), h2_client()] {
+        let req = Request::get(format!("http://{addr}/"))
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("x-forwarded-for", "1.2.3.4")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = c.request(req).await.expect("response");
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        let lines: Vec<&str> = s
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        assert_eq!(
+            lines,
+            ["6.6.6.6, 1.2.3.4, 127.0.0.1"],
+            "every received line kept in order, the peer last: {:?}",
+            s.headers
+        );
+    }
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_reloads_under_load_fail_no_request() {
     let bs = backends(3).await;

@@ -191,11 +191,25 @@ pub struct Forward<'a> {
 /// hop-by-hop removed, forwarding headers set.
 pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     let trailers = f.http2 && wants_trailers(&headers);
-    let prev = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
-    let xff = match (prev, f.peer.to_str()) {
+    let xff = match f.peer.to_str() {
         _ if f.hop => None,
-        (Some(prev), Ok(ip)) if f.forwarding.x_forwarded_for == XffMode::Append => {
-            HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+        Ok(ip) if f.forwarding.x_forwarded_for == XffMode::Append => {
+            // Every line, in order (RFC 9110 5.3: the lines of one field
+            // combine with commas); a line that is not visible ASCII is
+            // left out, as before.
+            let mut joined = String::new();
+            for line in headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+            {
+                joined.push_str(line);
+                joined.push_str(", ");
+            }
+            joined.push_str(ip);
+            HeaderValue::from_str(&joined)
+                .ok()
+                .or_else(|| Some(f.peer.clone()))
         }
         _ => Some(f.peer.clone()),
     };
