@@ -440,6 +440,39 @@ async fn x_forwarded_for_in_several_lines_keeps_every_entry() {
     p.shutdown().await;
 }
 
+/// R11: toward an `http2` upstream, `:authority` carries the client's host
+/// (Envoy's way), not the endpoint's address beside a `host` field that
+/// disagrees: a meshless listener behind it (which refuses a `Host` that
+/// differs from `:authority`) answers, and its endpoint sees the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_upstream_authority_is_the_clients_host() {
+    let up = Gated::start("g").await;
+    up.open();
+    let (b, b_addr) = proxy(&config_with_endpoints(
+        &format!("      - {{ address: \"{}\" }}\n", up.local_addr()),
+        "",
+    ))
+    .await;
+    let (a, a_addr) = proxy(&config_with_endpoints(
+        &format!("      - {{ address: \"{b_addr}\" }}\n"),
+        "    upstream_protocol: http2\n",
+    ))
+    .await;
+    let c = client();
+    let (status, _, body) = get(&c, a_addr, "/vh", &[("host", "app.example.com")]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].headers.get("host").and_then(|v| v.to_str().ok()),
+        Some("app.example.com"),
+        "{:?}",
+        seen[0].headers
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_reloads_under_load_fail_no_request() {
     let bs = backends(3).await;

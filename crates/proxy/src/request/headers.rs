@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri};
 
 use crate::limits::{Forwarding, XffMode};
@@ -253,7 +253,16 @@ pub fn build_request(
         } else {
             Scheme::HTTP
         });
-        target.authority = Some(cluster.authorities[index].clone());
+        // The client's host, as Envoy sends it (RFC 9113 8.3.1: `:authority`
+        // instead of `Host`, and a server may refuse the two disagreeing):
+        // its `Host`, else its own `:authority`, else the endpoint's address.
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| Authority::try_from(v.as_bytes()).ok());
+        target.authority = Some(
+            host.or_else(|| parts.uri.authority().cloned())
+                .unwrap_or_else(|| cluster.authorities[index].clone()),
+        );
     }
     target.path_and_query = Some(path);
     let mut req = Request::new(body);
@@ -262,12 +271,14 @@ pub fn build_request(
     *req.headers_mut() = headers;
     // Between proxies only (ahead-of-time placement's one-hop marker).
     req.headers_mut().remove(crate::placement::FORWARDED_BY);
-    if !req.headers().contains_key(header::HOST) {
+    if http2 {
+        // `:authority` says it.
+        req.headers_mut().remove(header::HOST);
+    } else if !req.headers().contains_key(header::HOST) {
         let host = match parts.uri.authority() {
             Some(a) => HeaderValue::from_str(a.as_str()).ok(),
             // What hyper-util's client did: the endpoint's address.
-            None if !http2 => HeaderValue::from_str(cluster.authorities[index].as_str()).ok(),
-            None => None,
+            None => HeaderValue::from_str(cluster.authorities[index].as_str()).ok(),
         };
         if let Some(v) = host {
             req.headers_mut().insert(header::HOST, v);
