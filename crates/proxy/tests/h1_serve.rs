@@ -1089,3 +1089,41 @@ async fn a_refused_request_lingers_for_what_the_client_still_sends() {
     metric_is(&p, CONNECTIONS, 0.0).await;
     p.shutdown().await;
 }
+
+/// R7: an answer given with more of the declared body left than the
+/// proxy ever discards to keep the connection (or a body the client was
+/// never told to send, `100 Continue` owed) says `connection: close`, as
+/// the connection closes after it (RFC 9112 9.6): the client does not send
+/// its next request into a closing connection. Within the bound it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_that_will_close_says_so() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    http1: meshless\n    routes:\n      - match: { path_prefix: /api }\n        cluster: c\n",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    for (head, sent, close) in [
+        ("Content-Length: 204800\r\n", 8 * 1024, true),
+        ("Content-Length: 5\r\nExpect: 100-continue\r\n", 0, true),
+        ("Content-Length: 61440\r\n", 8 * 1024, false),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut req = format!("POST /other HTTP/1.1\r\nHost: t\r\n{head}\r\n").into_bytes();
+        req.extend(std::iter::repeat_n(b'z', sent));
+        s.write_all(&req).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, 404, "{head}");
+        assert_eq!(
+            resp.header("connection") == Some("close"),
+            close,
+            "{head}: {:?}",
+            resp.headers
+        );
+        if close {
+            assert!(closed(&mut s).await, "{head}");
+        }
+    }
+    p.shutdown().await;
+}

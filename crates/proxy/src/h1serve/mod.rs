@@ -444,7 +444,18 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     .as_mut()
                     .map(|o| std::mem::take(&mut **o))
                     .unwrap_or_default();
-                let close = self.draining_now();
+                // Say `connection: close` when the connection will close
+                // after this answer anyway (RFC 9112 9.6): a body the
+                // client was never told to send (`100 Continue` owed) or
+                // with more declared bytes left than are ever discarded
+                // to keep it (as `after_response` decides).
+                let unread = ex.feeder.as_ref().is_some_and(|f| {
+                    !f.finished()
+                        && (f.continue_due
+                            || f.length_left()
+                                .is_some_and(|l| f.discarded.saturating_add(l) > DRAIN_MAX))
+                });
+                let close = self.draining_now() || unread;
                 match Writer::new(resp, &ex.answering, close, out) {
                     Ok(w) => ex.writer = Some(w),
                     Err(_) => return Poll::Ready(false),
