@@ -892,3 +892,19 @@ async fn panic_mode_shows_in_clusters_and_metrics() {
     .await;
     p.shutdown().await;
 }
+
+/// R5: access-log lines the writer fails to write (a full disk:
+/// `/dev/full`) are counted as dropped, not lost silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_write_errors_are_counted_as_dropped() {
+    let bs = backends(1).await;
+    let yaml = format!("access_log: /dev/full\n{}", config(&bs, ""));
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    eventually("lines lost to write errors counted", || async {
+        assert_eq!(get(&c, addr, "/", &[]).await.0, StatusCode::OK);
+        proxy_metric(&p, "meshless_proxy_access_log_dropped_total").await > 0.0
+    })
+    .await;
+    p.shutdown().await;
+}
