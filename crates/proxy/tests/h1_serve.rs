@@ -1127,3 +1127,49 @@ async fn an_early_answer_that_will_close_says_so() {
     }
     p.shutdown().await;
 }
+
+/// R6: a head the meshless codec refuses (414, 431, 400) writes its
+/// access-log line too ("each request writes one JSON line"), method and
+/// path `-`, counted a client error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_head_writes_an_access_log_line() {
+    let bs = backends(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!("access_log: \"{}\"\n{}", log.display(), config(&bs, "")).replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(9000));
+    for (req, want) in [
+        (long.as_bytes(), 414),
+        (&b"GET / HTTP/1.1\r\nHost: t\r\nbad header\r\n\r\n"[..], 400),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, want);
+    }
+    let lines = || access_log_lines(&log);
+    eventually("two access-log lines", || async { lines().len() == 2 }).await;
+    let got: Vec<(u64, String, String)> = lines()
+        .iter()
+        .map(|l| {
+            (
+                l["status"].as_u64().unwrap_or(0),
+                l["path"].as_str().unwrap_or("").to_owned(),
+                l["fault"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (414, "-".to_owned(), "client_error".to_owned()),
+            (400, "-".to_owned(), "client_error".to_owned())
+        ]
+    );
+    p.shutdown().await;
+}

@@ -179,7 +179,7 @@ where
         };
         if let Some(e) = refused {
             // Made before the write: only its bytes are held across it.
-            let out = refusal(&downstream, e);
+            let out = refusal(&downstream, &peer, e);
             conn.linger = conn.io.write_all(&out).await.is_ok();
         }
         drop(conn.buf.take());
@@ -197,12 +197,35 @@ where
 /// (`http1: hyper` passes heads within its buffer to it), `505` for a
 /// well-formed version of another major (`HTTP/2.0`), and `400` naming the
 /// cause for the rest.
-fn refusal(downstream: &Downstream, e: meshless_h1::Error) -> Vec<u8> {
+fn refusal(downstream: &Downstream, peer: &Peer, e: meshless_h1::Error) -> Vec<u8> {
     let reply = refusal_reply(&e, &downstream.settings().limits);
-    downstream
-        .state
-        .metrics
-        .local_reply(&downstream.name, reply.reason);
+    let state = &downstream.state;
+    state.metrics.local_reply(&downstream.name, reply.reason);
+    // One access-log line, as for every request (`http1: hyper` logs the
+    // heads that reach its service too): nothing of the request is known
+    // but the peer, so method and path are `-`.
+    let logger = state.access_log.load();
+    if logger.enabled() {
+        let client = peer.addr.ip().to_string();
+        let record = crate::access_log::AccessRecord {
+            time: crate::access_log::now(),
+            listener: &downstream.name,
+            client: &client,
+            route: "-",
+            cluster: "-",
+            endpoint: "-",
+            method: "-",
+            path: "-",
+            status: reply.status.as_u16(),
+            bytes: reply.body.len() as u64,
+            duration_ms: 0.0,
+            request_id: "-",
+            attempts: 0,
+            fault: Some("client_error"),
+            grpc_status: None,
+        };
+        logger.log(&record, &state.metrics.access_log_dropped);
+    }
     write::refusal(&reply)
 }
 
