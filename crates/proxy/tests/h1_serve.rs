@@ -1173,3 +1173,40 @@ async fn a_refused_head_writes_an_access_log_line() {
     );
     p.shutdown().await;
 }
+
+/// R2: an upstream that dies right after its response head and some of
+/// the body: what the proxy already holds (the head, the bytes received)
+/// reaches the client, a message cut short, never a connection closed
+/// with no byte (which a client takes for a stale keep-alive connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_dying_after_its_head_still_gets_the_head_out() {
+    static DYING: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10000\r\n\r\n0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789";
+    let up = raw_upstream(DYING).await;
+    let yaml = config_with_endpoints(&format!("      - {{ address: \"{up}\" }}\n"), "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    for i in 0..30 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(DEADLINE, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+                Err(_) => panic!("the proxy closes the connection"),
+            }
+        }
+        assert!(
+            all.starts_with(b"HTTP/1.1 200"),
+            "try {i}: {:?}",
+            String::from_utf8_lossy(&all)
+        );
+    }
+    p.shutdown().await;
+}
