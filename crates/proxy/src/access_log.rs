@@ -3,6 +3,8 @@
 //! it full is dropped and counted (`meshless_proxy_access_log_dropped_total`).
 
 use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use prometheus_client::metrics::counter::Counter;
@@ -75,6 +77,10 @@ pub struct FlowRecord<'a> {
 pub struct AccessLogger {
     target: AccessLog,
     sender: Option<mpsc::SyncSender<String>>,
+    /// Lines the writer failed to write (a full disk), not yet counted in
+    /// the dropped counter (the writer has none; [`AccessLogger::log`]
+    /// moves them there).
+    failed: Arc<AtomicU64>,
     /// The open file's device and inode (a file target): a file at the
     /// path that is another one (renamed away by logrotate) is reopened.
     file_id: Option<(u64, u64)>,
@@ -100,16 +106,36 @@ impl AccessLogger {
                 Some(Box::new(file))
             }
         };
+        let failed = Arc::new(AtomicU64::new(0));
+        let name = match target {
+            AccessLog::File(path) => path.clone(),
+            _ => "stdout".to_owned(),
+        };
         let sender = sink.map(|mut sink| {
             let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
+            let failed = Arc::clone(&failed);
             std::thread::Builder::new()
                 .name("access-log".into())
                 .spawn(move || {
+                    // Warned once per run of failures (again after a
+                    // success), not per line.
+                    let mut failing = false;
+                    let mut write = |sink: &mut Box<dyn Write + Send>, line: &str| {
+                        match sink.write_all(line.as_bytes()) {
+                            Ok(()) => failing = false,
+                            Err(e) => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                if !std::mem::replace(&mut failing, true) {
+                                    tracing::warn!(path = %name, error = %e, "access log: lines are lost (counted in meshless_proxy_access_log_dropped_total)");
+                                }
+                            }
+                        }
+                    };
                     while let Ok(line) = rx.recv() {
-                        let _ = sink.write_all(line.as_bytes());
+                        write(&mut sink, &line);
                         // Drain what is queued before flushing.
                         while let Ok(line) = rx.try_recv() {
-                            let _ = sink.write_all(line.as_bytes());
+                            write(&mut sink, &line);
                         }
                         let _ = sink.flush();
                     }
@@ -119,6 +145,7 @@ impl AccessLogger {
         Ok(Self {
             target: target.clone(),
             sender: sender.and_then(Result::ok),
+            failed,
             file_id,
         })
     }
@@ -145,7 +172,8 @@ impl AccessLogger {
 
     /// Queues one line (a request's [`AccessRecord`] or a flow's
     /// [`FlowRecord`]); a line that finds the queue full is dropped and
-    /// counted in `dropped` (`meshless_proxy_access_log_dropped_total`).
+    /// counted in `dropped` (`meshless_proxy_access_log_dropped_total`),
+    /// and so are the lines the writer failed to write since the last call.
     pub fn log<R: Serialize>(&self, record: &R, dropped: &Counter) {
         if let Some(tx) = &self.sender
             && let Ok(mut line) = serde_json::to_string(record)
@@ -154,6 +182,10 @@ impl AccessLogger {
             if let Err(mpsc::TrySendError::Full(_)) = tx.try_send(line) {
                 dropped.inc();
             }
+        }
+        let failed = self.failed.swap(0, Ordering::Relaxed);
+        if failed > 0 {
+            dropped.inc_by(failed);
         }
     }
 }

@@ -29,12 +29,14 @@ thread_local! {
 /// An empty map with room for at least `fields` fields: a free one of
 /// this worker if there is one.
 pub fn with_capacity(fields: usize) -> HeaderMap {
+    // `try_`: room beyond what a map can hold is not reserved (appending
+    // past it fails, see `h1serve::head`) rather than a panic.
     match crate::free_list::take(&FREE) {
         Some(mut map) => {
-            map.reserve(fields);
+            let _ = map.try_reserve(fields);
             map
         }
-        None => HeaderMap::with_capacity(fields),
+        None => HeaderMap::try_with_capacity(fields).unwrap_or_default(),
     }
 }
 

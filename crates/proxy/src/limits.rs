@@ -245,6 +245,11 @@ pub fn default_upgrades() -> Vec<String> {
     vec!["websocket".to_owned()]
 }
 
+/// The largest `limits.max_headers` accepted: well below what a header map
+/// can hold (32768 fields, less the few the proxy adds), so no head within
+/// the limit can overflow one.
+pub const MAX_HEADERS_BOUND: u32 = 10_000;
+
 /// Checks one listener's limits; the error's path is relative to the listener.
 pub fn validate(
     max_connections: u32,
@@ -265,6 +270,15 @@ pub fn validate(
                 format!("must be at least {least}, got {value}"),
             ));
         }
+    }
+    if head.max_headers > MAX_HEADERS_BOUND {
+        return Err(FieldError::new(
+            "limits.max_headers",
+            format!(
+                "must be at most {MAX_HEADERS_BOUND} (a header map holds at most 32768 fields), got {}",
+                head.max_headers
+            ),
+        ));
     }
     for (field, d) in [
         ("request_headers", timeouts.request_headers),

@@ -526,3 +526,78 @@ async fn the_access_log_records_each_calls_grpc_status() {
         assert_eq!((got[i].0.as_str(), &got[i].1), (*path, code), "{got:?}");
     }
 }
+
+/// A gRPC-Web answer (HTTP/1.1): one message and the trailer frame (flag
+/// 0x80) holding `grpc-status:0`, the protocol's only place for the status.
+static GRPC_WEB_OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc-web+proto\r\ncontent-length: 27\r\nconnection: close\r\n\r\n\x00\x00\x00\x00\x02hi\x80\x00\x00\x00\x0fgrpc-status:0\r\n";
+
+/// R8: gRPC-Web (`application/grpc-web*`) is not native gRPC: its status is
+/// in the body, never in HTTP trailers. An OK call is logged and counted
+/// by its HTTP status (200, no `grpc_status`), ejects nobody, and
+/// `timeouts.request` applies to it as to any HTTP request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_web_is_plain_http_for_outcomes_and_timeouts() {
+    let ups = [
+        raw_upstream(GRPC_WEB_OK).await,
+        raw_upstream(GRPC_WEB_OK).await,
+    ];
+    let hang = Gated::start("hang").await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!(
+        "access_log: \"{}\"\nadmin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes:\n      - {{ match: {{ path_prefix: /hang }}, cluster: hang }}\n      - {{ cluster: web }}\nclusters:\n  - name: web\n    endpoints: [{{ address: \"{}\" }}, {{ address: \"{}\" }}]\n    outlier_detection: {{ consecutive_5xx: 2, max_ejection_percent: 100 }}\n  - name: hang\n    endpoints: [{{ address: \"{}\" }}]\n    timeouts: {{ request: 1s }}\n",
+        log.display(),
+        ups[0],
+        ups[1],
+        hang.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    let call = |path: &str, ct: &'static str| {
+        http::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", ct)
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                b"\x00\x00\x00\x00\x02hi",
+            )))
+            .unwrap()
+    };
+    let types = [
+        "application/grpc-web",
+        "application/grpc-web+proto",
+        "application/grpc-web-text",
+    ];
+    for i in 0..6 {
+        let resp = c
+            .request(call("/pkg.Svc/Call", types[i % 3]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    for e in cluster_endpoints(&p, "web").await {
+        assert_eq!(
+            e["times_ejected"], 0,
+            "a healthy endpoint is not ejected: {e}"
+        );
+    }
+    // No grpc-timeout: the cluster's request timeout answers, not never.
+    let resp = tokio::time::timeout(DEADLINE, c.request(call("/hang", types[1])))
+        .await
+        .expect("timeouts.request applies to gRPC-Web")
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+    let lines = || common::access_log_lines(&log);
+    eventually("seven access-log lines", || async { lines().len() == 7 }).await;
+    for l in &lines()[..6] {
+        assert_eq!(l["status"], 200, "{l}");
+        assert!(l["grpc_status"].is_null(), "{l}");
+    }
+    let page = admin(&p, "/metrics").await.1;
+    let not_2xx: Vec<&str> = page
+        .lines()
+        .filter(|l| {
+            l.starts_with("meshless_proxy_requests_total{") && l.contains("cluster=\"web\"")
+        })
+        .filter(|l| !l.contains("class=\"2xx\"") && !l.ends_with(" 0"))
+        .collect();
+    assert!(not_2xx.is_empty(), "{not_2xx:?}");
+}

@@ -1089,3 +1089,124 @@ async fn a_refused_request_lingers_for_what_the_client_still_sends() {
     metric_is(&p, CONNECTIONS, 0.0).await;
     p.shutdown().await;
 }
+
+/// R7: an answer given with more of the declared body left than the
+/// proxy ever discards to keep the connection (or a body the client was
+/// never told to send, `100 Continue` owed) says `connection: close`, as
+/// the connection closes after it (RFC 9112 9.6): the client does not send
+/// its next request into a closing connection. Within the bound it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_that_will_close_says_so() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    routes:\n      - cluster: c\n",
+        "    http1: meshless\n    routes:\n      - match: { path_prefix: /api }\n        cluster: c\n",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    for (head, sent, close) in [
+        ("Content-Length: 204800\r\n", 8 * 1024, true),
+        ("Content-Length: 5\r\nExpect: 100-continue\r\n", 0, true),
+        ("Content-Length: 61440\r\n", 8 * 1024, false),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut req = format!("POST /other HTTP/1.1\r\nHost: t\r\n{head}\r\n").into_bytes();
+        req.extend(std::iter::repeat_n(b'z', sent));
+        s.write_all(&req).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, 404, "{head}");
+        assert_eq!(
+            resp.header("connection") == Some("close"),
+            close,
+            "{head}: {:?}",
+            resp.headers
+        );
+        if close {
+            assert!(closed(&mut s).await, "{head}");
+        }
+    }
+    p.shutdown().await;
+}
+
+/// R6: a head the meshless codec refuses (414, 431, 400) writes its
+/// access-log line too ("each request writes one JSON line"), method and
+/// path `-`, counted a client error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_head_writes_an_access_log_line() {
+    let bs = backends(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!("access_log: \"{}\"\n{}", log.display(), config(&bs, "")).replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(9000));
+    for (req, want) in [
+        (long.as_bytes(), 414),
+        (&b"GET / HTTP/1.1\r\nHost: t\r\nbad header\r\n\r\n"[..], 400),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let resp = Reader::new().response(&mut s, false).await.unwrap();
+        assert_eq!(resp.status, want);
+    }
+    let lines = || access_log_lines(&log);
+    eventually("two access-log lines", || async { lines().len() == 2 }).await;
+    let got: Vec<(u64, String, String)> = lines()
+        .iter()
+        .map(|l| {
+            (
+                l["status"].as_u64().unwrap_or(0),
+                l["path"].as_str().unwrap_or("").to_owned(),
+                l["fault"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (414, "-".to_owned(), "client_error".to_owned()),
+            (400, "-".to_owned(), "client_error".to_owned())
+        ]
+    );
+    p.shutdown().await;
+}
+
+/// R2: an upstream that dies right after its response head and some of
+/// the body: what the proxy already holds (the head, the bytes received)
+/// reaches the client, a message cut short, never a connection closed
+/// with no byte (which a client takes for a stale keep-alive connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_dying_after_its_head_still_gets_the_head_out() {
+    static DYING: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10000\r\n\r\n0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789";
+    let up = raw_upstream(DYING).await;
+    let yaml = config_with_endpoints(&format!("      - {{ address: \"{up}\" }}\n"), "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    );
+    assert!(yaml.contains("http1: meshless"));
+    let (p, addr) = proxy(&yaml).await;
+    for i in 0..30 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(DEADLINE, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+                Err(_) => panic!("the proxy closes the connection"),
+            }
+        }
+        assert!(
+            all.starts_with(b"HTTP/1.1 200"),
+            "try {i}: {:?}",
+            String::from_utf8_lossy(&all)
+        );
+    }
+    p.shutdown().await;
+}

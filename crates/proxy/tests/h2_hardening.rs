@@ -426,3 +426,88 @@ async fn streams_reset_before_accept_get_goaway() {
         "{total} upstream connections for {sent} reset streams"
     );
 }
+
+/// An HTTP/1.1 upstream that reports what it received on its first
+/// connection once it holds a whole request of `body` bytes (then answers
+/// 200), or when the proxy closes the connection first.
+async fn reporting_upstream(body: usize) -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let whole = got
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .is_some_and(|i| got.len() >= i + 4 + body);
+            if whole {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                break;
+            }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(got);
+        // Held open (as a keep-alive endpoint would) until the test ends.
+        let _ = s.read(&mut buf).await;
+    });
+    (addr, rx)
+}
+
+/// R4: an HTTP/2 request whose DATA run past its `content-length` is
+/// malformed (RFC 9113 8.1.1) and must not be forwarded: the declared
+/// prefix never reaches the HTTP/1.1 upstream as a whole request (which
+/// it would act on), and the client's stream is refused. (Still counted
+/// `client_abort`, not `client_error`: the HTTP/2 layer resets the stream.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_data_longer_than_content_length_is_not_forwarded_as_whole() {
+    let (up, received) = reporting_upstream(5).await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{up}\" }}]\n"
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let req = http::Request::post(format!("http://{addr}/x"))
+        .header("content-length", "5")
+        .body(())
+        .expect("request");
+    let (resp, mut stream) = client.send_request(req, false).expect("sent");
+    stream
+        .send_data(bytes::Bytes::from_static(b"12345"), false)
+        .expect("data");
+    stream
+        .send_data(bytes::Bytes::from_static(b"67890"), true)
+        .expect("data");
+    let got = tokio::time::timeout(DEADLINE, received)
+        .await
+        .expect("the upstream saw a whole request or its connection closed")
+        .expect("report");
+    let got = String::from_utf8_lossy(&got);
+    assert!(
+        !got.contains("12345"),
+        "a whole request went upstream: {got:?}"
+    );
+    let answered = tokio::time::timeout(DEADLINE, resp)
+        .await
+        .expect("an answer");
+    assert!(
+        answered.as_ref().map_or(true, |r| r.status() != 200),
+        "{answered:?}"
+    );
+    p.shutdown().await;
+}

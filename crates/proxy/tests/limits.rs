@@ -629,3 +629,36 @@ async fn a_reload_resizes_max_connections() {
     assert_eq!(n, 1);
     p.shutdown().await;
 }
+
+/// R1: `limits.max_headers` above what a header map holds is refused at
+/// load, naming the field; at the bound, a head past it is a 431 (and one
+/// within it served), never a panic of the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_headers_is_bounded_by_what_a_map_holds() {
+    // Raw: a hyper backend would refuse more than 100 fields itself.
+    let up =
+        raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+    let endpoints = format!("      - {{ address: \"{up}\" }}\n");
+    let with = |n: u32| {
+        config_with_endpoints(&endpoints, "").replace(
+            "    address: \"127.0.0.1:0\"\n    routes:",
+            &format!("    address: \"127.0.0.1:0\"\n    limits: {{ max_headers: {n}, max_header_bytes: 8388608 }}\n    routes:"),
+        )
+    };
+    let err =
+        meshless_proxy::ProxyConfig::parse(&with(100_000), "t.yaml").expect_err("above the bound");
+    let msg = err.to_string();
+    assert!(msg.contains("limits.max_headers"), "{msg}");
+    assert!(msg.contains("10000"), "{msg}");
+    let (p, addr) = proxy(&with(10_000)).await;
+    for (fields, want) in [(9_990, "http/1.1 200"), (33_000, "http/1.1 431")] {
+        let mut req = b"GET / HTTP/1.1\r\nHost: t\r\n".to_vec();
+        for i in 0..fields {
+            req.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+        }
+        req.extend_from_slice(b"\r\n");
+        let (_s, head) = head_of(addr, &req).await;
+        assert!(head.starts_with(want), "{fields} fields: {head}");
+    }
+    p.shutdown().await;
+}

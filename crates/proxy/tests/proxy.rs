@@ -443,6 +443,79 @@ async fn forwarding_headers_and_request_ids() {
     p.shutdown().await;
 }
 
+/// R10: `X-Forwarded-For` in several field lines (HAProxy's `option
+/// forwardfor` adds a line; an HTTP/2 hop repeats the field): every line
+/// is kept, in order, and the peer appended after the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_forwarded_for_in_several_lines_keeps_every_entry() {
+    let up = Gated::start("g").await;
+    up.open();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    forwarding: {{ trusted_hops: 1 }}\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
+        up.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    for c in [client(), h2_client()] {
+        let req = Request::get(format!("http://{addr}/"))
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("x-forwarded-for", "1.2.3.4")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = c.request(req).await.expect("response");
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        let lines: Vec<&str> = s
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        assert_eq!(
+            lines,
+            ["6.6.6.6, 1.2.3.4, 127.0.0.1"],
+            "every received line kept in order, the peer last: {:?}",
+            s.headers
+        );
+    }
+    p.shutdown().await;
+}
+
+/// R11: toward an `http2` upstream, `:authority` carries the client's host
+/// (Envoy's way), not the endpoint's address beside a `host` field that
+/// disagrees: a meshless listener behind it (which refuses a `Host` that
+/// differs from `:authority`) answers, and its endpoint sees the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_upstream_authority_is_the_clients_host() {
+    let up = Gated::start("g").await;
+    up.open();
+    let (b, b_addr) = proxy(&config_with_endpoints(
+        &format!("      - {{ address: \"{}\" }}\n", up.local_addr()),
+        "",
+    ))
+    .await;
+    let (a, a_addr) = proxy(&config_with_endpoints(
+        &format!("      - {{ address: \"{b_addr}\" }}\n"),
+        "    upstream_protocol: http2\n",
+    ))
+    .await;
+    let c = client();
+    let (status, _, body) = get(&c, a_addr, "/vh", &[("host", "app.example.com")]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].headers.get("host").and_then(|v| v.to_str().ok()),
+        Some("app.example.com"),
+        "{:?}",
+        seen[0].headers
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_reloads_under_load_fail_no_request() {
     let bs = backends(3).await;
@@ -858,6 +931,22 @@ async fn panic_mode_shows_in_clusters_and_metrics() {
     bs[1].set_failing(false);
     eventually("panic mode over", || async {
         panic_shown(&p).await == (Some(false), 0.0)
+    })
+    .await;
+    p.shutdown().await;
+}
+
+/// R5: access-log lines the writer fails to write (a full disk:
+/// `/dev/full`) are counted as dropped, not lost silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_write_errors_are_counted_as_dropped() {
+    let bs = backends(1).await;
+    let yaml = format!("access_log: /dev/full\n{}", config(&bs, ""));
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    eventually("lines lost to write errors counted", || async {
+        assert_eq!(get(&c, addr, "/", &[]).await.0, StatusCode::OK);
+        proxy_metric(&p, "meshless_proxy_access_log_dropped_total").await > 0.0
     })
     .await;
     p.shutdown().await;

@@ -84,7 +84,11 @@ fn find<'b>(
         let at = h.value.as_ptr() as usize - base;
         let value = HeaderValue::from_maybe_shared(raw.slice(at..at + h.value.len()))
             .map_err(|_| Error::Head("header value"))?;
-        headers.append(name, value);
+        // A map holds at most 32768 fields (`limits.max_headers` is
+        // bounded well below): more is a head too large, never a panic.
+        headers
+            .try_append(name, value)
+            .map_err(|_| Error::HeadTooLarge)?;
     }
     Ok(Some(Found {
         method: head.method,

@@ -177,7 +177,7 @@ where
         };
         if let Some(e) = refused {
             // Made before the write: only its bytes are held across it.
-            let out = refusal(&downstream, e);
+            let out = refusal(&downstream, &peer, e);
             conn.linger = conn.io.write_all(&out).await.is_ok();
         }
         drop(conn.buf.take());
@@ -195,12 +195,35 @@ where
 /// (`http1: hyper` passes heads within its buffer to it), `505` for a
 /// well-formed version of another major (`HTTP/2.0`), and `400` naming the
 /// cause for the rest.
-fn refusal(downstream: &Downstream, e: meshless_h1::Error) -> Vec<u8> {
+fn refusal(downstream: &Downstream, peer: &Peer, e: meshless_h1::Error) -> Vec<u8> {
     let reply = refusal_reply(&e, &downstream.settings().limits);
-    downstream
-        .state
-        .metrics
-        .local_reply(&downstream.name, reply.reason);
+    let state = &downstream.state;
+    state.metrics.local_reply(&downstream.name, reply.reason);
+    // One access-log line, as for every request (`http1: hyper` logs the
+    // heads that reach its service too): nothing of the request is known
+    // but the peer, so method and path are `-`.
+    let logger = state.access_log.load();
+    if logger.enabled() {
+        let client = peer.addr.ip().to_string();
+        let record = crate::access_log::AccessRecord {
+            time: crate::access_log::now(),
+            listener: &downstream.name,
+            client: &client,
+            route: "-",
+            cluster: "-",
+            endpoint: "-",
+            method: "-",
+            path: "-",
+            status: reply.status.as_u16(),
+            bytes: reply.body.len() as u64,
+            duration_ms: 0.0,
+            request_id: "-",
+            attempts: 0,
+            fault: Some("client_error"),
+            grpc_status: None,
+        };
+        logger.log(&record, &state.metrics.access_log_dropped);
+    }
     write::refusal(&reply)
 }
 
@@ -461,7 +484,18 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     .as_mut()
                     .map(|o| std::mem::take(&mut **o))
                     .unwrap_or_default();
-                let close = self.draining_now();
+                // Say `connection: close` when the connection will close
+                // after this answer anyway (RFC 9112 9.6): a body the
+                // client was never told to send (`100 Continue` owed) or
+                // with more declared bytes left than are ever discarded
+                // to keep it (as `after_response` decides).
+                let unread = ex.feeder.as_ref().is_some_and(|f| {
+                    !f.finished()
+                        && (f.continue_due
+                            || f.length_left()
+                                .is_some_and(|l| f.discarded.saturating_add(l) > DRAIN_MAX))
+                });
+                let close = self.draining_now() || unread;
                 match Writer::new(resp, &ex.answering, close, out) {
                     Ok(w) => ex.writer = Some(w),
                     Err(_) => return Poll::Ready(false),

@@ -62,12 +62,12 @@ impl DerefMut for Lent {
 impl Drop for Lent {
     fn drop(&mut self) {
         self.gauge.dec();
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.clear();
-        // Memory still shared with body data sent on (or too small to be
-        // worth keeping) is not pooled: only a buffer that can take a
-        // whole `BUF_SIZE` again without allocating.
-        if buf.capacity() <= KEEP_MAX && buf.try_reclaim(BUF_SIZE) {
+        let buf = std::mem::take(&mut self.buf);
+        // Memory still shared with body data sent on, an allocation grown
+        // past `KEEP_MAX` (whatever room is left past its cursor), or one
+        // too small to be worth keeping is not pooled: only a buffer that
+        // can take a whole `BUF_SIZE` again without allocating.
+        if let Some(buf) = crate::free_list::reusable_buffer(buf, KEEP_MAX, BUF_SIZE) {
             crate::free_list::give(&FREE, buf, FREE_MAX);
         }
     }
@@ -107,6 +107,15 @@ mod tests {
         // pooled one).
         let mut big = Lent::borrow(&g);
         big.reserve(KEEP_MAX + 1);
+        drop(big);
+        assert_eq!(FREE.with(|f| f.borrow().len()), 0, "grown: not kept");
+        // Grown, then advanced past most of it (a large head consumed):
+        // the allocation counts, not the room left.
+        let mut big = Lent::borrow(&g);
+        big.reserve(256 * 1024);
+        let n = big.capacity() - KEEP_MAX / 2;
+        big.extend_from_slice(&vec![1u8; n]);
+        bytes::Buf::advance(&mut *big, n);
         drop(big);
         assert_eq!(FREE.with(|f| f.borrow().len()), 0, "grown: not kept");
     }

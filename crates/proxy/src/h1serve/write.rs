@@ -230,6 +230,16 @@ impl Writer {
                 },
                 Poll::Ready(Some(Err(e))) => {
                     self.close = true;
+                    // What is already buffered (the head, data received)
+                    // goes out as far as the socket takes it now, never
+                    // waiting: the client sees a message cut short (RFC
+                    // 9112 8), not a connection closed with no byte,
+                    // which it would take for a stale keep-alive one and
+                    // retry.
+                    self.body = None;
+                    if self.poll_drain(io, cx, true).is_ready() {
+                        let _ = Pin::new(&mut *io).poll_flush(cx);
+                    }
                     return Poll::Ready(Err(WriteError::Body(e)));
                 }
                 Poll::Ready(None) => {

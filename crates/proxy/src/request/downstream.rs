@@ -74,17 +74,45 @@ impl Body for Source {
 
 pin_project! {
     /// A downstream body that records its own failure in a [`ClientFault`].
+    ///
+    /// With [`DownstreamBody::hold_last`] (an HTTP/2 request with a
+    /// `content-length`), the data frame that completes the declared length
+    /// is held back until the stream is known to end there: an HTTP/1.1
+    /// upstream takes a message as whole once its `Content-Length` bytes
+    /// are written, so DATA beyond the length (a malformed request, RFC
+    /// 9113 8.1.1, refused by the HTTP/2 layer) must surface before the
+    /// upstream has every byte, never after it acted on the prefix.
     pub struct DownstreamBody<B = Incoming> {
         #[pin]
         inner: B,
         fault: ClientFault,
+        // Declared bytes not yet received (`None`: nothing held back).
+        left: Option<u64>,
+        held: Option<Frame<Bytes>>,
+        // Trailers that came while a frame was held, given after it.
+        next: Option<Frame<Bytes>>,
+        ended: bool,
     }
 }
 
 impl<B> DownstreamBody<B> {
     /// Wraps `inner`; its errors set `fault`.
     pub fn new(inner: B, fault: ClientFault) -> Self {
-        Self { inner, fault }
+        Self {
+            inner,
+            fault,
+            left: None,
+            held: None,
+            next: None,
+            ended: false,
+        }
+    }
+
+    /// Holds back the frame that completes `length` declared bytes until
+    /// the body is seen to end after it.
+    pub fn hold_last(mut self, length: u64) -> Self {
+        self.left = Some(length);
+        self
     }
 }
 
@@ -96,20 +124,86 @@ impl<B: Body<Data = Bytes>> Body for DownstreamBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if let Poll::Ready(Some(Err(_))) = &polled {
-            this.fault.set();
+        let mut this = self.project();
+        let Some(left) = this.left.as_mut() else {
+            let polled = this.inner.poll_frame(cx);
+            if let Poll::Ready(Some(Err(_))) = &polled {
+                this.fault.set();
+            }
+            return polled;
+        };
+        loop {
+            if let Some(next) = this.next.take() {
+                return Poll::Ready(Some(Ok(next)));
+            }
+            if *this.ended {
+                return Poll::Ready(this.held.take().map(Ok));
+            }
+            if this.held.is_some() && this.inner.is_end_stream() {
+                *this.ended = true;
+                continue;
+            }
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => *this.ended = true,
+                Poll::Ready(Some(Err(e))) => {
+                    // Whatever was held is never sent: the request is cut.
+                    *this.held = None;
+                    *this.ended = true;
+                    this.fault.set();
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        *left = left.saturating_sub(data.len() as u64);
+                        if data.is_empty() {
+                            continue;
+                        }
+                        if this.held.is_some() {
+                            // More than declared and not refused below:
+                            // never handed on after the whole prefix.
+                            *this.held = None;
+                            *this.ended = true;
+                            this.fault.set();
+                            return Poll::Ready(None);
+                        }
+                        if *left == 0 && !this.inner.is_end_stream() {
+                            *this.held = Some(frame);
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    // Trailers: the stream ends with them.
+                    *this.ended = true;
+                    match this.held.take() {
+                        Some(held) => {
+                            *this.next = Some(frame);
+                            return Poll::Ready(Some(Ok(held)));
+                        }
+                        None => return Poll::Ready(Some(Ok(frame))),
+                    }
+                }
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.held.is_none() && self.next.is_none() && (self.ended || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let held = self
+            .held
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(held));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
     }
 }
 

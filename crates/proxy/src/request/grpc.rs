@@ -1,5 +1,5 @@
 //! What the proxy understands of gRPC (over HTTP/2, `content-type:
-//! application/grpc*`): the `grpc-timeout` deadline, the `grpc-status` of a
+//! application/grpc`, `+...` or `;...`; not gRPC-Web): the `grpc-timeout` deadline, the `grpc-status` of a
 //! response (in its headers for a trailers-only answer, else in its
 //! trailers) and how it maps to an HTTP status for outlier detection and
 //! metrics (Envoy's `Grpc::Utility::grpcToHttpStatus`), retry conditions
@@ -30,12 +30,24 @@ pub mod code {
     pub const UNAUTHENTICATED: u32 = 16;
 }
 
-/// Whether a request (or response) is gRPC: `content-type:
-/// application/grpc`, `application/grpc+proto`, `application/grpc-web`...
+/// Whether a request (or response) is native gRPC: `content-type:
+/// application/grpc`, or it followed by `+` (`application/grpc+proto`) or
+/// `;` (Envoy's `hasGrpcContentType`). gRPC-Web (`application/grpc-web`,
+/// `application/grpc-web+proto`, `application/grpc-web-text`) is not: its
+/// status is in a trailer frame inside the body, never in HTTP/2 trailers,
+/// so the proxy treats it as plain HTTP (status, timeouts, local answers).
 pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .is_some_and(|v| is_grpc_type(v.as_bytes()))
+}
+
+fn is_grpc_type(v: &[u8]) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    let Some(head) = v.get(..GRPC.len()) else {
+        return false;
+    };
+    head.eq_ignore_ascii_case(GRPC) && matches!(v.get(GRPC.len()), None | Some(b'+' | b';'))
 }
 
 /// The `grpc-timeout` header: 1 to 8 digits and a unit (`H`, `M`, `S`,
@@ -148,6 +160,33 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(&GRPC_TIMEOUT, HeaderValue::from_str(v).expect("value"));
         h
+    }
+
+    #[test]
+    fn grpc_web_is_not_native_grpc() {
+        let ct = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(v));
+            is_grpc(&h)
+        };
+        for yes in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc;x=1",
+            "Application/GRPC",
+        ] {
+            assert!(ct(yes), "{yes}");
+        }
+        for no in [
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/grpc-web-text",
+            "application/grpcx",
+            "application/json",
+            "",
+        ] {
+            assert!(!ct(no), "{no}");
+        }
     }
 
     #[test]

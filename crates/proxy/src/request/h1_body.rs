@@ -213,6 +213,15 @@ impl Feeder {
         self.finished
     }
 
+    /// Bytes of a `Content-Length` body not yet read off the connection
+    /// (`None` for a chunked one, whose length is unknown).
+    pub fn length_left(&self) -> Option<u64> {
+        match &self.framing {
+            Framing::Length(left) => Some(*left),
+            Framing::Chunked(_) => None,
+        }
+    }
+
     /// Whether the body has been polled upstream (a body dropped unread
     /// was never wanted: no `100 Continue` is owed for it).
     pub fn wanted(&self) -> bool {

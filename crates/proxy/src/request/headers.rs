@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri};
 
 use crate::limits::{Forwarding, XffMode};
@@ -251,11 +251,25 @@ pub struct Forward<'a> {
 /// hop-by-hop removed, forwarding headers set.
 pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     let trailers = f.http2 && wants_trailers(&headers);
-    let prev = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok());
-    let xff = match (prev, f.peer.to_str()) {
+    let xff = match f.peer.to_str() {
         _ if f.hop => None,
-        (Some(prev), Ok(ip)) if f.forwarding.x_forwarded_for == XffMode::Append => {
-            HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+        Ok(ip) if f.forwarding.x_forwarded_for == XffMode::Append => {
+            // Every line, in order (RFC 9110 5.3: the lines of one field
+            // combine with commas); a line that is not visible ASCII is
+            // left out, as before.
+            let mut joined = String::new();
+            for line in headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+            {
+                joined.push_str(line);
+                joined.push_str(", ");
+            }
+            joined.push_str(ip);
+            HeaderValue::from_str(&joined)
+                .ok()
+                .or_else(|| Some(f.peer.clone()))
         }
         _ => Some(f.peer.clone()),
     };
@@ -296,7 +310,16 @@ pub fn target(
         } else {
             Scheme::HTTP
         });
-        target.authority = Some(cluster.authorities[index].clone());
+        // The client's host, as Envoy sends it (RFC 9113 8.3.1: `:authority`
+        // instead of `Host`, and a server may refuse the two disagreeing):
+        // its `Host`, else its own `:authority`, else the endpoint's address.
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| Authority::try_from(v.as_bytes()).ok());
+        target.authority = Some(
+            host.or_else(|| parts.uri.authority().cloned())
+                .unwrap_or_else(|| cluster.authorities[index].clone()),
+        );
     }
     target.path_and_query = Some(path);
     Ok(Uri::from_parts(target)?)
@@ -323,12 +346,14 @@ pub fn build_request(
     *req.headers_mut() = headers;
     // Between proxies only (ahead-of-time placement's one-hop marker).
     req.headers_mut().remove(crate::placement::FORWARDED_BY);
-    if !req.headers().contains_key(header::HOST) {
+    if http2 {
+        // `:authority` says it.
+        req.headers_mut().remove(header::HOST);
+    } else if !req.headers().contains_key(header::HOST) {
         let host = match parts.uri.authority() {
             Some(a) => HeaderValue::from_str(a.as_str()).ok(),
             // What hyper-util's client did: the endpoint's address.
-            None if !http2 => HeaderValue::from_str(cluster.authorities[index].as_str()).ok(),
-            None => None,
+            None => HeaderValue::from_str(cluster.authorities[index].as_str()).ok(),
         };
         if let Some(v) = host {
             req.headers_mut().insert(header::HOST, v);

@@ -490,7 +490,21 @@ impl Exchange<'_> {
         let replayable = !self.upgrading
             && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
         let policy = RetryPolicy::new(&base.config.retries, replayable);
-        let downstream = DownstreamBody::new(body, record.fault.clone()).boxed();
+        // An HTTP/2 request's declared length is checked by the HTTP/2
+        // layer only as its DATA arrive: the frame completing it waits
+        // for the stream's end (see `DownstreamBody::hold_last`).
+        let declared = match &body {
+            Source::Hyper(b) if self.parts.version == http::Version::HTTP_2 => {
+                http_body::Body::size_hint(b).exact().filter(|n| *n > 0)
+            }
+            _ => None,
+        };
+        let downstream = DownstreamBody::new(body, record.fault.clone());
+        let downstream = match declared {
+            Some(n) => downstream.hold_last(n),
+            None => downstream,
+        }
+        .boxed();
         let activating = base.config.activation.is_some() && !self.upgrading;
         let keep = if replayable && base.config.retries.count > 0 {
             replay::Keep::Retries

@@ -63,9 +63,8 @@ const KEEP_MAX: usize = 4 * READ_SIZE;
 /// data frame sent on still points into it) and worth keeping: not grown
 /// past [`KEEP_MAX`]. Dropped instead while the thread's locals are torn
 /// down (a body dropped at thread exit).
-fn give_back(mut buf: BytesMut) {
-    buf.clear();
-    if buf.capacity() <= KEEP_MAX && buf.try_reclaim(READ_SIZE) {
+fn give_back(buf: BytesMut) {
+    if let Some(buf) = crate::free_list::reusable_buffer(buf, KEEP_MAX, READ_SIZE) {
         crate::free_list::give(&FREE, buf, FREE_MAX);
     }
 }
