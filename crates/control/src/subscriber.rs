@@ -685,7 +685,11 @@ mod tests {
         assert!(f.drain(&mut rx).await.expect("drained"));
         assert!(f.drain(&mut rx).await.expect("drained"));
         assert_eq!(batches.drain_messages().len(), 20);
-        assert_eq!(d.metrics.stream_writes.get(), 2, "a full batch, then the rest");
+        assert_eq!(
+            d.metrics.stream_writes.get(),
+            2,
+            "a full batch, then the rest"
+        );
         assert_eq!(d.metrics.messages_sent.get(), 20);
         assert_eq!(f.sent_up_to, 20);
     }

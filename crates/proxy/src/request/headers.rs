@@ -292,8 +292,11 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
 /// client's (shared, not parsed again) with the endpoint's authority.
 /// Apart from [`build_request`] so that a failure is known before a
 /// connection is asked for (the request is made only once one is there).
+/// `headers`: the forwarded ones (toward an HTTP/2 upstream their `Host`
+/// is the `:authority`).
 pub fn target(
     parts: &http::request::Parts,
+    headers: Option<&HeaderMap>,
     cluster: &UpstreamCluster,
     index: usize,
 ) -> Result<Uri, http::Error> {
@@ -314,7 +317,7 @@ pub fn target(
         // instead of `Host`, and a server may refuse the two disagreeing):
         // its `Host`, else its own `:authority`, else the endpoint's address.
         let host = headers
-            .get(header::HOST)
+            .and_then(|h| h.get(header::HOST))
             .and_then(|v| Authority::try_from(v.as_bytes()).ok());
         target.authority = Some(
             host.or_else(|| parts.uri.authority().cloned())

@@ -634,7 +634,7 @@ impl Exchange<'_> {
         let body = body.ok_or(attempt::Failure::BadRequest)?;
         // Taken by the last attempt's request only: none follows it.
         debug_assert!(headers.is_some(), "an attempt after the last one");
-        let target = headers::target(self.parts, cluster, index)
+        let target = headers::target(self.parts, headers.as_ref(), cluster, index)
             .map_err(|_| attempt::Failure::BadRequest)?;
         let pool = &cluster.endpoint_pools[index];
         let upgrade = headers
