@@ -30,6 +30,8 @@ use tokio_stream::Stream;
 pub(crate) struct Wakes {
     /// Bit `i`: source `i` woke since its gate last looked.
     woken: AtomicU32,
+    /// Sources given a bit so far (each gate takes the next).
+    sources: AtomicU32,
     outer: AtomicWaker,
 }
 
@@ -37,6 +39,7 @@ impl Wakes {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             woken: AtomicU32::new(0),
+            sources: AtomicU32::new(0),
             outer: AtomicWaker::new(),
         })
     }
@@ -84,9 +87,9 @@ pub(crate) struct Gate<S> {
 }
 
 impl<S> Gate<S> {
-    /// Source number `index` (0..32) of `wakes`; each source of one
-    /// `Wakes` needs its own index.
-    pub(crate) fn new(inner: S, wakes: &Arc<Wakes>, index: u32) -> Self {
+    /// The next source of `wakes` (at most 32), with a bit of its own.
+    pub(crate) fn new(inner: S, wakes: &Arc<Wakes>) -> Self {
+        let index = wakes.sources.fetch_add(1, Ordering::Relaxed);
         assert!(index < 32, "a Wakes has 32 sources");
         let bit = 1 << index;
         let waker = Waker::from(Arc::new(SourceWaker {
@@ -133,23 +136,18 @@ pub(crate) type Gated = Gate<Pin<Box<dyn Stream<Item = ()> + Send>>>;
 pub(crate) fn watch_changes<T: Send + Sync + 'static>(
     rx: tokio::sync::watch::Receiver<T>,
     wakes: &Arc<Wakes>,
-    index: u32,
 ) -> Gated {
     let changes = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.changed().await.ok()?;
         Some(((), rx))
     });
-    Gate::new(Box::pin(changes), wakes, index)
+    Gate::new(Box::pin(changes), wakes)
 }
 
 /// The ticks of `interval`, gated.
-pub(crate) fn ticks(interval: tokio::time::Interval, wakes: &Arc<Wakes>, index: u32) -> Gated {
+pub(crate) fn ticks(interval: tokio::time::Interval, wakes: &Arc<Wakes>) -> Gated {
     let ticks = tokio_stream::wrappers::IntervalStream::new(interval);
-    Gate::new(
-        Box::pin(tokio_stream::StreamExt::map(ticks, |_| ())),
-        wakes,
-        index,
-    )
+    Gate::new(Box::pin(tokio_stream::StreamExt::map(ticks, |_| ())), wakes)
 }
 
 #[cfg(test)]
@@ -183,7 +181,6 @@ mod tests {
 
     fn counted(
         wakes: &Arc<Wakes>,
-        index: u32,
     ) -> (
         tokio::sync::mpsc::UnboundedSender<u32>,
         Gate<Counted>,
@@ -197,7 +194,6 @@ mod tests {
                 polls: Arc::clone(&polls),
             },
             wakes,
-            index,
         );
         (tx, gate, polls)
     }
@@ -207,7 +203,7 @@ mod tests {
     #[tokio::test]
     async fn an_idle_source_is_polled_once_and_no_item_is_lost() {
         let wakes = Wakes::new();
-        let (tx, mut gate, polls) = counted(&wakes, 0);
+        let (tx, mut gate, polls) = counted(&wakes);
         let mut cx = Context::from_waker(Waker::noop());
         for _ in 0..100 {
             assert!(Pin::new(&mut gate).poll_next(&mut cx).is_pending());
@@ -233,8 +229,8 @@ mod tests {
     #[tokio::test]
     async fn a_wake_up_polls_only_its_own_source() {
         let wakes = Wakes::new();
-        let (tx_a, mut a, polls_a) = counted(&wakes, 0);
-        let (_tx_b, mut b, polls_b) = counted(&wakes, 1);
+        let (tx_a, mut a, polls_a) = counted(&wakes);
+        let (_tx_b, mut b, polls_b) = counted(&wakes);
         let mut cx = Context::from_waker(Waker::noop());
         assert!(Pin::new(&mut a).poll_next(&mut cx).is_pending());
         assert!(Pin::new(&mut b).poll_next(&mut cx).is_pending());
@@ -250,7 +246,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_send_racing_the_poll_is_seen() {
         let wakes = Wakes::new();
-        let (tx, mut gate, _) = counted(&wakes, 3);
+        let (tx, mut gate, _) = counted(&wakes);
         let sender = tokio::spawn(async move {
             for i in 0..1000u32 {
                 tx.send(i).expect("send");

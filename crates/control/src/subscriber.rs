@@ -367,8 +367,8 @@ pub(crate) async fn serve(
     // delta, and an idle source then costs an atomic read, not a poll; the
     // task's waker is registered once per wake-up for all of them.
     let wakes = gate::Wakes::new();
-    let mut closing = gate::watch_changes(closing, &wakes, 0);
-    let mut inbound = gate::Gate::new(inbound, &wakes, 1);
+    let mut closing = gate::watch_changes(closing, &wakes);
+    let mut inbound = gate::Gate::new(inbound, &wakes);
     let identity = [&hello.subscriber, &hello.node]
         .into_iter()
         .find(|s| !s.is_empty())
@@ -394,13 +394,13 @@ pub(crate) async fn serve(
         encoding: Encoding::of(&hello),
     };
     f.start(&hello, sizes).await?;
-    let mut placements = gate::watch_changes(d.placements.changed(), &wakes, 2);
+    let mut placements = gate::watch_changes(d.placements.changed(), &wakes);
     let mut placed = PlacementsSent::default();
     placed.send_changes(&mut f).await?;
     f.flush().await?;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
-    let mut heartbeat = gate::ticks(heartbeat, &wakes, 3);
+    let mut heartbeat = gate::ticks(heartbeat, &wakes);
     // Pacing (`stream_interval`): after a write that emptied the ring,
     // the ring is not read again until the pause ends.
     let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));

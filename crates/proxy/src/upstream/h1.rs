@@ -89,11 +89,12 @@ fn out_buffer() -> BytesMut {
 }
 
 /// Gives a request's write buffer back to this worker's free ones if it
-/// is unshared and was not grown past [`OUT_KEEP_MAX`]; what it held is
-/// dropped (an exchange that failed may leave bytes unwritten).
-fn give_out_back(mut out: BytesMut) {
-    out.clear();
-    if out.capacity() <= OUT_KEEP_MAX && out.try_reclaim(OUT_SIZE) {
+/// is unshared and its allocation was not grown past [`OUT_KEEP_MAX`]
+/// (judged as the read buffers are, [`give_back`]: a written buffer is
+/// advanced, so the room left says nothing of its allocation); what it
+/// held is dropped (an exchange that failed may leave bytes unwritten).
+fn give_out_back(out: BytesMut) {
+    if let Some(out) = crate::free_list::reusable_buffer(out, OUT_KEEP_MAX, OUT_SIZE) {
         crate::free_list::give(&FREE_OUT, out, FREE_MAX);
     }
 }
@@ -994,6 +995,14 @@ mod tests {
         assert!(out.is_empty() && out.capacity() >= OUT_SIZE);
         assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 0, "taken");
         give_out_back(BytesMut::with_capacity(OUT_KEEP_MAX + 1));
+        assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 0, "grown: not kept");
+        // Grown for a body copied behind the head, then written out (the
+        // cursor advanced): the allocation counts, not the room left.
+        let mut written = BytesMut::with_capacity(64 * 1024);
+        written.extend_from_slice(&vec![1u8; 62 * 1024]);
+        bytes::Buf::advance(&mut written, 62 * 1024);
+        assert!(written.capacity() <= OUT_KEEP_MAX);
+        give_out_back(written);
         assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 0, "grown: not kept");
     }
 
