@@ -2,9 +2,10 @@
 //! commit thread and wait (asynchronously) for its answer; the thread
 //! takes every write queued, runs them in order under the registry lock
 //! inside one group ([`Registry::begin_group`]), reconciles and commits
-//! them in one store transaction (one fsync), then publishes their deltas
-//! and answers each writer. A writer is acknowledged only after the commit
-//! that holds its write; the fsync never runs on an async worker thread.
+//! them in one store transaction (one fsync), then answers each writer and
+//! publishes their deltas (in that order: see [`Shared::run`]). A writer
+//! is acknowledged only after the commit that holds its write; the fsync
+//! never runs on an async worker thread.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -82,8 +83,10 @@ impl Committer {
 
     /// Runs `f` on the registry in the next group and answers once that
     /// group is durable: `f`'s value and the registry version after the
-    /// group (its deltas are published by then). A writer that goes away
-    /// while waiting does not cancel the write.
+    /// group. Its deltas are published right after the answers, before
+    /// the registry lock is let go: a read of the registry after the
+    /// answer sees them. A writer that goes away while waiting does not
+    /// cancel the write.
     pub async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Registry) -> Result<T, RegistryError> + Send + 'static,
@@ -127,7 +130,7 @@ fn job<T: Send + 'static>(
 }
 
 impl Shared {
-    /// One group: run, reconcile, commit once, publish, answer. A job
+    /// One group: run, reconcile, commit once, answer, publish. A job
     /// that panics fails its whole group (rolled back as a refused commit:
     /// nothing of it stored, memory reloaded, every writer answered with
     /// the error) and the thread goes on with the next group.
@@ -158,12 +161,22 @@ impl Shared {
                 Err(reg.abort_group(error))
             }
         };
-        let outcome = match ended {
+        match ended {
             Ok(deltas) => {
+                self.metrics.record_store(false, reg.is_broken());
+                // The writers first, then the subscribers: each answer and
+                // each subscriber's wake-up queue a task on the executor in
+                // the order they are made, so publishing first would put
+                // every writer behind the fan-out to every subscriber. The
+                // registry lock is held until the deltas are published, so
+                // whatever reads the registry after an answer sees them.
+                let outcome: Result<u64, StoreError> = Ok(reg.version());
+                for c in completions {
+                    c(outcome.clone());
+                }
                 for d in &deltas {
                     self.distributor.publish(d, committed);
                 }
-                Ok(reg.version())
             }
             Err(failed) => {
                 tracing::error!(error = %failed.error, "group commit failed; memory reloaded from the store");
@@ -171,13 +184,13 @@ impl Shared {
                     let delta = reset_delta(&mut reg, service);
                     self.distributor.publish(&delta, committed);
                 }
-                Err(failed.error)
+                self.metrics.record_store(true, reg.is_broken());
+                drop(reg);
+                let outcome = Err(failed.error);
+                for c in completions {
+                    c(outcome.clone());
+                }
             }
-        };
-        self.metrics.record_store(outcome.is_err(), reg.is_broken());
-        drop(reg);
-        for c in completions {
-            c(outcome.clone());
         }
     }
 }
