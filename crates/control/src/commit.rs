@@ -324,7 +324,7 @@ mod tests {
     #[tokio::test]
     async fn a_group_is_one_transaction_and_answers_after_it() {
         let f = fixture("group");
-        let mut deltas = f.shared.distributor.tx.subscribe();
+        let mut deltas = f.shared.distributor.log.subscribe();
         let (jobs, answers): (Vec<Job>, Vec<_>) = (0..50)
             .map(|i| job(put(i), Arc::clone(&f.shared.metrics)))
             .unzip();
@@ -423,7 +423,7 @@ mod tests {
         );
         f.shared.run(vec![big]);
         big_answer.await.expect("answered").expect("written");
-        let mut deltas = f.shared.distributor.tx.subscribe();
+        let mut deltas = f.shared.distributor.log.subscribe();
         f.fail.store(true, Ordering::SeqCst);
         for i in 0..5 {
             let (failing, answer) = job(put(i), Arc::clone(&f.shared.metrics));
@@ -451,7 +451,7 @@ mod tests {
             .unzip();
         f.shared.run(jobs);
         let (ok, ok_answer) = job(put(9), Arc::clone(&f.shared.metrics));
-        let mut deltas = f.shared.distributor.tx.subscribe();
+        let mut deltas = f.shared.distributor.log.subscribe();
         f.fail.store(true, Ordering::SeqCst);
         let (failing, failing_answers): (Vec<Job>, Vec<_>) = (3..6)
             .map(|i| job(put(i), Arc::clone(&f.shared.metrics)))

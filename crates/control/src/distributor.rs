@@ -1,6 +1,6 @@
 //! The distribution stream: every delta is encoded once and the same bytes
-//! go to every subscriber of its service. Subscribers read a shared
-//! broadcast ring; one that falls more than the ring behind gets its
+//! go to every subscriber of its service. Subscribers read a shared log
+//! (`delta_log.rs`); one that falls more than the log behind gets its
 //! pending deltas coalesced into one reset per watched service, so server
 //! memory per subscriber stays bounded and nobody else waits for it.
 
@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use meshless_api::v1;
 use meshless_api::{EncodedPair, endpoint_to_wire, settings_to_wire};
-use tokio::sync::broadcast;
 
 use crate::api::{REMOTE_LOAD_TTL, RemoteLoad};
+use crate::delta_log::DeltaLog;
 use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, ServiceDelta};
 use crate::subsets::{SubsetDeltas, SubsetKey, Subsets};
@@ -103,7 +103,8 @@ pub struct Distributor {
     pub(crate) metrics: Arc<ControlMetrics>,
     history: Mutex<History>,
     history_len: usize,
-    pub(crate) tx: broadcast::Sender<Arc<EncodedDelta>>,
+    /// Every published delta, read by each subscriber at its own cursor.
+    pub(crate) log: Arc<DeltaLog<Arc<EncodedDelta>>>,
     /// Set on shutdown: every subscriber stream ends.
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
     /// False until every source of the registry (the Kubernetes source's
@@ -165,13 +166,12 @@ impl Distributor {
     }
 
     /// A distributor keeping the last `history_len` deltas for resumption;
-    /// the broadcast ring holds as many.
+    /// the log subscribers read holds as many.
     pub fn new(
         registry: Arc<Mutex<Registry>>,
         metrics: Arc<ControlMetrics>,
         history_len: usize,
     ) -> Self {
-        let (tx, _) = broadcast::channel(history_len.max(16));
         // Deltas from before this process started are not in the history.
         let (dropped_up_to, subsets) = {
             let reg = registry.lock().unwrap_or_else(PoisonError::into_inner);
@@ -185,7 +185,7 @@ impl Distributor {
                 dropped_up_to,
             }),
             history_len: history_len.max(16),
-            tx,
+            log: DeltaLog::new(history_len.max(16)),
             closing: tokio::sync::watch::channel(false).0,
             synced: tokio::sync::watch::channel(true).0,
             resets: Mutex::new(std::collections::HashMap::new()),
@@ -445,7 +445,7 @@ impl Distributor {
             h.deltas.push_back(kept);
         }
         self.metrics.deltas.inc();
-        let _ = self.tx.send(encoded);
+        self.log.publish(encoded);
     }
 
     /// Reset deltas with every endpoint of each service (empty if unknown),
@@ -584,7 +584,7 @@ impl Distributor {
 
     /// `identity` follows a subset of `size` of `service` (preferring
     /// `zone` when given): the lease (its index, held until dropped) and a
-    /// reset holding its members. Call after subscribing to the broadcast:
+    /// reset holding its members. Call after subscribing to the log:
     /// deltas above `floor` follow.
     pub(crate) fn lease_subset(
         &self,
@@ -682,7 +682,7 @@ pub(crate) mod tests {
     #[test]
     fn a_published_delta_is_encoded_once_for_every_subscriber() {
         let (registry, d) = distributor(16);
-        let (mut a, mut b) = (d.tx.subscribe(), d.tx.subscribe());
+        let (mut a, mut b) = (d.log.subscribe(), d.log.subscribe());
         let v = registry.lock().expect("lock").next_version();
         d.publish(&delta("ns/a", v), Instant::now());
         let (x, y) = (a.try_recv().expect("a"), b.try_recv().expect("b"));

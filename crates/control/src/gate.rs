@@ -106,6 +106,14 @@ impl<S> Gate<S> {
     }
 }
 
+impl<S> Gate<S> {
+    /// The inner stream, to read from it directly (what it yields then is
+    /// not seen by the gate, which polls it again only after a wake-up).
+    pub(crate) fn inner_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+}
+
 impl<S: Stream + Unpin> Stream for Gate<S> {
     type Item = S::Item;
 

@@ -7,6 +7,7 @@ pub mod autoscaler;
 pub mod client;
 pub mod commit;
 pub mod config;
+mod delta_log;
 pub mod distributor;
 mod gate;
 pub mod grpc;

@@ -1,5 +1,5 @@
 //! One subscriber's stream task: a snapshot (or a replay from its resume
-//! version), then deltas from the shared broadcast ring and heartbeats,
+//! version), then deltas from the shared log (`delta_log.rs`) and heartbeats,
 //! while it reads the subscriber's load reports, activations and changes
 //! of what it watches.
 //!
@@ -13,7 +13,7 @@
 //! watched service at zero (`placement.rs`), and what changes of them.
 //!
 //! Batched writes: messages are gathered in `pending`; when the task wakes
-//! for a delta it also takes every delta already queued in the ring (up
+//! for a delta it also takes every delta already queued in the log (up
 //! to `stream_batch` messages) and hands them to the stream as one batch,
 //! which tonic encodes into one buffer: one HTTP/2 DATA frame and one
 //! write for many messages, and one wake of the connection's task.
@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use meshless_api::v1::{self, ClientMessage, ServerMessage, client_message, server_message};
 use meshless_api::{EncodedPair, Encoding};
-use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
+use crate::delta_log::{LogReader, TryRecvError};
 use crate::distributor::{Distributor, EncodedDelta, SubsetLease};
 use crate::gate;
 use crate::placement::Peer;
@@ -45,6 +45,9 @@ pub(crate) enum StreamEnd {
     #[error("inbound stream: {0}")]
     Inbound(Status),
 }
+
+/// A subscriber's cursor in the published deltas.
+type Deltas = LogReader<std::sync::Arc<EncodedDelta>>;
 
 /// Where a subscriber's batches go: its response stream (`outbox.rs`).
 pub(crate) type Out = crate::outbox::Outbox;
@@ -138,14 +141,10 @@ impl<'a> Follow<'a> {
         Ok(())
     }
 
-    /// After a delta: takes the deltas already queued in the ring too
+    /// After a delta: takes the deltas already queued in the log too
     /// (up to a batch), then writes them all at once.
-    async fn drain(
-        &mut self,
-        rx: &mut broadcast::Receiver<std::sync::Arc<EncodedDelta>>,
-    ) -> Result<bool, StreamEnd> {
-        use broadcast::error::TryRecvError;
-        // Bounded, so a ring full of other services' deltas cannot keep
+    async fn drain(&mut self, rx: &mut Deltas) -> Result<(), StreamEnd> {
+        // Bounded, so a log full of other services' deltas cannot keep
         // this task from its other duties.
         for _ in 0..self.batch * 4 {
             if self.pending.len() >= self.batch {
@@ -156,18 +155,12 @@ impl<'a> Follow<'a> {
                 Ok(_) => {}
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Lagged(_)) => {
-                    *rx = self.d.tx.subscribe();
                     self.catch_up().await?;
                     break;
                 }
-                Err(TryRecvError::Closed) => {
-                    self.flush().await?;
-                    return Ok(false);
-                }
             }
         }
-        self.flush().await?;
-        Ok(true)
+        self.flush().await
     }
 
     /// Queues the delta in this stream's encoding.
@@ -246,7 +239,8 @@ impl<'a> Follow<'a> {
         Ok(())
     }
 
-    /// Too slow for the ring: one reset per service replaces what it missed.
+    /// Too slow for the log: one reset per service replaces what it missed
+    /// (the reader's cursor is already past it).
     async fn catch_up(&mut self) -> Result<(), StreamEnd> {
         self.d.metrics.coalesced.inc();
         let whole = self.whole();
@@ -345,8 +339,8 @@ impl<'a> Follow<'a> {
     }
 }
 
-/// Serves one subscriber until it leaves, the plane closes or the ring
-/// closes. Subset leases are released when this returns or is dropped.
+/// Serves one subscriber until it leaves or the plane closes. Subset
+/// leases are released when this returns or is dropped.
 pub(crate) async fn serve(
     d: &Distributor,
     id: u64,
@@ -363,9 +357,9 @@ pub(crate) async fn serve(
     if !until_synced(d, &out, closing.clone()).await? {
         return Ok(());
     }
-    // Every source but the ring behind a gate: the task wakes once per
-    // delta, and an idle source then costs an atomic read, not a poll; the
-    // task's waker is registered once per wake-up for all of them.
+    // Every source behind a gate: the task wakes once per delta, and an
+    // idle source then costs an atomic read, not a poll; the task's waker
+    // is registered once per wake-up for all of them.
     let wakes = gate::Wakes::new();
     let mut closing = gate::watch_changes(closing, &wakes);
     let mut inbound = gate::Gate::new(inbound, &wakes);
@@ -378,7 +372,7 @@ pub(crate) async fn serve(
     d.placements
         .join(id, &hello.node, &hello.peer_address, &watched);
     // Subscribe before reading state, so no delta falls between the two.
-    let mut rx = d.tx.subscribe();
+    let mut deltas = gate::Gate::new(d.log.subscribe(), &wakes);
     let mut f = Follow {
         d,
         out,
@@ -401,13 +395,13 @@ pub(crate) async fn serve(
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
     let mut heartbeat = gate::ticks(heartbeat, &wakes);
-    // Pacing (`stream_interval`): after a write that emptied the ring,
-    // the ring is not read again until the pause ends.
+    // Pacing (`stream_interval`): after a write that emptied the log,
+    // the log is not read again until the pause ends.
     let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
     let mut paused = false;
     loop {
         // In order: the registration before the gates look at their bits;
-        // then the gated sources, each an atomic read while idle; the ring
+        // then the gated sources, each an atomic read while idle; the log
         // last, so a steady stream of deltas cannot keep the subscriber's
         // own messages (activations, loads) waiting.
         tokio::select! {
@@ -439,25 +433,22 @@ pub(crate) async fn serve(
                 f.flush().await?;
             }
             () = &mut pause, if paused => paused = false,
-            got = rx.recv(), if !paused => match got {
+            Some(got) = deltas.next(), if !paused => match got {
                 Ok(delta) => {
                     if f.watched.contains(&delta.service) {
                         f.on_delta(&delta).await?;
                     }
-                    if !f.drain(&mut rx).await? {
-                        return Ok(());
-                    }
-                    if !interval.is_zero() && rx.is_empty() {
+                    f.drain(deltas.inner_mut()).await?;
+                    if !interval.is_zero() && deltas.inner_mut().is_empty() {
                         pause.as_mut().reset(tokio::time::Instant::now() + interval);
                         paused = true;
                     }
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    rx = d.tx.subscribe();
+                Err(TryRecvError::Lagged(_)) => {
                     f.catch_up().await?;
                     f.flush().await?;
                 }
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                Err(TryRecvError::Empty) => {}
             },
         }
     }
@@ -659,7 +650,7 @@ mod tests {
         let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
         let metrics = Arc::new(ControlMetrics::new());
         let d = Distributor::new(Arc::clone(&registry), metrics, 64);
-        let mut rx = d.tx.subscribe();
+        let mut rx = d.log.subscribe();
         for _ in 0..20 {
             let v = registry.lock().expect("lock").next_version();
             d.publish(&delta(v), Instant::now());
@@ -682,8 +673,8 @@ mod tests {
         };
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");
-        assert!(f.drain(&mut rx).await.expect("drained"));
-        assert!(f.drain(&mut rx).await.expect("drained"));
+        f.drain(&mut rx).await.expect("drained");
+        f.drain(&mut rx).await.expect("drained");
         assert_eq!(batches.drain_messages().len(), 20);
         assert_eq!(
             d.metrics.stream_writes.get(),
@@ -702,7 +693,7 @@ mod tests {
         let registry = Arc::new(Mutex::new(Registry::open(None, 100).expect("registry")));
         let metrics = Arc::new(ControlMetrics::new());
         let d = Distributor::new(Arc::clone(&registry), metrics, 4096);
-        let mut rx = d.tx.subscribe();
+        let mut rx = d.log.subscribe();
         let (lease, _) = d.lease_subset("ns/a", 1, None, "n", None);
         let n = crate::distributor::SUBSET_WINDOW + 10;
         for _ in 0..n {
@@ -728,7 +719,7 @@ mod tests {
         let first = rx.recv().await.expect("delta");
         f.on_delta(&first).await.expect("sent");
         while !rx.is_empty() {
-            assert!(f.drain(&mut rx).await.expect("drained"));
+            f.drain(&mut rx).await.expect("drained");
         }
         f.flush().await.expect("flushed");
         let msgs: Vec<ServerMessage> = batches.drain_messages();
