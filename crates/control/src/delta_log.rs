@@ -2,23 +2,26 @@
 //! of its own (what `tokio::sync::broadcast` did here before, for less per
 //! message).
 //!
-//! A reader's waker stays registered between reads: a publication wakes
-//! every reader once, and a reader that finds nothing new returns
-//! `Pending` after one atomic read, without a lock and without registering
-//! again (unless its task's waker changed). The broadcast ring took its
-//! tail lock and queued a waiter on every empty receive, and the publisher
-//! unlinked each waiter again under that lock, on the other worker thread.
+//! A reader's waker stays registered between reads; a reader that finds
+//! nothing new arms its slot (one atomic store, no lock, no registration
+//! unless its task's waker changed) and a publication wakes each armed
+//! reader once, disarming it: a reader woken and not yet back, or not
+//! reading at all for a while (a paused stream), is not woken again. The
+//! broadcast ring took its tail lock and queued a waiter on every empty
+//! receive, and the publisher unlinked each waiter again under that lock,
+//! on another thread.
 //!
 //! Invariants: sequence numbers start at 0 and grow by one per
 //! publication; the log keeps the last `capacity` deltas; a reader whose
 //! cursor fell below the oldest kept is told it lagged (once) and goes on
-//! from the newest. No wake-up is lost: a publication is counted
-//! (`published`) before the readers' wakers are woken, and a reader
-//! registers its waker before it looks at the count again.
+//! from the newest. No wake-up is lost: the publisher counts the delta
+//! (`published`) before it disarms and wakes readers, a reader arms before
+//! it looks at the count again, all four in one total order (`SeqCst`),
+//! so either the reader sees the delta or the publisher sees it armed.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::task::{Context, Poll, Waker};
 
@@ -44,10 +47,17 @@ struct Kept<T> {
     first: u64,
 }
 
-/// Readers' wakers, by slot; freed slots are reused.
+/// One reader's wake-up: whether it waits (armed) and its task's waker.
+#[derive(Debug)]
+struct Slot {
+    armed: Arc<AtomicBool>,
+    waker: Option<Waker>,
+}
+
+/// Readers' wake-ups, by slot; freed slots are reused.
 #[derive(Debug, Default)]
 struct Wakers {
-    slots: Vec<Option<Waker>>,
+    slots: Vec<Option<Slot>>,
     free: Vec<usize>,
 }
 
@@ -77,7 +87,7 @@ impl<T: Clone> DeltaLog<T> {
     }
 
     /// Appends `item` (dropping the oldest past the capacity) and wakes
-    /// every reader.
+    /// every armed reader.
     pub fn publish(&self, item: T) {
         {
             let mut kept = self.kept.write().unwrap_or_else(PoisonError::into_inner);
@@ -87,29 +97,45 @@ impl<T: Clone> DeltaLog<T> {
             }
             kept.items.push_back(item);
             self.published
-                .store(kept.first + kept.items.len() as u64, Ordering::Release);
+                .store(kept.first + kept.items.len() as u64, Ordering::SeqCst);
         }
+        // Woken under the lock, which only a reader's subscription, drop
+        // or first registration takes (rare): no copy of the wakers.
         let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
-        for w in wakers.slots.iter().flatten() {
-            w.wake_by_ref();
+        for slot in wakers.slots.iter().flatten() {
+            if slot.armed.load(Ordering::SeqCst)
+                && slot.armed.swap(false, Ordering::SeqCst)
+                && let Some(w) = &slot.waker
+            {
+                w.wake_by_ref();
+            }
         }
     }
 
     /// A reader of what is published from now on.
     pub fn subscribe(self: &Arc<Self>) -> LogReader<T> {
+        let armed = Arc::new(AtomicBool::new(false));
+        let new = Slot {
+            armed: Arc::clone(&armed),
+            waker: None,
+        };
         let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = match wakers.free.pop() {
-            Some(i) => i,
+            Some(i) => {
+                wakers.slots[i] = Some(new);
+                i
+            }
             None => {
-                wakers.slots.push(None);
+                wakers.slots.push(Some(new));
                 wakers.slots.len() - 1
             }
         };
         drop(wakers);
         LogReader {
             log: Arc::clone(self),
-            next: self.published.load(Ordering::Acquire),
+            next: self.published.load(Ordering::SeqCst),
             slot,
+            armed,
             registered: None,
         }
     }
@@ -131,6 +157,8 @@ pub struct LogReader<T> {
     next: u64,
     /// This reader's slot in the log's wakers.
     slot: usize,
+    /// Set while this reader waits for a publication (shared with its slot).
+    armed: Arc<AtomicBool>,
     /// The waker last registered in the slot (compared, not re-registered).
     registered: Option<Waker>,
 }
@@ -138,7 +166,7 @@ pub struct LogReader<T> {
 impl<T: Clone> LogReader<T> {
     /// Whether nothing was published since the last read.
     pub fn is_empty(&self) -> bool {
-        self.log.published.load(Ordering::Acquire) <= self.next
+        self.log.published.load(Ordering::SeqCst) <= self.next
     }
 
     /// The next item, without waiting.
@@ -169,9 +197,8 @@ impl<T: Clone> LogReader<T> {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
 
-    /// The next item, or `Pending` with `cx`'s waker registered: woken by
-    /// the next publication (and, once registered, by every one after it
-    /// until another waker is registered).
+    /// The next item, or `Pending` with `cx`'s waker registered and the
+    /// reader armed: woken once by the next publication.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, TryRecvError>> {
         match self.try_recv() {
             Err(TryRecvError::Empty) => {}
@@ -188,19 +215,19 @@ impl<T: Clone> LogReader<T> {
                 .wakers
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Some(slot) = wakers.slots.get_mut(self.slot) {
-                *slot = Some(waker.clone());
+            if let Some(Some(slot)) = wakers.slots.get_mut(self.slot) {
+                slot.waker = Some(waker.clone());
             }
             drop(wakers);
             self.registered = Some(waker);
-            // Published between the read above and the registration: the
-            // publisher may have missed the new waker.
-            match self.try_recv() {
-                Err(TryRecvError::Empty) => {}
-                got => return Poll::Ready(got),
-            }
         }
-        Poll::Pending
+        self.armed.store(true, Ordering::SeqCst);
+        // Published before the arming: the publisher may have passed this
+        // reader by.
+        match self.try_recv() {
+            Err(TryRecvError::Empty) => Poll::Pending,
+            got => Poll::Ready(got),
+        }
     }
 }
 
@@ -277,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn a_registered_reader_is_woken_by_every_publication_and_registers_once() {
+    fn a_waiting_reader_is_woken_once_until_it_reads_again() {
         let log = DeltaLog::new(4);
         let mut r = log.subscribe();
         let (count, waker) = counting();
@@ -289,7 +316,11 @@ mod tests {
         assert!(r.poll_recv(&mut cx).is_pending());
         log.publish(2);
         log.publish(3);
-        assert_eq!(count.0.load(Ordering::SeqCst), 3, "no new registration");
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            2,
+            "woken by the first publication after its read, not the second"
+        );
         // Another waker replaces the first.
         let (other, waker2) = counting();
         let mut cx2 = Context::from_waker(&waker2);
@@ -298,7 +329,25 @@ mod tests {
         assert!(r.poll_recv(&mut cx2).is_pending());
         log.publish(4);
         assert_eq!(other.0.load(Ordering::SeqCst), 1);
-        assert_eq!(count.0.load(Ordering::SeqCst), 3);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+    }
+
+    /// A reader that stops reading (a paused stream) costs the publisher
+    /// one wake-up, not one per publication.
+    #[test]
+    fn a_woken_reader_not_polled_again_is_not_woken_again() {
+        let log = DeltaLog::new(8);
+        let mut r = log.subscribe();
+        let (count, waker) = counting();
+        assert!(r.poll_recv(&mut Context::from_waker(&waker)).is_pending());
+        for i in 0..5 {
+            log.publish(i);
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        // Reading with `try_recv` does not arm it either.
+        assert_eq!(r.try_recv(), Ok(0));
+        log.publish(5);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]

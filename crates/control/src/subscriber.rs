@@ -448,6 +448,7 @@ pub(crate) async fn serve(
                     f.catch_up().await?;
                     f.flush().await?;
                 }
+                // Never yielded by the stream (it waits instead).
                 Err(TryRecvError::Empty) => {}
             },
         }
