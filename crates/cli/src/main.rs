@@ -2,6 +2,7 @@
 
 mod bench;
 mod kubernetes;
+mod malloc_tuning;
 mod serve;
 mod simulate;
 mod upgrade;

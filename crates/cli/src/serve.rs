@@ -340,6 +340,10 @@ pub fn control(args: ControlArgs) -> Result<()> {
         println!("{}: ok", args.config.display());
         return Ok(());
     }
+    // Before the runtime's threads: snapshot copies go back to the system
+    // when freed (`malloc_tuning.rs`).
+    let tuning = crate::malloc_tuning::fix_mmap_threshold();
+    tracing::debug!(?tuning, "malloc mmap threshold");
     runtime(None)?.block_on(async {
         let plane = ControlPlane::start(config).await?;
         let kube = crate::kubernetes::KubeSide::start(&plane).await?;
