@@ -8,6 +8,8 @@
 #   DURATION=3 REPEATS=1 bench/proxy-peers.sh   # a quick look
 #   BASELINE=/tmp/meshless-old bench/proxy-peers.sh   # an older build beside, same run
 #   ONLY=ka32,h2 PEERS=haproxy,meshless,baseline  # a subset of scenarios and targets
+#   PROFILE=release bench/proxy-peers.sh  # the quicker build; default: production,
+#                                         # what deploy/Dockerfile ships (fat LTO)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,9 @@ fi
 # Debian starts packaged services on install: stop them, they are not ours.
 (service nginx stop; service haproxy stop) >/dev/null 2>&1 || true
 
-cargo build --release -q -p meshless
+PROFILE="${PROFILE:-production}"
+cargo build --profile "$PROFILE" -q -p meshless
+export MESHLESS="${MESHLESS:-${CARGO_TARGET_DIR:-target}/$PROFILE/meshless}"
 ulimit -n "$(ulimit -Hn)"
 
 exec python3 bench/proxy_peers.py "$@"
