@@ -90,10 +90,17 @@ fn compact_endpoint(e: &mut v1::Endpoint) {
             })
         })
         .collect();
-    let text_len: usize = e.addresses.iter().map(String::len).sum();
-    if let Some(packed) = packed.filter(|p| p.iter().map(Vec::len).sum::<usize>() < text_len) {
-        e.addresses.clear();
+    // Judged by the encoded endpoint, not by the addresses' own bytes:
+    // each element also costs its field's tag and length, and the packed
+    // field's tag may be longer than the text field's.
+    if let Some(packed) = packed {
+        let as_text = e.encoded_len();
+        let text = std::mem::take(&mut e.addresses);
         e.packed_addresses = packed;
+        if e.encoded_len() >= as_text {
+            e.packed_addresses.clear();
+            e.addresses = text;
+        }
     }
 }
 
@@ -283,6 +290,24 @@ mod tests {
                 id: "e".into(),
                 addresses: vec!["::1".into()],
                 weight: 2,
+                ..v1::Endpoint::default()
+            }],
+            ..v1::Delta::default()
+        };
+        let pair = EncodedPair::encode(&d);
+        assert!(pair.compact.len() <= pair.full.len());
+        assert_eq!(decode_delta(&pair.compact).unwrap(), d);
+    }
+
+    /// Two addresses one byte shorter packed than as text, but longer
+    /// encoded: the packed field's tag (field 30) takes two bytes per
+    /// element, the text field's one. Found by the property test in CI.
+    #[test]
+    fn addresses_are_packed_only_when_the_encoding_is_shorter() {
+        let d = v1::Delta {
+            upserted: vec![v1::Endpoint {
+                id: "-".into(),
+                addresses: vec!["100.100.100.100".into(), "::1000".into()],
                 ..v1::Endpoint::default()
             }],
             ..v1::Delta::default()
