@@ -104,9 +104,7 @@ impl<S> Gate<S> {
             waker,
         }
     }
-}
 
-impl<S> Gate<S> {
     /// The inner stream, to read from it directly (what it yields then is
     /// not seen by the gate, which polls it again only after a wake-up).
     pub(crate) fn inner_mut(&mut self) -> &mut S {
