@@ -99,10 +99,7 @@ impl Writer {
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
-        let said_close = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| has_token(v, "close"));
+        let said = Said::of(h);
         // hyper's rules: an HTTP/1.0 peer is answered in HTTP/1.0, and so
         // is a response an upstream sent as HTTP/1.0 (no chunked coding
         // then); to an HTTP/1.0 peer, such a response keeps the
@@ -112,31 +109,27 @@ impl Writer {
         } else {
             Version::HTTP_11
         };
-        let said_keep_alive = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| has_token(v, "keep-alive"));
         let old_upstream = req.version == Version::HTTP_10
             && parts.version == Version::HTTP_10
-            && !said_keep_alive;
-        let mut close = close || said_close || !req.keep_alive || old_upstream;
-        let length = h
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-        let chunked_header = h.contains_key(header::TRANSFER_ENCODING);
+            && !said.keep_alive;
+        let mut close = close || said.close || !req.keep_alive || old_upstream;
+        let length = said.length;
+        let chunked_header = said.transfer_encoding;
         // hyper's rules: a response that can have no content has no
         // length (RFC 9110 8.6 forbids one on 1xx and 204; a 304's would
         // describe another response).
-        if bodiless && req.method != Method::HEAD {
+        if bodiless && req.method != Method::HEAD && said.lengths > 0 {
             h.remove(header::CONTENT_LENGTH);
         }
         let encoding = if bodiless {
             Encoding::None
         } else if chunked_header && line == Version::HTTP_11 {
-            h.remove(header::CONTENT_LENGTH);
+            if said.lengths > 0 {
+                h.remove(header::CONTENT_LENGTH);
+            }
             Encoding::Chunked
         } else if let Some(n) = length {
-            if h.get_all(header::CONTENT_LENGTH).iter().nth(1).is_some() {
+            if said.lengths > 1 {
                 // Equal repeats (an upstream's parser refused unequal
                 // ones): one line, as hyper writes; strict clients refuse
                 // a repeated length.
@@ -164,7 +157,7 @@ impl Writer {
         } else if req.version == Version::HTTP_10 {
             h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
         }
-        if !h.contains_key(header::DATE) {
+        if !said.date {
             h.insert(header::DATE, date());
         }
         // The upstream's own reason phrase, as hyper's server keeps it.
@@ -173,8 +166,7 @@ impl Writer {
             .get::<hyper::ext::ReasonPhrase>()
             .and_then(|r| std::str::from_utf8(r.as_bytes()).ok())
             .unwrap_or("");
-        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-        meshless_h1::response::write_response_head(&mut out, line, status, reason, fields)?;
+        meshless_h1::response::write_response_head_map(&mut out, line, status, reason, h)?;
         // Written: the map goes back for a head to come.
         crate::header_maps::recycle(std::mem::take(&mut parts.headers));
         let left = match encoding {
@@ -342,6 +334,46 @@ impl Writer {
     pub fn into_buffer(mut self) -> BytesMut {
         self.out.clear();
         std::mem::take(&mut self.out)
+    }
+}
+
+/// What the writer reads of a response's fields, found in one pass over
+/// them (a lookup by name hashes it, and this runs for every response).
+#[derive(Debug, Default)]
+struct Said {
+    /// A `Connection` value lists `close`.
+    close: bool,
+    /// A `Connection` value lists `keep-alive`.
+    keep_alive: bool,
+    /// The first `Content-Length` line, when it is a number.
+    length: Option<u64>,
+    /// How many `Content-Length` lines there are.
+    lengths: usize,
+    /// A `Transfer-Encoding` line is there.
+    transfer_encoding: bool,
+    /// A `Date` line is there.
+    date: bool,
+}
+
+impl Said {
+    fn of(h: &http::HeaderMap) -> Self {
+        let mut said = Self::default();
+        for (name, value) in h {
+            if *name == header::CONNECTION {
+                said.close |= has_token(value, "close");
+                said.keep_alive |= has_token(value, "keep-alive");
+            } else if *name == header::CONTENT_LENGTH {
+                if said.lengths == 0 {
+                    said.length = value.to_str().ok().and_then(|v| v.trim().parse().ok());
+                }
+                said.lengths += 1;
+            } else if *name == header::TRANSFER_ENCODING {
+                said.transfer_encoding = true;
+            } else if *name == header::DATE {
+                said.date = true;
+            }
+        }
+        said
     }
 }
 

@@ -241,7 +241,12 @@ fn begin(
     record: &mut Completion,
 ) -> bool {
     if record.deadline.is_none() && !policy.retrying() {
-        let asked = headers.as_ref().and_then(grpc::timeout);
+        // Only a gRPC call's `grpc-timeout` counts (`budget`): no lookup
+        // for the others.
+        let asked = headers
+            .as_ref()
+            .filter(|_| record.grpc)
+            .and_then(grpc::timeout);
         record.deadline =
             budget(base, record.grpc, asked).and_then(|d| Instant::now().checked_add(d));
     }

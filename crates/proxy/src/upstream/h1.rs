@@ -275,11 +275,9 @@ impl Sending {
     fn new(req: Request<UpstreamBody>) -> Result<(Self, bool), ExchangeError> {
         let (mut parts, body) = req.into_parts();
         let h = &mut parts.headers;
-        let (encoding, body) = frame_request(&parts.method, h, body);
-        let keep_alive = !h
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| has_token(v.as_bytes(), "close"));
+        let said = Said::of(h);
+        let (encoding, body) = frame_request(&parts.method, h, body, said.transfer_encoding);
+        let keep_alive = !said.close;
         // Borrowed from the URI but for an absolute form (no allocation
         // per request).
         let target: std::borrow::Cow<'_, str> = match parts.uri.authority() {
@@ -290,10 +288,11 @@ impl Sending {
                 .map_or("/", |p| p.as_str())
                 .into(),
         };
-        join_cookies(h);
+        if said.cookies > 1 {
+            join_cookies(h);
+        }
         let mut out = out_buffer();
-        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-        response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
+        response::write_request_head_map(&mut out, &parts.method, &target, Version::HTTP_11, h)?;
         let trailers = match encoding {
             Encoding::Chunked => Trailers::declared(h),
             Encoding::Length(_) => None,
@@ -452,6 +451,34 @@ impl Sending {
 /// Several `Cookie` fields (an HTTP/2 client sends each cookie in a field
 /// of its own) become one, joined by `"; "`, as an HTTP/1.1 connection
 /// must carry them (RFC 9113 8.2.3).
+/// What the encoder reads of a request's fields, found in one pass over
+/// them (a lookup by name hashes it, and this runs for every request).
+#[derive(Debug, Default)]
+struct Said {
+    /// A `Connection` value lists `close`.
+    close: bool,
+    /// A `Transfer-Encoding` line is there.
+    transfer_encoding: bool,
+    /// How many `Cookie` lines there are.
+    cookies: usize,
+}
+
+impl Said {
+    fn of(h: &HeaderMap) -> Self {
+        let mut said = Self::default();
+        for (name, value) in h {
+            if *name == header::CONNECTION {
+                said.close |= has_token(value.as_bytes(), "close");
+            } else if *name == header::TRANSFER_ENCODING {
+                said.transfer_encoding = true;
+            } else if *name == header::COOKIE {
+                said.cookies += 1;
+            }
+        }
+        said
+    }
+}
+
 fn join_cookies(h: &mut HeaderMap) {
     let mut values = h.get_all(header::COOKIE).iter();
     let (Some(first), Some(_)) = (values.next(), values.next()) else {
@@ -480,12 +507,15 @@ fn frame_request(
     method: &Method,
     h: &mut HeaderMap,
     body: UpstreamBody,
+    transfer_encoding: bool,
 ) -> (Encoding, Option<UpstreamBody>) {
     if body.is_end_stream() {
-        h.remove(header::TRANSFER_ENCODING);
+        if transfer_encoding {
+            h.remove(header::TRANSFER_ENCODING);
+        }
         return (Encoding::Length(0), None);
     }
-    if h.contains_key(header::TRANSFER_ENCODING) {
+    if transfer_encoding {
         let chunked = h
             .get_all(header::TRANSFER_ENCODING)
             .iter()
