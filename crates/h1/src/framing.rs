@@ -180,9 +180,20 @@ pub fn response(
 ) -> Result<Framing, Error> {
     let mut keep_alive = version == Version::HTTP_11;
     let mut saw_close = false;
+    // One pass over the fields (this runs for every response): the
+    // `Connection` lines, the last `Transfer-Encoding` line, and the
+    // `Content-Length` lines folded as they come, their verdict used only
+    // when the status and the encoding leave the length to decide.
+    let mut last_te: Option<&[u8]> = None;
+    let mut length = Ok(None);
     for h in headers {
-        if h.name.eq_ignore_ascii_case("connection") {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            length = length.and_then(|l| response_length(l, h.value));
+        } else if name.eq_ignore_ascii_case("connection") {
             connection(h.value, &mut keep_alive, &mut saw_close);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            last_te = Some(h.value);
         }
     }
     let framing = |body: Body, upgrade: bool, informational: bool| Framing {
@@ -206,19 +217,19 @@ pub fn response(
     if method == Method::CONNECT && (200..300).contains(&code) {
         return Ok(framing(Body::Empty, true, false));
     }
-    let is_te = |h: &&Header<'_>| h.name.eq_ignore_ascii_case("transfer-encoding");
-    if let Some(last_te) = headers.iter().rfind(is_te) {
+    if let Some(last_te) = last_te {
         if version == Version::HTTP_10 {
             return Err(Error::TransferEncoding);
         }
-        let body = if last_coding_is_chunked(last_te.value) {
+        let body = if last_coding_is_chunked(last_te) {
             Body::Chunked
         } else {
             Body::CloseDelimited
         };
         return Ok(framing(body, false, false));
     }
-    let body = match response_length(headers)? {
+    let body = match length? {
+        Some(n) if n > MAX_LEN => return Err(Error::HeadTooLarge),
         Some(0) => Body::Empty,
         Some(n) => Body::Length(n),
         None => Body::CloseDelimited,
@@ -226,27 +237,25 @@ pub fn response(
     Ok(framing(body, false, false))
 }
 
-/// Every `Content-Length` of a response, each a comma list of digits, must
-/// agree (hyper's `content_length_parse_all`); `None` when there is none.
-fn response_length(headers: &[Header<'_>]) -> Result<Option<u64>, Error> {
-    let mut length = None;
-    for h in headers {
-        if !h.name.eq_ignore_ascii_case("content-length") {
-            continue;
-        }
-        let line = visible(h.value).ok_or(Error::ContentLength)?;
-        for item in line.split(',') {
-            let n = digits(item.trim().as_bytes()).ok_or(Error::ContentLength)?;
-            if length.is_some_and(|prev| prev != n) {
-                return Err(Error::ContentLength);
-            }
-            length = Some(n);
-        }
+/// Folds one `Content-Length` line of a response into the length of the
+/// lines before it (`None`: no line yet): each a comma list of digits,
+/// all agreeing (hyper's `content_length_parse_all`).
+fn response_length(before: Option<u64>, value: &[u8]) -> Result<Option<u64>, Error> {
+    let agree = |length: Option<u64>, n: u64| match length {
+        Some(prev) if prev != n => Err(Error::ContentLength),
+        _ => Ok(Some(n)),
+    };
+    // Nearly every line is one number: no split, no trim.
+    if let Some(n) = digits(value) {
+        return agree(before, n);
     }
-    match length {
-        Some(n) if n > MAX_LEN => Err(Error::HeadTooLarge),
-        other => Ok(other),
+    let line = visible(value).ok_or(Error::ContentLength)?;
+    let mut length = before;
+    for item in line.split(',') {
+        let n = digits(item.trim().as_bytes()).ok_or(Error::ContentLength)?;
+        length = agree(length, n)?;
     }
+    Ok(length)
 }
 
 /// One `Connection` line: `close` anywhere closes for good; on HTTP/1.0
@@ -369,6 +378,47 @@ mod tests {
             &[h("transfer-encoding", "chunked")],
         );
         assert_eq!(te10, Err(Error::TransferEncoding));
+    }
+
+    /// A response's lengths: comma lists, every item of every line
+    /// agreeing (within a line too), the first error in field order, and
+    /// none of it read when the status or an encoding decides.
+    #[test]
+    fn response_lengths_agree_within_and_across_lines() {
+        let resp = |fields: &[Header<'_>]| {
+            response(Version::HTTP_11, StatusCode::OK, &Method::GET, fields).map(|f| f.body)
+        };
+        let cl = |v| h("content-length", v);
+        assert_eq!(resp(&[cl("5")]), Ok(Body::Length(5)));
+        assert_eq!(resp(&[cl("5, 5"), cl("5")]), Ok(Body::Length(5)));
+        assert_eq!(resp(&[cl(" 5 ,5")]), Ok(Body::Length(5)));
+        assert_eq!(resp(&[cl("0")]), Ok(Body::Empty));
+        for bad in [
+            &[cl("5, 6")][..],
+            &[cl("5"), cl("6")],
+            &[cl("5"), cl("5,6")],
+            &[cl("6,5"), cl("5")],
+        ] {
+            assert_eq!(resp(bad), Err(Error::ContentLength), "{bad:?}");
+        }
+        assert_eq!(
+            resp(&[cl("x"), cl("18446744073709551615")]),
+            Err(Error::ContentLength)
+        );
+        assert_eq!(
+            resp(&[cl("18446744073709551615")]),
+            Err(Error::HeadTooLarge)
+        );
+        // An encoding decides, and a bad length is never read.
+        let te = [cl("x"), h("transfer-encoding", "chunked")];
+        assert_eq!(resp(&te), Ok(Body::Chunked));
+        let no_content = response(
+            Version::HTTP_11,
+            StatusCode::NO_CONTENT,
+            &Method::GET,
+            &[cl("x")],
+        );
+        assert_eq!(no_content.map(|f| f.body), Ok(Body::Empty));
     }
 
     #[test]

@@ -951,3 +951,27 @@ async fn access_log_write_errors_are_counted_as_dropped() {
     .await;
     p.shutdown().await;
 }
+
+/// Every request is timed once, in its listener's and cluster's series
+/// (the listener keeps that series at hand: one lookup per cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_is_timed_once_in_its_listener_and_cluster_series() {
+    let bs = backends(2).await;
+    let (p, addr) = proxy(&config(&bs, "")).await;
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(get(&c, addr, "/", &[]).await.0, StatusCode::OK);
+    }
+    let series = "meshless_proxy_request_duration_seconds_count{listener=\"web\",cluster=\"c\"}";
+    eventually("five requests timed", || async {
+        proxy_metric(&p, series).await == 5.0
+    })
+    .await;
+    let (_, metrics) = admin(&p, "/metrics").await;
+    let counts = metrics
+        .lines()
+        .filter(|l| l.starts_with("meshless_proxy_request_duration_seconds_count"))
+        .count();
+    assert_eq!(counts, 1, "one series: {metrics}");
+    p.shutdown().await;
+}

@@ -97,6 +97,9 @@ pub struct Completion {
     pub trace: crate::request::trace::RequestTrace,
     /// Wakes a held request when this one ends (dropped after `guard`).
     pub capacity: Option<crate::request::activate::CapacityNotice>,
+    /// The `proxy_request_duration_seconds` series of `listener` and
+    /// `cluster`, once the cluster is known (else it is looked up).
+    pub duration: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 impl Completion {
@@ -129,6 +132,7 @@ impl Completion {
             grpc_code: None,
             trace: crate::request::trace::RequestTrace::from_headers(&parts.headers),
             capacity: None,
+            duration: None,
         }
     }
 
@@ -137,7 +141,8 @@ impl Completion {
     /// outlier detection sees UNAVAILABLE as a 503) and the status recorded.
     pub fn grpc_outcome(&mut self, headers: &http::HeaderMap) {
         use crate::request::grpc;
-        let Some(code) = grpc::status(headers).filter(|_| self.grpc) else {
+        // Not a lookup on every response: only a gRPC call's counts.
+        let Some(code) = Some(headers).filter(|_| self.grpc).and_then(grpc::status) else {
             return;
         };
         self.grpc_status_due = false;
@@ -244,13 +249,16 @@ impl Drop for Completion {
                     .inc();
             }
         }
-        metrics
-            .request_duration
-            .get_or_create(&RouteLabels {
-                listener: Arc::clone(&self.listener),
-                cluster: Arc::clone(&self.cluster),
-            })
-            .observe(elapsed.as_secs_f64());
+        match &self.duration {
+            Some(series) => series.observe(elapsed.as_secs_f64()),
+            None => metrics
+                .request_duration
+                .get_or_create(&RouteLabels {
+                    listener: Arc::clone(&self.listener),
+                    cluster: Arc::clone(&self.cluster),
+                })
+                .observe(elapsed.as_secs_f64()),
+        }
         let logger = self.state.access_log.load();
         if logger.enabled() {
             let client = self

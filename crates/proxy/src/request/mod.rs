@@ -42,6 +42,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use meshless_balance::{InFlight, PickContext};
 use meshless_model::probe_backoff::ProbeBackoff;
+use prometheus_client::metrics::histogram::Histogram;
 
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
@@ -62,7 +63,15 @@ pub struct Downstream {
     pub state: Arc<ProxyState>,
     pub tunnels: Arc<Tunnels>,
     settings: arc_swap::ArcSwap<ListenerSettings>,
+    /// This listener's `proxy_request_duration_seconds` series by cluster
+    /// name: the family's lookup hashes both labels, once per cluster
+    /// here rather than once per request. At most [`DURATIONS_KEPT`].
+    durations: std::sync::RwLock<Vec<(Arc<str>, Histogram)>>,
 }
+
+/// Clusters whose duration series a listener keeps at hand; past it (a
+/// config renamed clusters that often), requests look theirs up.
+const DURATIONS_KEPT: usize = 64;
 
 impl Downstream {
     /// The listener `name`, serving with `settings`.
@@ -72,7 +81,40 @@ impl Downstream {
             state,
             tunnels: Arc::default(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
+            durations: std::sync::RwLock::default(),
         }
+    }
+
+    /// The `proxy_request_duration_seconds` series of this listener and
+    /// `cluster` (the family's own: a series is never removed from it).
+    pub fn duration_series(&self, cluster: &Arc<str>) -> Histogram {
+        use std::sync::PoisonError;
+        let same = |(c, _): &&(Arc<str>, Histogram)| **c == **cluster;
+        let kept = self
+            .durations
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, h)) = kept.iter().find(same) {
+            return h.clone();
+        }
+        drop(kept);
+        let labels = crate::metrics::RouteLabels {
+            listener: Arc::clone(&self.name),
+            cluster: Arc::clone(cluster),
+        };
+        let h = self
+            .state
+            .metrics
+            .request_duration
+            .get_or_create_owned(&labels);
+        let mut kept = self
+            .durations
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < DURATIONS_KEPT && !kept.iter().any(|e| same(&e)) {
+            kept.push((Arc::clone(cluster), h.clone()));
+        }
+        h
     }
 
     /// The listener's settings now.
@@ -163,6 +205,7 @@ pub async fn handle(
     };
     record.route = Arc::clone(&routed.route);
     record.cluster = Arc::clone(&routed.cluster.name);
+    record.duration = Some(downstream.duration_series(&record.cluster));
     match admit::admit(state, &routed.cluster) {
         Ok(slot) => record.active = Some(slot),
         Err(reply) => return Ok(reply.respond(record)),
