@@ -105,6 +105,11 @@ struct Conn<I> {
     /// The connection closes while the client may still be sending: read
     /// and discard before closing ([`LINGER`]).
     linger: bool,
+    /// The wait for a head's timer ([`Conn::next_head`]), made on the
+    /// first wait and kept: armed at some earlier wait's deadline, at or
+    /// before the current one, it is moved on only when it fires early.
+    /// Not one timer registered and removed per request.
+    head_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// What waiting for a head gave. Not boxed: it is moved once per
@@ -147,6 +152,7 @@ where
         close_after: drain != Drain::Serving,
         eof: false,
         linger: false,
+        head_timer: None,
     };
     async move {
         let refused = loop {
@@ -362,12 +368,29 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 return Next::Closed;
             }
             let read = poll_fn(|cx| poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx));
+            let timer = self
+                .head_timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.deadline() > deadline {
+                // The settings shortened the wait since it was armed.
+                timer.as_mut().reset(deadline);
+            }
             tokio::select! {
-                r = tokio::time::timeout_at(deadline, read) => match r {
-                    Ok(Ok(n)) if n > 0 => {}
-                    // Timed out, failed, or closed (mid-head or not).
+                // Read first: bytes that are there win over a deadline
+                // that passed meanwhile, as with `timeout_at`.
+                biased;
+                r = read => match r {
+                    Ok(n) if n > 0 => {}
+                    // Failed, or closed (mid-head or not).
                     _ => return Next::Closed,
                 },
+                () = timer.as_mut() => {
+                    if Instant::now() >= deadline {
+                        return Next::Closed;
+                    }
+                    // Armed for an earlier wait: on to this one's deadline.
+                    timer.as_mut().reset(deadline);
+                }
                 d = drained(&mut self.draining, self.drain) => {
                     self.drain = d;
                     self.close_after = true;

@@ -82,6 +82,7 @@ fn conn(io: Slow) -> (Conn<Slow>, watch::Sender<Drain>) {
         close_after: false,
         eof: false,
         linger: false,
+        head_timer: None,
     };
     (c, tx)
 }
@@ -251,4 +252,70 @@ fn the_connection_future_holds_no_exchange_inline() {
     let ex = size_of::<Exchange>();
     eprintln!("serve {serve} B, Conn {conn} B, Exchange {ex} B");
     assert!(serve < conn + ex, "serve {serve} B");
+}
+
+impl WaitRead for tokio::io::DuplexStream {
+    fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The head timer is kept across waits: armed by an earlier wait, it
+/// fires before a later wait's deadline, and that wait goes on to its
+/// own. Each wait closes `request_headers` after it began, no sooner (the
+/// earlier timer) and no later. Virtual time: the runtime's clock jumps
+/// to each timer.
+#[tokio::test(start_paused = true)]
+async fn each_head_wait_ends_its_own_timeout_after_it_began() {
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+    let yaml = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
+    let config = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
+    let mut settings = config.listeners[0].settings();
+    settings.timeouts.request_headers = WAIT;
+    let (mut client, server) = tokio::io::duplex(4096);
+    let (tx, rx) = watch::channel(Drain::Serving);
+    let mut c = Conn {
+        io: server,
+        buf: None,
+        gauge: Gauge::default(),
+        draining: rx,
+        drain: Drain::Serving,
+        close_after: false,
+        eof: false,
+        linger: false,
+        head_timer: None,
+    };
+    let second = std::time::Duration::from_secs(1);
+    let started = Instant::now();
+    let sender = tokio::spawn(async move {
+        tokio::time::sleep(5 * second).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .expect("written");
+        // Held open: the second wait sees no close, only its deadline.
+        tokio::time::sleep(100 * WAIT).await;
+        drop(client);
+    });
+    assert!(matches!(c.next_head(&settings).await, Next::Head(_)));
+    assert_eq!(started.elapsed(), 5 * second, "the head came 5 s in");
+    assert!(c.head_timer.is_some(), "the first wait armed the timer");
+    tokio::time::sleep(second).await;
+    // The timer still holds the first wait's deadline, 4 s ahead.
+    let began = Instant::now();
+    assert!(matches!(c.next_head(&settings).await, Next::Closed));
+    let waited = began.elapsed();
+    assert!(waited >= WAIT, "closed {waited:?} into a {WAIT:?} wait");
+    assert!(
+        waited < WAIT + second,
+        "closed {waited:?} into a {WAIT:?} wait"
+    );
+    // A shorter timeout from a reload applies to the next wait at once.
+    settings.timeouts.request_headers = second;
+    let began = Instant::now();
+    assert!(matches!(c.next_head(&settings).await, Next::Closed));
+    let waited = began.elapsed();
+    assert!(waited >= second && waited < 2 * second, "{waited:?}");
+    sender.abort();
+    drop(tx);
 }
