@@ -4,7 +4,7 @@
 //! upstream.
 
 use bytes::BufMut;
-use http::{HeaderMap, Method, StatusCode, Version};
+use http::{Method, StatusCode, Version};
 use httparse::Header;
 
 use crate::error::{Error, from_httparse};
@@ -168,23 +168,6 @@ where
     Ok(())
 }
 
-/// Writes the fields of `map` and the blank line. A `HeaderName` is a
-/// token by construction (`http` lower-cases and checks every byte, and
-/// offers no unchecked constructor), so only the values are checked: a
-/// `HeaderValue` made by an `unsafe` unchecked constructor could still
-/// hold CR, LF or NUL.
-fn write_map(dst: &mut impl BufMut, map: &HeaderMap) -> Result<(), Unwritable> {
-    for (name, value) in map {
-        let (name, value) = (name.as_str().as_bytes(), value.as_bytes());
-        if injects(value) {
-            return Err(Unwritable(String::from_utf8_lossy(name).into_owned()));
-        }
-        put_field(dst, name, value);
-    }
-    dst.put_slice(b"\r\n");
-    Ok(())
-}
-
 fn put_field(dst: &mut impl BufMut, name: &[u8], value: &[u8]) {
     dst.put_slice(name);
     dst.put_slice(b": ");
@@ -218,19 +201,6 @@ where
 {
     status_line(dst, version, status, reason)?;
     write_fields(dst, headers)
-}
-
-/// [`write_response_head`] with the fields of a map (each name a token
-/// by its type: only the values are checked).
-pub fn write_response_head_map(
-    dst: &mut impl BufMut,
-    version: Version,
-    status: StatusCode,
-    reason: &str,
-    headers: &HeaderMap,
-) -> Result<(), Unwritable> {
-    status_line(dst, version, status, reason)?;
-    write_map(dst, headers)
 }
 
 fn status_line(
@@ -270,19 +240,6 @@ where
 {
     request_line(dst, method, target, version)?;
     write_fields(dst, headers)
-}
-
-/// [`write_request_head`] with the fields of a map (each name a token
-/// by its type: only the values are checked).
-pub fn write_request_head_map(
-    dst: &mut impl BufMut,
-    method: &Method,
-    target: &str,
-    version: Version,
-    headers: &HeaderMap,
-) -> Result<(), Unwritable> {
-    request_line(dst, method, target, version)?;
-    write_map(dst, headers)
 }
 
 fn request_line(
@@ -361,34 +318,19 @@ mod tests {
         ));
     }
 
-    /// A map's fields are written as the checked writer writes the same
-    /// pairs, repeated names and obs-text included.
+    /// Every name is checked, a `HeaderName` too: h2 makes the names it
+    /// decodes with `HeaderName::from_lowercase`, whose table lets `"`
+    /// through, which is not a token byte.
     #[test]
-    fn a_map_is_written_as_its_pairs_are() {
-        let mut map = HeaderMap::new();
-        map.append("x-a", http::HeaderValue::from_static("1"));
-        map.append(http::header::HOST, http::HeaderValue::from_static("h:80"));
-        map.append("x-a", http::HeaderValue::from_static("2\tb"));
-        let obs = http::HeaderValue::from_bytes(b"caf\xc3\xa9").expect("obs-text is valid");
-        map.append("X-Upper-Given", obs);
-        map.append("x-empty", http::HeaderValue::from_static(""));
-        let pairs = || {
-            map.iter()
-                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-        };
-        let m = Method::POST;
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        write_request_head(&mut a, &m, "/p?q", Version::HTTP_11, pairs()).expect("pairs");
-        write_request_head_map(&mut b, &m, "/p?q", Version::HTTP_11, &map).expect("map");
-        assert_eq!(a, b);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        let s = StatusCode::NOT_FOUND;
-        write_response_head(&mut a, Version::HTTP_10, s, "Gone", pairs()).expect("pairs");
-        write_response_head_map(&mut b, Version::HTTP_10, s, "Gone", &map).expect("map");
-        assert_eq!(a, b);
-        // The lines around the fields are still checked.
-        assert!(write_request_head_map(&mut b, &m, "/ x", Version::HTTP_11, &map).is_err());
-        assert!(write_response_head_map(&mut b, Version::HTTP_11, s, "a\rb", &map).is_err());
+    fn a_header_name_that_is_no_token_is_refused_whatever_made_it() {
+        let name = http::HeaderName::from_lowercase(b"x\"y").expect("h2's table takes it");
+        let value = http::HeaderValue::from_static("1");
+        let fields = [(name.as_str().as_bytes(), value.as_bytes())];
+        let mut out = Vec::new();
+        let m = Method::GET;
+        assert!(write_request_head(&mut out, &m, "/", Version::HTTP_11, fields).is_err());
+        let s = StatusCode::OK;
+        assert!(write_response_head(&mut out, Version::HTTP_11, s, "", fields).is_err());
     }
 
     #[test]

@@ -138,40 +138,18 @@ impl Stream for Outbound {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
-    use arc_swap::ArcSwap;
     use tokio_stream::StreamExt;
 
     use super::*;
-    use crate::access_log::AccessLogger;
-    use crate::config::AccessLog;
 
     /// A proxy's state with one activating cluster of `ns/a`, and the
     /// receiver of its activation requests.
     fn state() -> (Arc<ProxyState>, Activations) {
         let yaml = "control: { address: \"127.0.0.1:1\" }\nclusters:\n  - name: c\n    service: ns/a\n    activation: { queue_timeout: 60s }\n";
-        let cfg = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
-        let snapshot =
-            crate::snapshot::Snapshot::build(cfg, None, &Default::default()).expect("snapshot");
         let activations = Activations::default();
-        let state = ProxyState {
-            snapshot: ArcSwap::from_pointee(snapshot),
-            metrics: crate::metrics::Metrics::new(),
-            access_log: ArcSwap::from_pointee(AccessLogger::open(&AccessLog::Off).expect("off")),
-            ready: AtomicBool::new(false),
-            control_synced: AtomicBool::new(true),
-            services: Default::default(),
-            activate: Arc::clone(&activations),
-            endpoints_changed: tokio::sync::Notify::new(),
-            flows: Default::default(),
-            activation_errors: Default::default(),
-            probing: Default::default(),
-            tracer: None,
-            placements: Default::default(),
-            peer_address: Default::default(),
-        };
+        let state = ProxyState::for_tests(yaml, Arc::clone(&activations));
         (Arc::new(state), activations)
     }
 

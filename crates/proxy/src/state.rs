@@ -105,3 +105,33 @@ impl Drop for ProbeTurn<'_> {
             .remove(&self.service);
     }
 }
+
+#[cfg(test)]
+impl ProxyState {
+    /// The state of a proxy running the config `yaml` (for unit tests),
+    /// its activation requests queued on `activate`.
+    pub(crate) fn for_tests(
+        yaml: &str,
+        activate: std::sync::Arc<crate::activation_queue::ActivationQueue>,
+    ) -> Self {
+        let cfg = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
+        let snapshot = Snapshot::build(cfg, None, &Default::default()).expect("snapshot");
+        let off = &crate::config::AccessLog::Off;
+        Self {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics: Metrics::new(),
+            access_log: ArcSwap::from_pointee(AccessLogger::open(off).expect("off")),
+            ready: AtomicBool::new(false),
+            control_synced: AtomicBool::new(true),
+            services: Default::default(),
+            activate,
+            endpoints_changed: tokio::sync::Notify::new(),
+            flows: Default::default(),
+            activation_errors: Default::default(),
+            probing: Default::default(),
+            tracer: None,
+            placements: Default::default(),
+            peer_address: Default::default(),
+        }
+    }
+}

@@ -166,7 +166,8 @@ impl Writer {
             .get::<hyper::ext::ReasonPhrase>()
             .and_then(|r| std::str::from_utf8(r.as_bytes()).ok())
             .unwrap_or("");
-        meshless_h1::response::write_response_head_map(&mut out, line, status, reason, h)?;
+        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        meshless_h1::response::write_response_head(&mut out, line, status, reason, fields)?;
         // Written: the map goes back for a head to come.
         crate::header_maps::recycle(std::mem::take(&mut parts.headers));
         let left = match encoding {

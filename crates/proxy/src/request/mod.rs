@@ -97,6 +97,9 @@ impl Downstream {
         if let Some((_, h)) = kept.iter().find(same) {
             return h.clone();
         }
+        // Full: looked up each time, without taking the write lock (which
+        // every request of the listener would queue behind).
+        let full = kept.len() >= DURATIONS_KEPT;
         drop(kept);
         let labels = crate::metrics::RouteLabels {
             listener: Arc::clone(&self.name),
@@ -107,6 +110,9 @@ impl Downstream {
             .metrics
             .request_duration
             .get_or_create_owned(&labels);
+        if full {
+            return h;
+        }
         let mut kept = self
             .durations
             .write()
@@ -735,6 +741,34 @@ mod tests {
             .collect();
         let source = StreamBody::new(tokio_stream::iter(frames)).boxed();
         RequestBody::new(source, replay::Keep::Retries)
+    }
+
+    /// A listener keeps at most [`DURATIONS_KEPT`] clusters' series; past
+    /// it, each request still records under its own labels.
+    #[test]
+    fn duration_series_are_the_familys_own_kept_or_not() {
+        let yaml = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
+        let state = Arc::new(ProxyState::for_tests(yaml, Arc::default()));
+        let settings = state.snapshot.load().config.listeners[0].settings();
+        let down = Downstream::new(Arc::from("web"), Arc::clone(&state), settings);
+        let names: Vec<Arc<str>> = (0..DURATIONS_KEPT + 6)
+            .map(|i| Arc::from(format!("c{i}")))
+            .collect();
+        for _ in 0..2 {
+            for name in &names {
+                down.duration_series(name).observe(0.001);
+            }
+        }
+        let kept = down.durations.read().map(|k| k.len()).unwrap_or(0);
+        assert_eq!(kept, DURATIONS_KEPT);
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("d", "", state.metrics.request_duration.clone());
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encoded");
+        for name in &names {
+            let line = format!("d_count{{listener=\"web\",cluster=\"{name}\"}} 2");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
     }
 
     /// A retry the budget refused: the response of the attempt under way

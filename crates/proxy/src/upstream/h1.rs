@@ -292,7 +292,8 @@ impl Sending {
             join_cookies(h);
         }
         let mut out = out_buffer();
-        response::write_request_head_map(&mut out, &parts.method, &target, Version::HTTP_11, h)?;
+        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
         let trailers = match encoding {
             Encoding::Chunked => Trailers::declared(h),
             Encoding::Length(_) => None,
@@ -448,9 +449,6 @@ impl Sending {
     }
 }
 
-/// Several `Cookie` fields (an HTTP/2 client sends each cookie in a field
-/// of its own) become one, joined by `"; "`, as an HTTP/1.1 connection
-/// must carry them (RFC 9113 8.2.3).
 /// What the encoder reads of a request's fields, found in one pass over
 /// them (a lookup by name hashes it, and this runs for every request).
 #[derive(Debug, Default)]
@@ -479,6 +477,9 @@ impl Said {
     }
 }
 
+/// Several `Cookie` fields (an HTTP/2 client sends each cookie in a field
+/// of its own) become one, joined by `"; "`, as an HTTP/1.1 connection
+/// must carry them (RFC 9113 8.2.3).
 fn join_cookies(h: &mut HeaderMap) {
     let mut values = h.get_all(header::COOKIE).iter();
     let (Some(first), Some(_)) = (values.next(), values.next()) else {
