@@ -71,7 +71,7 @@ impl WaitRead for Slow {
 }
 
 /// A connection on `io`; the sender keeps its listener "serving".
-fn conn(io: Slow) -> (Conn<Slow>, watch::Sender<Drain>) {
+fn conn<I>(io: I) -> (Conn<I>, watch::Sender<Drain>) {
     let (tx, rx) = watch::channel(Drain::Serving);
     let c = Conn {
         io,
@@ -273,18 +273,7 @@ async fn each_head_wait_ends_its_own_timeout_after_it_began() {
     let mut settings = config.listeners[0].settings();
     settings.timeouts.request_headers = WAIT;
     let (mut client, server) = tokio::io::duplex(4096);
-    let (tx, rx) = watch::channel(Drain::Serving);
-    let mut c = Conn {
-        io: server,
-        buf: None,
-        gauge: Gauge::default(),
-        draining: rx,
-        drain: Drain::Serving,
-        close_after: false,
-        eof: false,
-        linger: false,
-        head_timer: None,
-    };
+    let (mut c, tx) = conn(server);
     let second = std::time::Duration::from_secs(1);
     let started = Instant::now();
     let sender = tokio::spawn(async move {
