@@ -162,17 +162,13 @@ where
 {
     for (name, value) in headers {
         writable(name, value)?;
-        put_field(dst, name, value);
+        dst.put_slice(name);
+        dst.put_slice(b": ");
+        dst.put_slice(value);
+        dst.put_slice(b"\r\n");
     }
     dst.put_slice(b"\r\n");
     Ok(())
-}
-
-fn put_field(dst: &mut impl BufMut, name: &[u8], value: &[u8]) {
-    dst.put_slice(name);
-    dst.put_slice(b": ");
-    dst.put_slice(value);
-    dst.put_slice(b"\r\n");
 }
 
 /// Writes the last chunk of a chunked body with its trailer `fields`:
@@ -199,16 +195,6 @@ pub fn write_response_head<'a, I>(
 where
     I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
 {
-    status_line(dst, version, status, reason)?;
-    write_fields(dst, headers)
-}
-
-fn status_line(
-    dst: &mut impl BufMut,
-    version: Version,
-    status: StatusCode,
-    reason: &str,
-) -> Result<(), Unwritable> {
     let reason = if reason.is_empty() {
         status.canonical_reason().unwrap_or("")
     } else {
@@ -223,7 +209,7 @@ fn status_line(
     dst.put_u8(b' ');
     dst.put_slice(reason.as_bytes());
     dst.put_slice(b"\r\n");
-    Ok(())
+    write_fields(dst, headers)
 }
 
 /// Writes a request head: `<method> <target> HTTP/1.x`, the fields as
@@ -238,16 +224,6 @@ pub fn write_request_head<'a, I>(
 where
     I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
 {
-    request_line(dst, method, target, version)?;
-    write_fields(dst, headers)
-}
-
-fn request_line(
-    dst: &mut impl BufMut,
-    method: &Method,
-    target: &str,
-    version: Version,
-) -> Result<(), Unwritable> {
     if target.is_empty() || target.bytes().any(|b| b <= b' ' || b == 0x7f) {
         return Err(Unwritable("request target".into()));
     }
@@ -257,7 +233,7 @@ fn request_line(
     dst.put_u8(b' ');
     dst.put_slice(version_bytes(version));
     dst.put_slice(b"\r\n");
-    Ok(())
+    write_fields(dst, headers)
 }
 
 #[cfg(test)]

@@ -390,6 +390,11 @@ impl ProxyConfig {
     }
 }
 
+/// A config of one listener `web` routing everything to one cluster `c`
+/// of one endpoint (for unit tests).
+#[cfg(test)]
+pub(crate) const ONE_LISTENER_YAML: &str = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
+
 #[cfg(test)]
 mod tests {
     use super::*;

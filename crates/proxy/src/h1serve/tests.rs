@@ -268,7 +268,7 @@ impl WaitRead for tokio::io::DuplexStream {
 #[tokio::test(start_paused = true)]
 async fn each_head_wait_ends_its_own_timeout_after_it_began() {
     const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-    let yaml = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
+    let yaml = crate::config::ONE_LISTENER_YAML;
     let config = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
     let mut settings = config.listeners[0].settings();
     settings.timeouts.request_headers = WAIT;

@@ -747,7 +747,7 @@ mod tests {
     /// it, each request still records under its own labels.
     #[test]
     fn duration_series_are_the_familys_own_kept_or_not() {
-        let yaml = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
+        let yaml = crate::config::ONE_LISTENER_YAML;
         let state = Arc::new(ProxyState::for_tests(yaml, Arc::default()));
         let settings = state.snapshot.load().config.listeners[0].settings();
         let down = Downstream::new(Arc::from("web"), Arc::clone(&state), settings);

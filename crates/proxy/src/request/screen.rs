@@ -103,7 +103,7 @@ mod tests {
     use http::Request;
 
     fn listener() -> ListenerSettings {
-        let yaml = "listeners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{ cluster: c }]\nclusters:\n  - name: c\n    endpoints: [{ address: \"127.0.0.1:1\" }]\n";
+        let yaml = crate::config::ONE_LISTENER_YAML;
         let cfg = crate::ProxyConfig::parse(yaml, "t.yaml").expect("config");
         cfg.listeners[0].settings()
     }
