@@ -38,6 +38,12 @@ pub struct AccessRecord<'a> {
     /// `client_error` (its request body was malformed or cut); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault: Option<&'static str>,
+    /// How the proxy ended a response it had begun, when neither the
+    /// response nor the client did: `reset` (the upstream broke it off)
+    /// or `timeout` (the request deadline cut it). `status` and `bytes`
+    /// are then those of the part sent; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut: Option<&'static str>,
     /// A gRPC call's `grpc-status` (from the upstream's trailers or
     /// trailers-only answer, or the proxy's own answer); absent for other
     /// requests and for a call cut before any status (`status` then holds

@@ -99,6 +99,12 @@ pub struct ListenerTimeouts {
     /// is closed.
     #[serde(default = "default_stream_idle", with = "duration")]
     pub stream_idle: Duration,
+    /// HTTP/1 (`http1: meshless`): a client that takes no byte of what the
+    /// proxy writes to it (a response, a `100 Continue`, a refusal) for
+    /// this long is closed (nginx's `send_timeout`), whether or not the
+    /// response's body is still coming.
+    #[serde(default = "default_send", with = "duration")]
+    pub send: Duration,
 }
 
 impl Default for ListenerTimeouts {
@@ -107,6 +113,7 @@ impl Default for ListenerTimeouts {
             request_headers: default_request_headers(),
             idle: default_idle(),
             stream_idle: default_stream_idle(),
+            send: default_send(),
         }
     }
 }
@@ -119,6 +126,9 @@ fn default_idle() -> Duration {
 }
 fn default_stream_idle() -> Duration {
     Duration::from_secs(300)
+}
+fn default_send() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// `listeners[].http2:` limits on streams a downstream HTTP/2 client
@@ -284,6 +294,7 @@ pub fn validate(
         ("request_headers", timeouts.request_headers),
         ("idle", timeouts.idle),
         ("stream_idle", timeouts.stream_idle),
+        ("send", timeouts.send),
     ] {
         if d.is_zero() {
             return Err(FieldError::new(

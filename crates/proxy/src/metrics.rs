@@ -117,6 +117,9 @@ pub struct Metrics {
     pub control_stream_failures: Counter,
     pub downstream_connections: Family<ListenerLabels, Gauge>,
     pub connections_at_limit: Family<ListenerLabels, Counter>,
+    /// HTTP/1 connections closed because their client took no byte for
+    /// `timeouts.send`.
+    pub send_timeouts: Family<ListenerLabels, Counter>,
     pub upgrades_refused: Family<ListenerLabels, Counter>,
     /// Read buffers lent to HTTP/1 connections (`http1: meshless`).
     pub http1_buffers_lent: Family<ListenerLabels, Gauge>,
@@ -259,6 +262,12 @@ impl Metrics {
             "Times a listener reached max_connections and left new connections in the backlog",
             connections_at_limit.clone(),
         );
+        let send_timeouts = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "proxy_downstream_send_timeouts",
+            "HTTP/1 connections closed because their client took no byte of what was written to it for timeouts.send",
+            send_timeouts.clone(),
+        );
         let http1_buffers_lent = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "proxy_http1_buffers_lent",
@@ -316,6 +325,7 @@ impl Metrics {
             trace,
             downstream_connections,
             connections_at_limit,
+            send_timeouts,
             upgrades_refused,
             http1_buffers_lent,
             access_log_dropped,
@@ -376,6 +386,13 @@ impl Metrics {
     /// Counts a listener pausing at `max_connections`.
     pub fn connections_at_limit(&self, listener: &str) {
         self.connections_at_limit
+            .get_or_create(&Self::listener(listener))
+            .inc();
+    }
+
+    /// Counts an HTTP/1 connection closed at `timeouts.send`.
+    pub fn send_timeout(&self, listener: &str) {
+        self.send_timeouts
             .get_or_create(&Self::listener(listener))
             .inc();
     }

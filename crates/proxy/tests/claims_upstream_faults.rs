@@ -31,7 +31,14 @@ async fn endpoint_failures(p: &meshless_proxy::Proxy) -> u64 {
 async fn a_body_cut_mid_way_is_an_error_downstream_and_the_endpoints_fault() {
     // Promises 1,000 bytes, sends 10, closes.
     let up = raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n0123456789").await;
-    let (p, addr) = proxy(&one_cluster(up, "    retries: { count: 0 }\n")).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let yaml = format!(
+        "access_log: \"{}\"\n{}",
+        log.display(),
+        one_cluster(up, "    retries: { count: 0 }\n")
+    );
+    let (p, addr) = proxy(&yaml).await;
     for c in [client(), h2_client()] {
         let req = Request::get(format!("http://{addr}/"))
             .body(Full::new(Bytes::new()))
@@ -53,6 +60,21 @@ async fn a_body_cut_mid_way_is_an_error_downstream_and_the_endpoints_fault() {
         endpoint_failures(&p).await >= 2
     })
     .await;
+    // Logged as cut by the upstream, with the status that was sent: not
+    // as a complete 200, nor as the client's abort.
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    eventually("both requests logged", || async {
+        lines().lines().count() == 2
+    })
+    .await;
+    for line in lines().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert_eq!(v["cut"], "reset", "{line}");
+        assert_eq!(v["status"], 200, "{line}");
+        assert!(v.get("fault").is_none(), "{line}");
+    }
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(metrics.contains("class=\"reset\""), "{metrics}");
     p.shutdown().await;
 }
 

@@ -1014,6 +1014,64 @@ async fn a_client_that_stops_reading_is_cut_at_the_request_deadline() {
     p.shutdown().await;
 }
 
+/// A client that takes no byte of what the proxy writes is closed at the
+/// listener's `timeouts.send` and counted, whether its responses had
+/// ended (pipelined small answers: no body is left whose deadline could
+/// end the wait) or one is still streaming from an upstream whose
+/// deadline is far off. The listener's send buffer is small so that the
+/// sockets fill after a few answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_takes_no_byte_is_closed_at_the_send_timeout() {
+    const SEND_TIMEOUTS: &str = "meshless_proxy_downstream_send_timeouts_total{listener=\"web\"}";
+    let bs = backends(1).await;
+    let up = endless_upstream().await;
+    let listener = "    timeouts: { send: 1s }\n    socket: { send_buffer_bytes: 4096 }\n";
+    let yaml = two_clusters(&bs, up, listener).replace(
+        "  - name: x\n    endpoints:",
+        "  - name: x\n    timeouts: { request: 300s }\n    endpoints:",
+    );
+    assert!(yaml.contains("request: 300s"));
+    let (p, addr) = proxy_on(&yaml, Http1Server::Meshless).await;
+    // 2,000 pipelined requests for the backend's short answer; then one
+    // for the endless body.
+    let pipelined = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n".repeat(2000);
+    for (n, requests) in [
+        (1.0, pipelined),
+        (2.0, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n".to_vec()),
+    ] {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let s = sock.connect(addr).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        // Written from a task: the proxy stops reading once it is stuck.
+        let writer = tokio::spawn(async move {
+            let _ = wr.write_all(&requests).await;
+            wr
+        });
+        eventually("the stuck connection is closed and counted", || async {
+            let page = admin(&p, "/metrics").await.1;
+            metric(&page, SEND_TIMEOUTS) == Some(n)
+                && metric(&page, CONNECTIONS) == Some(0.0)
+                && metric_sum(&page, "meshless_proxy_endpoint_in_flight{") == 0.0
+        })
+        .await;
+        // What was buffered is there to read, then the end.
+        let mut buf = vec![0u8; 64 * 1024];
+        let ended = tokio::time::timeout(DEADLINE, async {
+            loop {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "the connection is closed");
+        writer.abort();
+    }
+    p.shutdown().await;
+}
+
 /// Empty lines after a request body (old clients send a CRLF after it)
 /// do not keep the read buffer of the idle connection that follows, and
 /// the next request on it is still answered.

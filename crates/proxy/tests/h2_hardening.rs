@@ -129,6 +129,9 @@ enum Answer {
     GrpcHeadOnlyNoStatus,
     /// RST_STREAM with this reason.
     Reset(h2::Reason),
+    /// `200` with a field whose name HTTP/2 lets through and HTTP/1.1
+    /// forbids (`x"y`: `"` is no token character).
+    BadName,
 }
 
 /// A raw HTTP/2 (h2c) upstream answering request `n` (counted from 0 over
@@ -185,6 +188,18 @@ async fn h2_upstream(answer: fn(usize) -> Answer) -> H2Upstream {
                             let _ = respond.send_response(grpc(), true);
                         }
                         Answer::Reset(reason) => respond.send_reset(reason),
+                        Answer::BadName => {
+                            let name = http::HeaderName::from_lowercase(b"x\"y")
+                                .expect("HTTP/2's table takes it");
+                            let resp = http::Response::builder()
+                                .status(200)
+                                .header(name, "1")
+                                .body(())
+                                .expect("response");
+                            if let Ok(mut body) = respond.send_response(resp, false) {
+                                let _ = body.send_data(bytes::Bytes::from_static(b"ok\n"), true);
+                            }
+                        }
                     }
                 }
             });
@@ -509,5 +524,48 @@ async fn h2_data_longer_than_content_length_is_not_forwarded_as_whole() {
         answered.as_ref().map_or(true, |r| r.status() != 200),
         "{answered:?}"
     );
+    p.shutdown().await;
+}
+
+/// An HTTP/2 upstream's response head that HTTP/1.1 cannot carry (a field
+/// name with `"`) is answered `502` on an `http1: meshless` listener, and
+/// the connection stays: not closed with no byte (a client would take
+/// that for a stale keep-alive connection and send the request again),
+/// and the field never written. Counted as `bad_response`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_http1_cannot_carry_is_a_bad_gateway() {
+    use tokio::io::AsyncWriteExt;
+    let up = h2_upstream(|_| Answer::BadName).await;
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    upstream_protocol: http2\n    retries: {{ count: 0 }}\n    endpoints: [{{ address: \"{}\" }}]\n",
+        up.addr
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let want = "upstream response cannot be sent over HTTP/1.1\n";
+    for _ in 0..2 {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("written");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&got).ends_with(want) {
+            let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+                .await
+                .expect("an answer")
+                .expect("read");
+            assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+        assert!(!text.contains("x\"y"), "{text}");
+        assert!(
+            !text.to_ascii_lowercase().contains("connection: close"),
+            "{text}"
+        );
+    }
+    let series = "meshless_proxy_local_replies_total{listener=\"web\",reason=\"bad_response\"}";
+    assert_eq!(proxy_metric(&p, series).await, 2.0);
     p.shutdown().await;
 }

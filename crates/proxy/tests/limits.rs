@@ -239,7 +239,14 @@ async fn a_silent_connection_is_closed_after_request_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_body_is_cut_by_the_request_timeout() {
     let bs = backends(1).await;
-    let (p, addr) = proxy(&config(&bs, "    timeouts: { request: 1s }\n")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let yaml = format!(
+        "access_log: \"{}\"\n{}",
+        log.display(),
+        config(&bs, "    timeouts: { request: 1s }\n")
+    );
+    let (p, addr) = proxy(&yaml).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n")
         .await
@@ -263,6 +270,19 @@ async fn a_slow_body_is_cut_by_the_request_timeout() {
     }
     let (_, metrics) = admin(&p, "/metrics").await;
     assert!(metrics.contains("class=\"timeout\""), "{metrics}");
+    // The access log says so too, not that the client left.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().next() {
+            break line.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no access-log line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["cut"], "timeout", "{line}");
+    assert!(v.get("fault").is_none(), "{line}");
     p.shutdown().await;
 }
 

@@ -172,6 +172,9 @@ where
             // request.
             let keep = poll_fn(|cx| conn.poll_serving(serving.as_mut(), cx)).await;
             let ex = serving.as_mut().project().ex;
+            if ex.send_timed_out {
+                downstream.state.metrics.send_timeout(&downstream.name);
+            }
             if !keep {
                 conn.linger = conn.client_may_send(ex);
             }
@@ -184,7 +187,14 @@ where
         if let Some(e) = refused {
             // Made before the write: only its bytes are held across it.
             let out = refusal(&downstream, &peer, e);
-            conn.linger = conn.io.write_all(&out).await.is_ok();
+            let send_for = downstream.settings().timeouts.send;
+            conn.linger = match tokio::time::timeout(send_for, conn.io.write_all(&out)).await {
+                Ok(written) => written.is_ok(),
+                Err(_) => {
+                    downstream.state.metrics.send_timeout(&downstream.name);
+                    false
+                }
+            };
         }
         drop(conn.buf.take());
         let bound = downstream.settings().timeouts.request_headers;
@@ -226,6 +236,7 @@ fn refusal(downstream: &Downstream, peer: &Peer, e: meshless_h1::Error) -> Vec<u
             request_id: "-",
             attempts: 0,
             fault: Some("client_error"),
+            cut: None,
             grpc_status: None,
         };
         logger.log(&record, &state.metrics.access_log_dropped);
@@ -440,7 +451,7 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     answering,
                     Lent::borrow(&self.gauge),
                     limits(settings).max_head_bytes(),
-                    settings.timeouts.request_headers,
+                    (settings.timeouts.request_headers, settings.timeouts.send),
                 ),
                 fut: Some(crate::request::handle(
                     Arc::clone(downstream),
@@ -519,7 +530,15 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                                 .is_some_and(|l| f.discarded.saturating_add(l) > DRAIN_MAX))
                 });
                 let close = self.draining_now() || unread;
-                match Writer::new(resp, &ex.answering, close, out) {
+                let writer = Writer::new(resp, &ex.answering, close, out).or_else(|refused| {
+                    // Not a connection closed with no byte (a client
+                    // would take it for a stale keep-alive one and
+                    // retry): a 502 in its place.
+                    tracing::debug!(error = %refused.error, "response head not writable");
+                    let (resp, out) = refused.bad_gateway();
+                    Writer::new(resp, &ex.answering, close, out)
+                });
+                match writer {
                     Ok(w) => ex.writer = Some(w),
                     Err(_) => return Poll::Ready(false),
                 }
@@ -565,8 +584,41 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 }
             }
             if !progress {
+                if self.poll_stall(ex, cx).is_ready() {
+                    ex.send_timed_out = true;
+                    return Poll::Ready(false);
+                }
                 return Poll::Pending;
             }
+        }
+    }
+
+    /// Bounds a write the client takes no byte of: `Ready` once the `100
+    /// Continue` or the response has waited `timeouts.send` with nothing
+    /// moving (nginx's `send_timeout`: the time between two writes that
+    /// move bytes, not the whole response's). A response whose body is
+    /// still coming is bounded too: its deadline may be far, or none.
+    fn poll_stall(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<()> {
+        // Distinct marks for the two writes: the interim line's bytes
+        // left (from the top), the response's drains that moved bytes.
+        let mark = if !ex.continue_out.is_empty() {
+            u64::MAX - ex.continue_out.len() as u64
+        } else if let Some(w) = ex.writer.as_ref().filter(|w| w.stalled && !ex.written) {
+            w.moved
+        } else {
+            return Poll::Pending;
+        };
+        let send_for = ex.send_for;
+        let deadline = || crate::limits::deadline_after(Instant::now(), send_for);
+        match ex.stall.as_mut() {
+            Some(_) if ex.stall_mark == mark => {}
+            Some(t) => t.as_mut().reset(deadline()),
+            None => ex.stall = Some(Box::pin(tokio::time::sleep_until(deadline()))),
+        }
+        ex.stall_mark = mark;
+        match ex.stall.as_mut() {
+            Some(t) => t.as_mut().poll(cx),
+            None => Poll::Pending,
         }
     }
 
@@ -743,6 +795,16 @@ struct Exchange {
     discard_for: std::time::Duration,
     /// Armed when discarding starts.
     discard_until: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// How long a write may wait for the client to take a byte
+    /// (`timeouts.send`).
+    send_for: std::time::Duration,
+    /// Armed at the first stalled write ([`Conn::poll_stall`]), moved on
+    /// when a later stall follows progress: not made while the client reads.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// What was left to write when `stall` was last armed.
+    stall_mark: u64,
+    /// Closed for `timeouts.send` (counted by the connection's task).
+    send_timed_out: bool,
 }
 
 impl Exchange {
@@ -751,7 +813,7 @@ impl Exchange {
         answering: Answering,
         out: Lent,
         max_buffered: usize,
-        discard_for: std::time::Duration,
+        (discard_for, send_for): (std::time::Duration, std::time::Duration),
     ) -> Self {
         Self {
             writer: None,
@@ -765,6 +827,10 @@ impl Exchange {
             max_buffered,
             discard_for,
             discard_until: None,
+            send_for,
+            stall: None,
+            stall_mark: 0,
+            send_timed_out: false,
         }
     }
 }

@@ -103,6 +103,17 @@ type Handling = Pin<Box<dyn Future<Output = Handled> + Send>>;
 
 /// An exchange of a `POST` whose handler is `fut`.
 fn exchange(c: &Conn<Slow>, feeder: Feeder, fut: Handling) -> Pin<Box<Serving<Handling>>> {
+    exchange_sending(c, Some(feeder), fut, std::time::Duration::from_secs(60))
+}
+
+/// An exchange of a `POST` whose handler is `fut`, its writes bounded by
+/// `send_for` (`timeouts.send`).
+fn exchange_sending<I>(
+    c: &Conn<I>,
+    feeder: Option<Feeder>,
+    fut: Handling,
+    send_for: std::time::Duration,
+) -> Pin<Box<Serving<Handling>>> {
     let answering = Answering {
         method: http::Method::POST,
         version: http::Version::HTTP_11,
@@ -110,11 +121,11 @@ fn exchange(c: &Conn<Slow>, feeder: Feeder, fut: Handling) -> Pin<Box<Serving<Ha
     };
     let out = Lent::borrow(&c.gauge);
     let ex = Exchange::new(
-        Some(feeder),
+        feeder,
         answering,
         out,
         8192,
-        std::time::Duration::from_secs(60),
+        (std::time::Duration::from_secs(60), send_for),
     );
     Box::pin(Serving { ex, fut: Some(fut) })
 }
@@ -151,8 +162,10 @@ fn run(c: &mut Conn<Slow>, ex: &mut Pin<Box<Serving<Handling>>>, polls: usize) -
 /// The handler wants the body (`100 Continue` is due), then answers
 /// before reading it while the interim line is still being written: the
 /// response starts only after the whole interim line.
-#[test]
-fn the_interim_line_is_finished_before_the_response_starts() {
+// In a runtime: a write the slow client does not take arms the send
+// timer (`timeouts.send`).
+#[tokio::test]
+async fn the_interim_line_is_finished_before_the_response_starts() {
     let io = Slow {
         input: b"hello".to_vec(),
         write_max: 7,
@@ -189,8 +202,10 @@ fn the_interim_line_is_finished_before_the_response_starts() {
 /// A handler that drops the body unread and answers later: no `100
 /// Continue` is sent for it, and the connection closes after the answer
 /// (the client may still send the body).
-#[test]
-fn no_interim_line_for_a_body_dropped_unread() {
+// In a runtime: a write the slow client does not take arms the send
+// timer (`timeouts.send`).
+#[tokio::test]
+async fn no_interim_line_for_a_body_dropped_unread() {
     let io = Slow {
         write_max: 1 << 20,
         ..Slow::default()
@@ -211,8 +226,10 @@ fn no_interim_line_for_a_body_dropped_unread() {
 /// it fast: the connection reads and discards at most `DRAIN_MAX` bytes
 /// (and one read past them), then reads nothing more, and closes after
 /// the answer.
-#[test]
-fn a_body_dropped_while_the_answer_is_pending_is_read_up_to_a_bound() {
+// In a runtime: a write the slow client does not take arms the send
+// timer (`timeouts.send`).
+#[tokio::test]
+async fn a_body_dropped_while_the_answer_is_pending_is_read_up_to_a_bound() {
     let sent = 10 << 20;
     let io = Slow {
         input: vec![b'z'; sent],
@@ -307,4 +324,70 @@ async fn each_head_wait_ends_its_own_timeout_after_it_began() {
     assert!(waited >= second && waited < 2 * second, "{waited:?}");
     sender.abort();
     drop(tx);
+}
+
+/// A client that takes no byte of what is written to it is closed
+/// `timeouts.send` after the write stopped, and counted: the `100
+/// Continue` line, and a response whose body has ended (nothing else
+/// bounds that wait: no body deadline is left to poll). A client that
+/// reads slowly but steadily is not cut: the bound is between two writes
+/// that move bytes, not on the whole response. Virtual time.
+#[tokio::test(start_paused = true)]
+async fn a_write_the_client_takes_nothing_of_ends_at_the_send_timeout() {
+    const SEND: std::time::Duration = std::time::Duration::from_secs(5);
+    let second = std::time::Duration::from_secs(1);
+    // A duplex of 16 bytes: the first 16 go, then writes wait.
+    for continue_due in [true, false] {
+        let (client, server) = tokio::io::duplex(16);
+        let (mut c, _tx) = conn(server);
+        let (feeder, fut): (Option<Feeder>, Handling) = if continue_due {
+            // Wants the body (the interim line is due), which never comes.
+            let (f, mut body) = Feeder::new(&framing(5, true), 100);
+            let fut = Box::pin(async move {
+                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx).map(|_| ())).await;
+                std::future::pending::<()>().await;
+                ok()
+            });
+            (Some(f), fut)
+        } else {
+            (None, Box::pin(async { ok() }))
+        };
+        let mut ex = exchange_sending(&c, feeder, fut, SEND);
+        let began = Instant::now();
+        let serving = std::future::poll_fn(|cx| c.poll_serving(ex.as_mut(), cx));
+        let keep = tokio::time::timeout(3 * SEND, serving)
+            .await
+            .expect("closed at the send timeout, not left waiting");
+        let waited = began.elapsed();
+        assert!(!keep, "closed (100 Continue due: {continue_due})");
+        assert!(ex.ex.send_timed_out, "counted as a send timeout");
+        assert!(waited >= SEND && waited < SEND + second, "{waited:?}");
+        drop(client);
+    }
+    // 8 bytes every SEND / 2: each write waits less than SEND, the whole
+    // response (its head alone is over 60 bytes) takes several SENDs.
+    let (mut client, server) = tokio::io::duplex(8);
+    let (mut c, _tx) = conn(server);
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 8];
+        loop {
+            tokio::time::sleep(SEND / 2).await;
+            match tokio::io::AsyncReadExt::read(&mut client, &mut buf).await {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            if got.ends_with(b"\r\n\r\nok") {
+                return got;
+            }
+        }
+    });
+    let mut ex = exchange_sending(&c, None, Box::pin(async { ok() }), SEND);
+    let began = Instant::now();
+    let keep = std::future::poll_fn(|cx| c.poll_serving(ex.as_mut(), cx)).await;
+    assert!(keep, "a client that reads is not cut");
+    assert!(!ex.ex.send_timed_out);
+    assert!(began.elapsed() > 2 * SEND, "{:?}", began.elapsed());
+    let got = reader.await.expect("reader");
+    assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"), "{got:?}");
 }

@@ -7,7 +7,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderValue};
@@ -68,6 +68,11 @@ pub struct Writer {
     done: bool,
     /// The body's trailers, written with the last chunk (boxed: rare).
     trailers: Option<Box<http::HeaderMap>>,
+    /// The last [`Writer::poll_write`] ended waiting for the client to
+    /// take bytes (not for the body).
+    pub stalled: bool,
+    /// Bumped by every write that moved bytes out: a stall's progress.
+    pub moved: u64,
 }
 
 /// Why a response could not be written whole.
@@ -83,15 +88,58 @@ pub enum WriteError {
     Head(#[from] meshless_h1::response::Unwritable),
 }
 
+/// A response whose head HTTP/1.1 cannot carry (a field name or value a
+/// client would refuse or read otherwise: an HTTP/2 upstream's field may
+/// hold bytes HTTP/1.1 forbids), with what it held.
+#[derive(Debug)]
+pub struct Unsendable {
+    pub error: meshless_h1::response::Unwritable,
+    body: ProxyBody,
+    out: BytesMut,
+}
+
+impl Unsendable {
+    /// A `502` in its place (reason `bad_response`), written on the same
+    /// buffer: the request's record moves to it, the endpoint is charged
+    /// with a bad response (as a reset), and the upstream's body is
+    /// dropped unread (its connection is not reused).
+    pub fn bad_gateway(mut self) -> (http::Response<ProxyBody>, BytesMut) {
+        use crate::request::respond::LocalReply;
+        let reply = LocalReply::text(
+            StatusCode::BAD_GATEWAY,
+            "upstream response cannot be sent over HTTP/1.1\n",
+            "bad_response",
+        );
+        let record = self.body.take_completion();
+        drop(self.body);
+        self.out.clear();
+        let resp = match record {
+            Some(mut record) => {
+                if let Some(g) = record.guard.as_mut() {
+                    g.set_outcome(meshless_balance::Outcome::Reset);
+                }
+                reply.respond(record)
+            }
+            None => {
+                let mut r = http::Response::new(ProxyBody::full(reply.body, None));
+                *r.status_mut() = reply.status;
+                r
+            }
+        };
+        (resp, self.out)
+    }
+}
+
 impl Writer {
     /// Encodes the head of `resp` into `out` (empty); the connection closes
     /// after it when `close` (or when the request or response says so).
+    /// A head HTTP/1.1 cannot carry is given back, nothing of it written.
     pub fn new(
         resp: http::Response<ProxyBody>,
         req: &Answering,
         close: bool,
         mut out: BytesMut,
-    ) -> Result<Self, WriteError> {
+    ) -> Result<Self, Box<Unsendable>> {
         let (mut parts, body) = resp.into_parts();
         let status = parts.status;
         let h = &mut parts.headers;
@@ -167,7 +215,11 @@ impl Writer {
             .and_then(|r| std::str::from_utf8(r.as_bytes()).ok())
             .unwrap_or("");
         let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-        meshless_h1::response::write_response_head(&mut out, line, status, reason, fields)?;
+        if let Err(error) =
+            meshless_h1::response::write_response_head(&mut out, line, status, reason, fields)
+        {
+            return Err(Box::new(Unsendable { error, body, out }));
+        }
         // Written: the map goes back for a head to come.
         crate::header_maps::recycle(std::mem::take(&mut parts.headers));
         let left = match encoding {
@@ -183,6 +235,8 @@ impl Writer {
             close,
             done: encoding == Encoding::None,
             trailers: None,
+            stalled: false,
+            moved: 0,
         })
     }
 
@@ -193,12 +247,15 @@ impl Writer {
         io: &mut I,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), WriteError>> {
+        self.stalled = false;
         loop {
             if self.poll_drain(io, cx, false)?.is_pending() {
                 return self.blocked(cx);
             }
             if self.done {
-                ready!(Pin::new(&mut *io).poll_flush(cx))?;
+                if Pin::new(&mut *io).poll_flush(cx)?.is_pending() {
+                    return self.blocked(cx);
+                }
                 return Poll::Ready(Ok(()));
             }
             let Some(body) = self.body.as_mut() else {
@@ -207,10 +264,11 @@ impl Writer {
             };
             match Pin::new(body).poll_frame(cx) {
                 Poll::Pending => {
-                    if self.poll_drain(io, cx, true)?.is_pending() {
+                    if self.poll_drain(io, cx, true)?.is_pending()
+                        || Pin::new(&mut *io).poll_flush(cx)?.is_pending()
+                    {
                         return self.blocked(cx);
                     }
-                    ready!(Pin::new(&mut *io).poll_flush(cx))?;
                     return Poll::Pending;
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
@@ -243,11 +301,13 @@ impl Writer {
         }
     }
 
-    /// The client takes no more bytes: `Pending`, unless the body's
-    /// deadline passed meanwhile (its timer is polled here, since the
-    /// body is not polled while nothing can be written): then the body is
-    /// dropped (its upstream exchange ends) and the connection closes.
+    /// The client takes no more bytes: `Pending` ([`Writer::stalled`]: the
+    /// connection bounds the wait), unless the body's deadline passed
+    /// meanwhile (its timer is polled here, since the body is not polled
+    /// while nothing can be written): then the body is dropped (its
+    /// upstream exchange ends) and the connection closes.
     fn blocked(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WriteError>> {
+        self.stalled = true;
         let Some(body) = self.body.as_mut() else {
             return Poll::Pending;
         };
@@ -328,7 +388,12 @@ impl Writer {
             return Poll::Ready(Ok(()));
         }
         let chunked = self.encoding == Encoding::Chunked;
-        crate::h1out::poll_drain(&mut self.out, &mut self.big, chunked, io, cx)
+        let before = (self.out.len(), self.big.as_ref().map(Bytes::len));
+        let drained = crate::h1out::poll_drain(&mut self.out, &mut self.big, chunked, io, cx);
+        if before != (self.out.len(), self.big.as_ref().map(Bytes::len)) {
+            self.moved = self.moved.wrapping_add(1);
+        }
+        drained
     }
 
     /// The write buffer, for the next response (empty).

@@ -180,15 +180,21 @@ impl Completion {
         }
     }
 
+    /// `reset` (the upstream broke the response off) or `timeout` (the
+    /// deadline cut it), when the client is not at fault; else nothing.
+    pub fn cut(&self) -> Option<&'static str> {
+        match self.end {
+            _ if self.client_fault().is_some() => None,
+            End::Broken => Some("reset"),
+            End::TimedOut => Some("timeout"),
+            End::Aborted | End::Complete => None,
+        }
+    }
+
     /// The `class` label of `proxy_requests`.
     fn class(&self) -> &'static str {
-        if let Some(f) = self.client_fault() {
+        if let Some(f) = self.client_fault().or_else(|| self.cut()) {
             return f;
-        }
-        match self.end {
-            End::Broken => return "reset",
-            End::TimedOut => return "timeout",
-            _ => {}
         }
         match self.status / 100 {
             1 => "1xx",
@@ -279,6 +285,7 @@ impl Drop for Completion {
                 request_id: self.request_id.as_str(),
                 attempts: self.attempts,
                 fault: self.client_fault(),
+                cut: self.cut(),
                 grpc_status: self.grpc_code,
             };
             logger.log(&record, &metrics.access_log_dropped);
@@ -343,6 +350,12 @@ impl ProxyBody {
             timer: None,
             cut: false,
         }
+    }
+
+    /// The request's record, taken out: the body no longer completes it
+    /// (a response replaced by another before any byte of it was sent).
+    pub fn take_completion(&mut self) -> Option<Completion> {
+        self.completion.take()
     }
 
     /// A complete body from bytes.

@@ -256,20 +256,26 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
         Ok(ip) if f.forwarding.x_forwarded_for == XffMode::Append => {
             // Every line, in order (RFC 9110 5.3: the lines of one field
             // combine with commas); a line that is not visible ASCII is
-            // left out, as before.
-            let mut joined = String::new();
-            for line in headers
+            // left out, as before. With none, the peer's value is shared
+            // as it is (no string made and checked per request).
+            let mut lines = headers
                 .get_all(&X_FORWARDED_FOR)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
-            {
-                joined.push_str(line);
-                joined.push_str(", ");
+                .peekable();
+            if lines.peek().is_none() {
+                Some(f.peer.clone())
+            } else {
+                let mut joined = String::new();
+                for line in lines {
+                    joined.push_str(line);
+                    joined.push_str(", ");
+                }
+                joined.push_str(ip);
+                HeaderValue::from_str(&joined)
+                    .ok()
+                    .or_else(|| Some(f.peer.clone()))
             }
-            joined.push_str(ip);
-            HeaderValue::from_str(&joined)
-                .ok()
-                .or_else(|| Some(f.peer.clone()))
         }
         _ => Some(f.peer.clone()),
     };
