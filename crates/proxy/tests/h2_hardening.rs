@@ -130,7 +130,8 @@ enum Answer {
     /// RST_STREAM with this reason.
     Reset(h2::Reason),
     /// `200` with a field whose name HTTP/2 lets through and HTTP/1.1
-    /// forbids (`x"y`: `"` is no token character).
+    /// forbids (`x"y`: `"` is no token character), as a gRPC response
+    /// whose `grpc-status` would come in trailers.
     BadName,
 }
 
@@ -193,6 +194,7 @@ async fn h2_upstream(answer: fn(usize) -> Answer) -> H2Upstream {
                                 .expect("HTTP/2's table takes it");
                             let resp = http::Response::builder()
                                 .status(200)
+                                .header("content-type", "application/grpc")
                                 .header(name, "1")
                                 .body(())
                                 .expect("response");
@@ -531,13 +533,18 @@ async fn h2_data_longer_than_content_length_is_not_forwarded_as_whole() {
 /// name with `"`) is answered `502` on an `http1: meshless` listener, and
 /// the connection stays: not closed with no byte (a client would take
 /// that for a stale keep-alive connection and send the request again),
-/// and the field never written. Counted as `bad_response`.
+/// and the field never written. Counted as `bad_response`. A gRPC call
+/// (over HTTP/1.1, as proxies forward them to each other) is answered
+/// `UNAVAILABLE`, and logged as answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_head_http1_cannot_carry_is_a_bad_gateway() {
     use tokio::io::AsyncWriteExt;
     let up = h2_upstream(|_| Answer::BadName).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
     let yaml = format!(
-        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    upstream_protocol: http2\n    retries: {{ count: 0 }}\n    endpoints: [{{ address: \"{}\" }}]\n",
+        "access_log: \"{}\"\nadmin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    upstream_protocol: http2\n    retries: {{ count: 0 }}\n    endpoints: [{{ address: \"{}\" }}]\n",
+        log.display(),
         up.addr
     );
     let (p, addr) = proxy(&yaml).await;
@@ -565,7 +572,41 @@ async fn a_response_head_http1_cannot_carry_is_a_bad_gateway() {
             "{text}"
         );
     }
+    s.write_all(b"POST /pkg.Svc/Call HTTP/1.1\r\nHost: t\r\ncontent-type: application/grpc\r\nte: trailers\r\ncontent-length: 5\r\n\r\n\0\0\0\0\0")
+        .await
+        .expect("written");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .expect("read");
+        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200 "), "{text}");
+    assert!(text.contains("grpc-status: 14\r\n"), "{text}");
     let series = "meshless_proxy_local_replies_total{listener=\"web\",reason=\"bad_response\"}";
-    assert_eq!(proxy_metric(&p, series).await, 2.0);
+    assert_eq!(proxy_metric(&p, series).await, 3.0);
+    eventually("three lines logged", || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == 3
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    for v in &lines[..2] {
+        assert_eq!(v["status"], 502, "{v}");
+    }
+    assert_eq!(lines[2]["grpc_status"], 14, "{}", lines[2]);
+    assert_eq!(lines[2]["status"], 502, "{}", lines[2]);
     p.shutdown().await;
 }

@@ -430,3 +430,60 @@ async fn a_rejected_reload_installs_no_certificate() {
     assert!(leaf(tls::connect(&client, addr, "a.test").await.unwrap()) == new_a);
     p.shutdown().await;
 }
+
+/// Over TLS, `timeouts.send` counts the bytes that reach the socket, not
+/// the plaintext rustls takes (it holds up to 64 KiB of records): a
+/// client that reads a 128 KiB answer slowly but steadily (8 KiB every
+/// 250 ms, about 4 s) through small socket buffers is not cut by a 1 s
+/// bound, though the last of the answer sits in rustls for longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_steady_tls_reader_is_not_cut_at_the_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    const LEN: usize = 128 * 1024;
+    let dir = TempDir::new("tls-send");
+    write_all(&dir.0);
+    let mut answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {LEN}\r\n\r\n").into_bytes();
+    answer.resize(answer.len() + LEN, b'x');
+    let up = common::raw_upstream(answer.leak()).await;
+    let listener = "    http1: meshless\n    timeouts: { send: 1s }\n    socket: { send_buffer_bytes: 4096 }\n    routes:\n";
+    let yaml = tls_config(&dir.0, &format!("      - {{ address: \"{up}\" }}\n"), "").replacen(
+        "    routes:\n",
+        listener,
+        1,
+    );
+    assert!(yaml.contains("send: 1s"));
+    let (p, addr) = start(&yaml).await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
+    let client = tls::client_config(&["http/1.1"], rustls::ALL_VERSIONS);
+    let mut s = tokio_rustls::TlsConnector::from(client)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 8 * 1024];
+    let whole = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let n = tokio::time::timeout(common::DEADLINE, s.read(&mut buf))
+            .await
+            .expect("bytes or an end")
+            .unwrap_or(0);
+        got.extend_from_slice(&buf[..n]);
+        let body = got
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|i| got.len() - i - 4);
+        if n == 0 || body == Some(LEN) {
+            break body == Some(LEN);
+        }
+    };
+    assert!(whole, "cut after {} bytes", got.len());
+    let timeouts = "meshless_proxy_downstream_send_timeouts_total{listener=\"web\"}";
+    assert_eq!(proxy_metric(&p, timeouts).await, 0.0);
+    p.shutdown().await;
+}

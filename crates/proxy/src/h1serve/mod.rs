@@ -62,6 +62,13 @@ pub use crate::limits::Http1Server;
 /// decrypted bytes) is read at once, the buffer given back if it had none.
 pub trait WaitRead {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
+
+    /// Bytes the socket took so far (wrapping), where writes to this
+    /// stream are not what reaches the socket (a TLS stream's records);
+    /// 0 where they are (then the writer's own count tells progress).
+    fn sent(&self) -> u64 {
+        0
+    }
 }
 
 impl WaitRead for tokio::net::TcpStream {
@@ -70,9 +77,13 @@ impl WaitRead for tokio::net::TcpStream {
     }
 }
 
-impl<I> WaitRead for tokio_rustls::server::TlsStream<I> {
+impl WaitRead for tokio_rustls::server::TlsStream<crate::tls::Counted> {
     fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+
+    fn sent(&self) -> u64 {
+        self.get_ref().0.sent()
     }
 }
 
@@ -599,12 +610,14 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
     /// move bytes, not the whole response's). A response whose body is
     /// still coming is bounded too: its deadline may be far, or none.
     fn poll_stall(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<()> {
-        // Distinct marks for the two writes: the interim line's bytes
-        // left (from the top), the response's drains that moved bytes.
-        let mark = if !ex.continue_out.is_empty() {
-            u64::MAX - ex.continue_out.len() as u64
+        // Progress is the interim line's bytes left or the response's
+        // drains that moved bytes, and the bytes the socket took (under
+        // TLS, rustls takes what is written before the client does).
+        let sent = self.io.sent();
+        let mark = if !ex.continue_out.is_empty() || ex.continue_flushing {
+            (true, ex.continue_out.len() as u64, sent)
         } else if let Some(w) = ex.writer.as_ref().filter(|w| w.stalled && !ex.written) {
-            w.moved
+            (false, w.moved, sent)
         } else {
             return Poll::Pending;
         };
@@ -670,7 +683,9 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         }
         if ex.writer.is_none() {
             // Flushed before the body is read (TLS buffers writes).
-            let _ = Pin::new(&mut self.io).poll_flush(cx);
+            ex.continue_flushing = Pin::new(&mut self.io).poll_flush(cx).is_pending();
+        } else {
+            ex.continue_flushing = false;
         }
         Poll::Ready(Ok(()))
     }
@@ -801,8 +816,11 @@ struct Exchange {
     /// Armed at the first stalled write ([`Conn::poll_stall`]), moved on
     /// when a later stall follows progress: not made while the client reads.
     stall: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// What was left to write when `stall` was last armed.
-    stall_mark: u64,
+    /// Where the write stood when `stall` was last armed: the interim
+    /// line or the response, its own count, the socket's ([`WaitRead::sent`]).
+    stall_mark: (bool, u64, u64),
+    /// The interim line was handed over but its flush waits (TLS).
+    continue_flushing: bool,
     /// Closed for `timeouts.send` (counted by the connection's task).
     send_timed_out: bool,
 }
@@ -829,7 +847,8 @@ impl Exchange {
             discard_until: None,
             send_for,
             stall: None,
-            stall_mark: 0,
+            stall_mark: (false, 0, 0),
+            continue_flushing: false,
             send_timed_out: false,
         }
     }

@@ -83,8 +83,11 @@ impl LocalReply {
             .metrics
             .local_reply(&record.listener, self.reason);
         record.status = self.status.as_u16();
-        // A local body is complete at once: no deadline cuts it.
+        // A local body is complete at once: no deadline cuts it. Its
+        // answer is whole (a gRPC one carries its status), so no status
+        // is still due from an upstream response it replaces.
         record.deadline = None;
+        record.grpc_status_due = false;
         if record.grpc {
             return self.respond_grpc(record);
         }

@@ -6,6 +6,7 @@
 //! keeps the session cache and ticket keys, so resumption survives it.
 
 pub mod certs;
+pub mod counted;
 pub mod resolver;
 pub mod settings;
 
@@ -17,6 +18,8 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::{ProducesTickets, ServerSessionMemoryCache, StoresServerSessions};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
+
+pub use counted::Counted;
 
 pub use certs::CertError;
 pub use resolver::{CertTable, SniResolver};
@@ -135,7 +138,8 @@ impl ListenerTls {
     /// Runs the server side of a handshake on `stream`, up to
     /// `handshake_timeout`.
     pub async fn handshake(&self, stream: TcpStream) -> Handshake {
-        let accept = tokio_rustls::TlsAcceptor::from(Arc::clone(&self.config)).accept(stream);
+        let accept =
+            tokio_rustls::TlsAcceptor::from(Arc::clone(&self.config)).accept(Counted::new(stream));
         match tokio::time::timeout(self.handshake_timeout, accept).await {
             Ok(Ok(tls)) => Handshake::Done(Box::new(tls)),
             Ok(Err(e)) => Handshake::Failed(e),
@@ -147,7 +151,7 @@ impl ListenerTls {
 /// How a handshake ended.
 #[derive(Debug)]
 pub enum Handshake {
-    Done(Box<TlsStream<TcpStream>>),
+    Done(Box<TlsStream<Counted>>),
     Failed(std::io::Error),
     TimedOut,
 }
@@ -169,6 +173,6 @@ impl Handshake {
 
 /// Whether the client chose HTTP/2 by ALPN (else HTTP/1.1: without ALPN,
 /// HTTP/2 over TLS is not negotiated, RFC 9113 3.2).
-pub fn negotiated_h2(tls: &TlsStream<TcpStream>) -> bool {
+pub fn negotiated_h2(tls: &TlsStream<Counted>) -> bool {
     tls.get_ref().1.alpn_protocol() == Some(b"h2")
 }
