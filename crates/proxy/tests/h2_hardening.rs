@@ -529,6 +529,21 @@ async fn h2_data_longer_than_content_length_is_not_forwarded_as_whole() {
     p.shutdown().await;
 }
 
+/// Reads `s` until what came satisfies `done`; panics if it closes first.
+async fn read_until(s: &mut tokio::net::TcpStream, done: impl Fn(&str) -> bool) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !done(&String::from_utf8_lossy(&got)) {
+        let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .expect("read");
+        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 /// An HTTP/2 upstream's response head that HTTP/1.1 cannot carry (a field
 /// name with `"`) is answered `502` on an `http1: meshless` listener, and
 /// the connection stays: not closed with no byte (a client would take
@@ -554,17 +569,7 @@ async fn a_response_head_http1_cannot_carry_is_a_bad_gateway() {
         s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
             .expect("written");
-        let mut got = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !String::from_utf8_lossy(&got).ends_with(want) {
-            let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
-                .await
-                .expect("an answer")
-                .expect("read");
-            assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
-            got.extend_from_slice(&buf[..n]);
-        }
-        let text = String::from_utf8_lossy(&got);
+        let text = read_until(&mut s, |t| t.ends_with(want)).await;
         assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
         assert!(!text.contains("x\"y"), "{text}");
         assert!(
@@ -575,17 +580,9 @@ async fn a_response_head_http1_cannot_carry_is_a_bad_gateway() {
     s.write_all(b"POST /pkg.Svc/Call HTTP/1.1\r\nHost: t\r\ncontent-type: application/grpc\r\nte: trailers\r\ncontent-length: 5\r\n\r\n\0\0\0\0\0")
         .await
         .expect("written");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
-        let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
-            .await
-            .expect("an answer")
-            .expect("read");
-        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let text = read_until(&mut s, |t| t.contains("\r\n\r\n"))
+        .await
+        .to_ascii_lowercase();
     assert!(text.starts_with("http/1.1 200 "), "{text}");
     assert!(text.contains("grpc-status: 14\r\n"), "{text}");
     let series = "meshless_proxy_local_replies_total{listener=\"web\",reason=\"bad_response\"}";
