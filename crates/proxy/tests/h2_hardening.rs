@@ -486,8 +486,9 @@ async fn reporting_upstream(body: usize) -> (SocketAddr, tokio::sync::oneshot::R
 /// R4: an HTTP/2 request whose DATA run past its `content-length` is
 /// malformed (RFC 9113 8.1.1) and must not be forwarded: the declared
 /// prefix never reaches the HTTP/1.1 upstream as a whole request (which
-/// it would act on), and the client's stream is refused. (Still counted
-/// `client_abort`, not `client_error`: the HTTP/2 layer resets the stream.)
+/// it would act on), and the client's stream is refused. It is counted
+/// `client_error`, though the HTTP/2 layer's reset ends the exchange as
+/// an abort would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_data_longer_than_content_length_is_not_forwarded_as_whole() {
     let (up, received) = reporting_upstream(5).await;
@@ -526,6 +527,13 @@ async fn h2_data_longer_than_content_length_is_not_forwarded_as_whole() {
         answered.as_ref().map_or(true, |r| r.status() != 200),
         "{answered:?}"
     );
+    // Counted as the client's error (it broke the protocol), not as a
+    // client that left.
+    eventually("the request counted", || async {
+        requests_of_class(&p, "client_error").await == 1.0
+    })
+    .await;
+    assert_eq!(requests_of_class(&p, "client_abort").await, 0.0);
     p.shutdown().await;
 }
 

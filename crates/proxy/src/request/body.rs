@@ -171,7 +171,11 @@ impl Completion {
     /// `client_abort` (the client left first), `client_error` (its body
     /// was broken), or nothing.
     pub fn client_fault(&self) -> Option<&'static str> {
-        if self.end == End::Aborted {
+        // A body that broke the protocol is the client's error even when
+        // the exchange then ended as an abort (HTTP/2 resets the stream).
+        if self.fault.is_malformed() {
+            Some("client_error")
+        } else if self.end == End::Aborted {
             Some("client_abort")
         } else if self.fault.is_set() {
             Some("client_error")

@@ -5,7 +5,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -15,17 +15,48 @@ use pin_project_lite::pin_project;
 
 /// Set once the downstream body failed; shared by the body and the request.
 #[derive(Debug, Clone, Default)]
-pub struct ClientFault(Arc<AtomicBool>);
+pub struct ClientFault(Arc<AtomicU8>);
+
+/// The body ended early (its connection closed or reset mid-body).
+const CUT: u8 = 1;
+/// The body broke the protocol (malformed chunking, DATA past its
+/// `content-length`): the client's error whatever happens after.
+const MALFORMED: u8 = 2;
 
 impl ClientFault {
     /// Whether the client's body failed.
     pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.load(Ordering::Acquire) != 0
     }
 
-    fn set(&self) {
-        self.0.store(true, Ordering::Release);
+    /// Whether it failed by breaking the protocol, not only by ending.
+    pub fn is_malformed(&self) -> bool {
+        self.0.load(Ordering::Acquire) == MALFORMED
     }
+
+    fn set(&self, malformed: bool) {
+        let kind = if malformed { MALFORMED } else { CUT };
+        self.0.fetch_max(kind, Ordering::AcqRel);
+    }
+}
+
+/// Whether a request body's error is the client breaking the protocol:
+/// meshless-h1's chunked decoder refusing it, or h2 resetting the stream
+/// for a `PROTOCOL_ERROR` of the client's (DATA past its
+/// `content-length`), through hyper's error or not. A connection that
+/// closed or a stream the client reset is not.
+fn is_malformed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if let Some(f) = e.downcast_ref::<crate::request::h1_body::BodyFault>() {
+            return matches!(f, crate::request::h1_body::BodyFault::Malformed(_));
+        }
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_library() && h2.reason() == Some(h2::Reason::PROTOCOL_ERROR);
+        }
+        at = e.source();
+    }
+    false
 }
 
 /// A downstream request body as it arrives: from hyper (HTTP/2, and
@@ -116,7 +147,11 @@ impl<B> DownstreamBody<B> {
     }
 }
 
-impl<B: Body<Data = Bytes>> Body for DownstreamBody<B> {
+impl<B> Body for DownstreamBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: AsRef<dyn std::error::Error + Send + Sync>,
+{
     type Data = Bytes;
     type Error = B::Error;
 
@@ -127,8 +162,8 @@ impl<B: Body<Data = Bytes>> Body for DownstreamBody<B> {
         let mut this = self.project();
         let Some(left) = this.left.as_mut() else {
             let polled = this.inner.poll_frame(cx);
-            if let Poll::Ready(Some(Err(_))) = &polled {
-                this.fault.set();
+            if let Poll::Ready(Some(Err(e))) = &polled {
+                this.fault.set(is_malformed(e.as_ref()));
             }
             return polled;
         };
@@ -150,7 +185,7 @@ impl<B: Body<Data = Bytes>> Body for DownstreamBody<B> {
                     // Whatever was held is never sent: the request is cut.
                     *this.held = None;
                     *this.ended = true;
-                    this.fault.set();
+                    this.fault.set(is_malformed(e.as_ref()));
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
@@ -164,7 +199,7 @@ impl<B: Body<Data = Bytes>> Body for DownstreamBody<B> {
                             // never handed on after the whole prefix.
                             *this.held = None;
                             *this.ended = true;
-                            this.fault.set();
+                            this.fault.set(true);
                             return Poll::Ready(None);
                         }
                         if *left == 0 && !this.inner.is_end_stream() {
@@ -218,9 +253,9 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![
+            let frames: Vec<Result<Frame<Bytes>, crate::request::body::BodyError>> = vec![
                 Ok(Frame::data(Bytes::from_static(b"ok"))),
-                Err(std::io::Error::other("bad chunk")),
+                Err(std::io::Error::other("connection reset").into()),
             ];
             let fault = ClientFault::default();
             let mut body =
@@ -229,7 +264,27 @@ mod tests {
             assert!(!fault.is_set());
             assert!(body.frame().await.is_some_and(|f| f.is_err()));
             assert!(fault.is_set());
+            assert!(!fault.is_malformed(), "a cut is not malformed");
         });
+    }
+
+    /// A malformed chunk (meshless-h1's) is the client breaking the
+    /// protocol, also through a box; a cut body, a bare reset reason and
+    /// an I/O error are not.
+    #[test]
+    fn malformed_bodies_are_told_from_cut_ones() {
+        use crate::request::h1_body::BodyFault;
+        let chunk = BodyFault::Malformed(meshless_h1::Error::Head("chunk size"));
+        assert!(is_malformed(&chunk));
+        assert!(!is_malformed(&BodyFault::CutShort("closed")));
+        // h2 makes its own resets only inside (the end-to-end test
+        // `h2_data_longer_than_content_length_is_not_forwarded_as_whole`
+        // has one); a bare reason is not h2's own reset.
+        assert!(!is_malformed(&h2::Error::from(h2::Reason::CANCEL)));
+        assert!(!is_malformed(&h2::Error::from(h2::Reason::PROTOCOL_ERROR)));
+        assert!(!is_malformed(&std::io::Error::other("reset")));
+        let boxed: crate::request::body::BodyError = Box::new(chunk);
+        assert!(is_malformed(boxed.as_ref()));
     }
 
     fn futures_iter<T>(v: Vec<T>) -> tokio_stream::Iter<std::vec::IntoIter<T>> {
