@@ -621,18 +621,22 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         } else {
             return Poll::Pending;
         };
+        // The clock is read only when the timer is armed or moved on.
         let send_for = ex.send_for;
         let deadline = || crate::limits::deadline_after(Instant::now(), send_for);
-        match ex.stall.as_mut() {
-            Some(_) if ex.stall_mark == mark => {}
-            Some(t) => t.as_mut().reset(deadline()),
-            None => ex.stall = Some(Box::pin(tokio::time::sleep_until(deadline()))),
-        }
+        let stall = match &mut ex.stall {
+            Some(t) => {
+                if ex.stall_mark != mark {
+                    t.as_mut().reset(deadline());
+                }
+                t
+            }
+            None => ex
+                .stall
+                .insert(Box::pin(tokio::time::sleep_until(deadline()))),
+        };
         ex.stall_mark = mark;
-        match ex.stall.as_mut() {
-            Some(t) => t.as_mut().poll(cx),
-            None => Poll::Pending,
-        }
+        stall.as_mut().poll(cx)
     }
 
     /// Once the response is written: whether to keep the connection, or

@@ -120,11 +120,7 @@ impl Unsendable {
                 }
                 reply.respond(record)
             }
-            None => {
-                let mut r = http::Response::new(ProxyBody::full(reply.body, None));
-                *r.status_mut() = reply.status;
-                r
-            }
+            None => reply.unrecorded(),
         };
         (resp, self.out)
     }

@@ -91,7 +91,17 @@ impl LocalReply {
         if record.grpc {
             return self.respond_grpc(record);
         }
-        let mut resp = Response::new(ProxyBody::full(self.body, Some(record)));
+        self.plain(Some(record))
+    }
+
+    /// The response alone, for a request with no record (nothing counted).
+    pub fn unrecorded(self) -> Response<ProxyBody> {
+        self.plain(None)
+    }
+
+    /// The plain-HTTP response: the status, the text, its headers.
+    fn plain(self, record: Option<Completion>) -> Response<ProxyBody> {
+        let mut resp = Response::new(ProxyBody::full(self.body, record));
         *resp.status_mut() = self.status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, self.content_type);
