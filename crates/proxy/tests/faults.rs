@@ -274,3 +274,52 @@ async fn malformed_request_bodies_eject_nothing() {
     }
     p.shutdown().await;
 }
+
+/// A client that leaves while its request's retry is held upstream (the
+/// first attempt answered 503, the retry waiting on an endpoint that holds
+/// its answer): the retry's upstream request is dropped, every gauge
+/// (`active_retries` included) comes back to 0, the request counts as
+/// `client_abort`, and the cluster answers once its endpoint does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_during_a_held_retry_frees_everything() {
+    let failing = raw_upstream(
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\nConnection: close\r\n\r\nbusy\n",
+    )
+    .await;
+    let held = Gated::start("held").await;
+    let endpoints = format!(
+        "      - {{ address: \"{failing}\" }}\n      - {{ address: \"{}\" }}\n",
+        held.local_addr()
+    );
+    let extra = "    retries: { count: 1, on: [5xx] }\n";
+    let (p, addr) = proxy(&config_with_endpoints(&endpoints, extra)).await;
+    let retries = "meshless_proxy_retries_total{cluster=\"c\"}";
+    // Round robin: one of two requests starts on the failing endpoint.
+    let mut left_during_retry = false;
+    for _ in 0..4 {
+        let before = proxy_metric(&p, retries).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        eventually("the request held upstream", || async { held.held() == 1 }).await;
+        left_during_retry |= proxy_metric(&p, retries).await > before;
+        drop(s);
+        eventually("the held upstream request dropped", || async {
+            held.held() == 0
+        })
+        .await;
+        wait_all_zero(&p).await;
+        if left_during_retry {
+            break;
+        }
+    }
+    assert!(left_during_retry, "no request was retried");
+    let (_, metrics) = admin(&p, "/metrics").await;
+    assert!(metrics.contains("class=\"client_abort\""), "{metrics}");
+    assert!(in_flight_metrics(&p).await.is_empty());
+    held.open();
+    let (status, _, body) = get(&client(), addr, "/", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    p.shutdown().await;
+}

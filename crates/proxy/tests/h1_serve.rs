@@ -1268,3 +1268,44 @@ async fn an_upstream_dying_after_its_head_still_gets_the_head_out() {
     }
     p.shutdown().await;
 }
+
+/// A request pipelined while its predecessor's response is still being
+/// written (its head and half its body out, the rest held upstream), then
+/// the client's half-close: the first response is finished, the pipelined
+/// one answered after it, then the connection closes. The end of stream
+/// is not taken for a client gone (as when nothing follows it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_close_during_a_response_still_answers_what_was_pipelined() {
+    let bs = backends(1).await;
+    let (up, release) = holding_upstream().await;
+    let yaml = two_clusters(&bs, up, "");
+    let (p, addr) = proxy_on(&yaml, Http1Server::Meshless).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /x/hold HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut r = Reader::new();
+    while !r.rest.windows(9).any(|w| w == b"\r\n\r\nhello") {
+        r.fill(&mut s).await.expect("the head and half the body");
+    }
+    s.write_all(b"GET /x/next HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    s.shutdown().await.unwrap();
+    // The pipelined head is read (a read buffer lent beside the write
+    // buffer) before the rest of the first response is released; the end
+    // of stream, sent right behind it, is seen while that one is held.
+    metric_is(&p, BUFFERS, 2.0).await;
+    release.notify_one();
+    let first = r.response(&mut s, false).await.expect("the first response");
+    assert_eq!((first.status, &first.body[..]), (200, &b"helloworld"[..]));
+    let next = r
+        .response(&mut s, false)
+        .await
+        .expect("the pipelined request answered");
+    assert_eq!((next.status, &next.body[..]), (200, &b"ok"[..]));
+    assert!(closed(&mut s).await, "closed after the last answer");
+    metric_is(&p, CONNECTIONS, 0.0).await;
+    metric_is(&p, BUFFERS, 0.0).await;
+    p.shutdown().await;
+}

@@ -487,3 +487,192 @@ async fn a_slow_but_steady_tls_reader_is_not_cut_at_the_send_timeout() {
     assert_eq!(proxy_metric(&p, timeouts).await, 0.0);
     p.shutdown().await;
 }
+
+/// Over TLS, a `100 Continue` whose flush waits (the socket is full of an
+/// earlier response the client has not read) is bounded by
+/// `timeouts.send` as the response is: the connection is closed and
+/// counted, the request held upstream dropped as the client's abort, not
+/// kept until the cluster's `timeouts.request` answers it 504.
+///
+/// Which write meets the full socket depends on the kernel's buffers, so
+/// connections sweep the size of the first response (an echo of a
+/// pipelined POST): on some, its last bytes fill the socket and the
+/// interim line of the next request (`Expect: 100-continue`, to a held
+/// upstream) is the write that stalls. Each client reads only once the
+/// proxy closed every connection, and tells from what it got which write
+/// stalled: the first response (cut), the interim line (first response
+/// whole, no `100`), or none (`100` arrived: the body is awaited until the
+/// cluster's deadline, then the 504 and the connection's end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_100_continue_whose_flush_waits_is_closed_at_the_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    // hyper's HTTP/1 server has no send bound (`timeouts.send` is ours:
+    // docs/config.md); CI runs this suite on it too.
+    if common::test_http1() == meshless_proxy::h1serve::Http1Server::Hyper {
+        return;
+    }
+    const SEND_TIMEOUTS: &str = "meshless_proxy_downstream_send_timeouts_total{listener=\"web\"}";
+    let dir = TempDir::new("tls-continue");
+    write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let held = common::Gated::start("x").await;
+    let listener = "    http1: meshless\n    timeouts: { send: 1s, request_headers: 2s }\n    socket: { send_buffer_bytes: 4096 }\n    routes:\n      - match: { path_prefix: /x }\n        cluster: x\n";
+    let yaml = format!(
+        "{}  - name: x\n    timeouts: {{ request: 5s }}\n    endpoints:\n      - {{ address: \"{}\" }}\n",
+        tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "").replacen(
+            "    routes:\n",
+            listener,
+            1
+        ),
+        held.local_addr()
+    );
+    assert!(yaml.contains("cluster: x") && yaml.contains("request: 5s"));
+    let (p, addr) = start(&yaml).await;
+    let client = tls::client_config(&["http/1.1"], rustls::ALL_VERSIONS);
+    let sizes: Vec<usize> = (0..160).map(|i| 1024 + i * 256).collect();
+    let mut conns = Vec::new();
+    for &size in &sizes {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let tcp = sock.connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
+        let mut s = tokio_rustls::TlsConnector::from(client.clone())
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let mut req =
+            format!("POST /echo HTTP/1.1\r\nHost: a.test\r\nContent-Length: {size}\r\n\r\n")
+                .into_bytes();
+        req.resize(req.len() + size, b'~');
+        req.extend_from_slice(
+            b"POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n",
+        );
+        s.write_all(&req).await.unwrap();
+        s.flush().await.unwrap();
+        conns.push(s);
+    }
+    eventually("every connection closed", || async {
+        proxy_metric(
+            &p,
+            "meshless_proxy_downstream_connections{listener=\"web\"}",
+        )
+        .await
+            == 0.0
+    })
+    .await;
+    // What each client got: the first response whole, the interim line.
+    let mut outcomes = Vec::new();
+    for (s, &size) in conns.iter_mut().zip(&sizes) {
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match tokio::time::timeout(common::DEADLINE, s.read(&mut buf))
+                .await
+                .expect("the proxy closed it")
+            {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let whole = got.iter().filter(|b| **b == b'~').count() == size;
+        let interim = got.windows(12).any(|w| w == b"100 Continue");
+        outcomes.push((size, whole, interim));
+    }
+    let count = |f: fn(&(usize, bool, bool)) -> bool| outcomes.iter().filter(|o| f(o)).count();
+    let stalled_interim = count(|o| o.1 && !o.2);
+    let stalled_first = count(|o| !o.1);
+    let continued = count(|o| o.2);
+    assert!(
+        stalled_interim > 0,
+        "no size made the interim line the stalled write: {outcomes:?}"
+    );
+    let page = common::admin(&p, "/metrics").await.1;
+    let x = |class: &str| {
+        common::metric_sum(
+            &page,
+            &format!(
+                "meshless_proxy_requests_total{{listener=\"web\",cluster=\"x\",endpoint=\"{}\",class=\"{class}\"}}",
+                held.local_addr()
+            ),
+        )
+    };
+    // Closed at the send timeout: the held request dropped as the
+    // client's abort, not answered 504 at the cluster's deadline.
+    assert_eq!(
+        (x("client_abort"), x("5xx")),
+        (stalled_interim as f64, continued as f64),
+        "{outcomes:?}"
+    );
+    let timeouts = common::metric(&page, SEND_TIMEOUTS).unwrap_or(0.0);
+    assert!(
+        timeouts >= (stalled_first + stalled_interim) as f64,
+        "{timeouts} send timeouts: {outcomes:?}"
+    );
+    p.shutdown().await;
+}
+
+/// Over TLS, a client that says `Expect: 100-continue` but sends its body
+/// at once (as curl does after its 1 s wait, and clients that never wait)
+/// with a request pipelined behind it, by length and chunked: the body
+/// reaches the upstream whole, a `100 Continue` (if any) comes before the
+/// final answer, and the next request on the connection is answered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_body_sent_without_waiting_for_100_continue_is_read_once() {
+    use tokio::io::AsyncWriteExt;
+    let dir = TempDir::new("tls-expect");
+    write_all(&dir.0);
+    let b0 = backend("b0").await;
+    let yaml = tls_config(&dir.0, &endpoints_yaml(std::slice::from_ref(&b0)), "").replacen(
+        "    routes:\n",
+        "    http1: meshless\n    routes:\n",
+        1,
+    );
+    let (p, addr) = start(&yaml).await;
+    let client = tls::client_config(&["http/1.1"], rustls::ALL_VERSIONS);
+    for framing in [
+        "Content-Length: 11\r\n\r\nhello world",
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    ] {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
+        let mut s = tokio_rustls::TlsConnector::from(client.clone())
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let req = format!(
+            "POST /echo HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\n{framing}GET /status/202 HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        s.flush().await.unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(common::DEADLINE, s.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "{framing:?}: the proxy closes after the GET");
+        let text = String::from_utf8_lossy(&got).into_owned();
+        // The interim line, if sent, is first; then the echo, then the GET's.
+        let answers = text
+            .strip_prefix("HTTP/1.1 100 Continue\r\n\r\n")
+            .unwrap_or(&text);
+        assert!(
+            answers.starts_with("HTTP/1.1 200 OK\r\n") && !answers.contains("100 Continue"),
+            "{framing:?}: {text}"
+        );
+        let second = answers
+            .find("HTTP/1.1 202")
+            .unwrap_or_else(|| panic!("{framing:?}: no answer to the GET: {text}"));
+        let echo = &answers[..second];
+        // Whole (its framing, length or chunks, is the proxy's choice).
+        let body = &echo[echo.find("\r\n\r\n").unwrap() + 4..];
+        assert!(
+            body == "hello world"
+                || (body.contains("hello")
+                    && body.contains(" world")
+                    && body.ends_with("0\r\n\r\n")),
+            "{framing:?}: {echo}"
+        );
+        assert!(
+            answers[second..].ends_with("b0 202\n"),
+            "{framing:?}: {text}"
+        );
+    }
+    p.shutdown().await;
+}
