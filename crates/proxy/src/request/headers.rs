@@ -115,6 +115,25 @@ fn hop_by_hop(name: &str) -> Option<usize> {
     })
 }
 
+/// Whether a received field (`name` lower-case, as httparse gives it
+/// case-insensitively compared) may be left out of the message's map as
+/// its head is read, because [`strip_hop_by_hop`] would remove it and do
+/// nothing else for it: `Keep-Alive`, and a `Connection` whose every
+/// token is `keep-alive` (or empty). A `Connection` that names anything
+/// else (`close`, `upgrade`, another field) is kept for the strip to act
+/// on. Left out, such a field costs no map entry and no removal: an
+/// upstream's `Connection: keep-alive` comes with nearly every response.
+pub fn dropped_on_arrival(name: &str, value: &[u8]) -> bool {
+    if name.eq_ignore_ascii_case("keep-alive") {
+        return true;
+    }
+    name.eq_ignore_ascii_case("connection")
+        && value.split(|b| *b == b',').all(|token| {
+            let token = token.trim_ascii();
+            token.is_empty() || token.eq_ignore_ascii_case(b"keep-alive")
+        })
+}
+
 /// Removes hop-by-hop headers, and those the `Connection` header names
 /// (but never `Host`, `Content-Length` or `Transfer-Encoding`: a client
 /// may not unname what the message is routed or framed by); keeps
@@ -523,6 +542,64 @@ mod tests {
             strip_reference(&mut reference, upgrading);
             strip_hop_by_hop(&mut h, upgrading);
             proptest::prop_assert_eq!(by_name(&h), by_name(&reference));
+        }
+    }
+
+    proptest::proptest! {
+        /// Fields left out on arrival change nothing the strip leaves:
+        /// the map made without them and stripped is the full one
+        /// stripped.
+        #[test]
+        fn fields_dropped_on_arrival_are_what_the_strip_removes(
+            fields in proptest::collection::vec((0..NAMES.len(), 0..4usize), 0..12),
+            lists in proptest::collection::vec(
+                proptest::collection::vec(0..TOKENS.len(), 0..4), 0..3),
+            upgrading: bool,
+        ) {
+            let mut all: Vec<(&str, String)> = fields
+                .into_iter()
+                .map(|(n, v)| (NAMES[n], format!("v{v}")))
+                .collect();
+            for list in lists {
+                let text: Vec<&str> = list.iter().map(|&t| TOKENS[t]).collect();
+                all.push(("connection", text.join(", ")));
+            }
+            let map = |keep: &dyn Fn(&str, &str) -> bool| {
+                let mut h = HeaderMap::new();
+                for (name, value) in all.iter().filter(|(n, v)| keep(n, v)) {
+                    let value = HeaderValue::from_str(value).expect("value");
+                    h.append(HeaderName::from_static(name), value);
+                }
+                strip_hop_by_hop(&mut h, upgrading);
+                by_name(&h)
+            };
+            let full = map(&|_, _| true);
+            let arrived = map(&|n, v| !dropped_on_arrival(n, v.as_bytes()));
+            proptest::prop_assert_eq!(arrived, full);
+        }
+    }
+
+    #[test]
+    fn a_connection_field_is_dropped_on_arrival_only_when_it_says_keep_alive() {
+        for (name, value, dropped) in [
+            ("connection", "keep-alive", true),
+            ("Connection", "Keep-Alive", true),
+            ("connection", " keep-alive ,\tKEEP-ALIVE, ", true),
+            ("connection", "", true),
+            ("keep-alive", "timeout=5, max=100", true),
+            ("connection", "close", false),
+            ("connection", "keep-alive, close", false),
+            ("connection", "keep-alive, upgrade", false),
+            ("connection", "keep-alive, x-secret", false),
+            ("connection", "keep-alive-ish", false),
+            ("x-connection", "keep-alive", false),
+            ("upgrade", "websocket", false),
+        ] {
+            assert_eq!(
+                dropped_on_arrival(name, value.as_bytes()),
+                dropped,
+                "{name}: {value}"
+            );
         }
     }
 

@@ -725,6 +725,9 @@ fn take_head(
     let raw = Bytes::copy_from_slice(&buf[..consumed]);
     let mut headers = crate::header_maps::with_capacity(head.headers.len());
     for h in framing.forwarded(head.headers) {
+        if crate::request::headers::dropped_on_arrival(h.name, h.value) {
+            continue;
+        }
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| meshless_h1::Error::Head("header name"))?;
         let at = h.value.as_ptr() as usize - base;
