@@ -103,8 +103,16 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// The record of a request just received on `listener`.
-    pub fn new(state: Arc<ProxyState>, listener: Arc<str>, parts: &http::request::Parts) -> Self {
+    /// The record of a request just received on `listener`, whose map
+    /// carries what `carried` says (the fields it lacks not looked up).
+    pub fn new(
+        state: Arc<ProxyState>,
+        listener: Arc<str>,
+        parts: &http::request::Parts,
+        carried: crate::request::headers::Carried,
+    ) -> Self {
+        use crate::request::headers::{RequestId, request_id};
+        use crate::request::trace::RequestTrace;
         Self {
             state,
             listener,
@@ -115,7 +123,11 @@ impl Completion {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             status: 0,
-            request_id: crate::request::headers::request_id(&parts.headers),
+            request_id: if carried.request_id {
+                request_id(&parts.headers)
+            } else {
+                RequestId::random()
+            },
             attempts: 0,
             started: Instant::now(),
             guard: None,
@@ -130,7 +142,11 @@ impl Completion {
             grpc: crate::request::grpc::is_grpc(&parts.headers),
             grpc_status_due: false,
             grpc_code: None,
-            trace: crate::request::trace::RequestTrace::from_headers(&parts.headers),
+            trace: if carried.traceparent {
+                RequestTrace::from_headers(&parts.headers)
+            } else {
+                RequestTrace::continuing(None)
+            },
             capacity: None,
             duration: None,
         }

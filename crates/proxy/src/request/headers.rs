@@ -56,14 +56,73 @@ impl std::fmt::Display for RequestId {
     }
 }
 
+impl RequestId {
+    /// A new id: 128 random bits as 32 hex digits.
+    pub fn random() -> Self {
+        Self(hex128(fastrand::u128(..)))
+    }
+}
+
 /// The request's id: the client's `x-request-id` when sane (1..=128
-/// bytes of visible ASCII), else 128 random bits as 32 hex digits.
+/// bytes of visible ASCII), else [`RequestId::random`].
 pub fn request_id(headers: &HeaderMap) -> RequestId {
     let sane = headers
         .get(&X_REQUEST_ID)
         .filter(|v| v.to_str().is_ok() && !v.is_empty() && v.len() <= 128);
-    RequestId(sane.map_or_else(|| hex128(fastrand::u128(..)), HeaderValue::clone))
+    sane.map_or_else(RequestId::random, |v| RequestId(v.clone()))
 }
+
+/// Which of the fields the request path looks up by name a client's
+/// request carries, found in one pass over its map. A lookup hashes its
+/// name even when the map lacks it, and these names are not standard
+/// ones, so they are hashed byte by byte (about 140 instructions for
+/// `x-forwarded-for`): most requests carry none of them, and the pass
+/// (a comparison per name, of lengths and then bytes) costs less than
+/// the lookups it spares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carried {
+    pub request_id: bool,
+    pub traceparent: bool,
+    /// `x-meshless-forwarded-by`, ahead-of-time placement's marker.
+    pub forwarded_by: bool,
+    pub forwarded_for: bool,
+}
+
+impl Carried {
+    /// As if every one were there: each is looked up.
+    pub const ANY: Self = Self {
+        request_id: true,
+        traceparent: true,
+        forwarded_by: true,
+        forwarded_for: true,
+    };
+
+    /// What `headers` carries (one visit per name).
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut carried = Self {
+            request_id: false,
+            traceparent: false,
+            forwarded_by: false,
+            forwarded_for: false,
+        };
+        for name in headers.keys() {
+            if *name == X_REQUEST_ID {
+                carried.request_id = true;
+            } else if *name == TRACEPARENT {
+                carried.traceparent = true;
+            } else if *name == crate::placement::FORWARDED_BY {
+                carried.forwarded_by = true;
+            } else if *name == X_FORWARDED_FOR {
+                carried.forwarded_for = true;
+            }
+        }
+        carried
+    }
+}
+
+/// `traceparent` as a name made once: a `&str` key makes (and allocates)
+/// a new name on every insert.
+pub static TRACEPARENT: HeaderName = HeaderName::from_static(meshless_trace::context::TRACEPARENT);
 
 /// `n` as 32 lower-case hex digits (this runs for every request).
 fn hex128(n: u128) -> HeaderValue {
@@ -264,6 +323,8 @@ pub struct Forward<'a> {
     /// `X-Forwarded-Proto` are kept as that proxy set them, so the
     /// endpoint sees the original client, not the peer hop.
     pub hop: bool,
+    /// What the client's map carries ([`Carried::ANY`]: look each up).
+    pub carried: Carried,
 }
 
 /// The headers sent upstream, made from the client's in place:
@@ -272,6 +333,9 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     let trailers = f.http2 && wants_trailers(&headers);
     let xff = match f.peer.to_str() {
         _ if f.hop => None,
+        Ok(_) if f.forwarding.x_forwarded_for == XffMode::Append && !f.carried.forwarded_for => {
+            Some(f.peer.clone())
+        }
         Ok(ip) if f.forwarding.x_forwarded_for == XffMode::Append => {
             // Every line, in order (RFC 9110 5.3: the lines of one field
             // combine with commas); a line that is not visible ASCII is
@@ -358,11 +422,13 @@ fn is_http2(cluster: &UpstreamCluster) -> bool {
 }
 
 /// The request to endpoint `index` of `cluster`, to `target` (see
-/// [`target`]).
+/// [`target`]); `marked`: the headers may hold the placement marker
+/// (`Carried::forwarded_by`), which is removed (a peer hop reads it in
+/// them, up to here).
 pub fn build_request(
     parts: &http::request::Parts,
     target: Uri,
-    headers: HeaderMap,
+    (headers, marked): (HeaderMap, bool),
     cluster: &UpstreamCluster,
     index: usize,
     body: UpstreamBody,
@@ -373,7 +439,9 @@ pub fn build_request(
     *req.uri_mut() = target;
     *req.headers_mut() = headers;
     // Between proxies only (ahead-of-time placement's one-hop marker).
-    req.headers_mut().remove(crate::placement::FORWARDED_BY);
+    if marked {
+        req.headers_mut().remove(crate::placement::FORWARDED_BY);
+    }
     if http2 {
         // `:authority` says it.
         req.headers_mut().remove(header::HOST);
@@ -647,6 +715,64 @@ mod tests {
             forwarding,
             http2,
             hop: false,
+            carried: Carried::ANY,
+        }
+    }
+
+    const CARRIED_NAMES: [&str; 8] = [
+        "x-forwarded-for",
+        "x-meshless-forwarded-by",
+        "x-request-id",
+        "traceparent",
+        "x-forwarded-proto",
+        "connection",
+        "host",
+        "x-a",
+    ];
+
+    #[test]
+    fn carried_names_each_field_looked_up_by_name() {
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            Carried::of(&h),
+            Carried {
+                request_id: false,
+                traceparent: false,
+                forwarded_by: false,
+                forwarded_for: false
+            }
+        );
+        for name in &CARRIED_NAMES[..4] {
+            h.append(*name, HeaderValue::from_static("v"));
+        }
+        h.append("x-forwarded-for", HeaderValue::from_static("w"));
+        assert_eq!(Carried::of(&h), Carried::ANY);
+    }
+
+    proptest::proptest! {
+        /// The upstream's fields made with what the map carries are the
+        /// ones made looking every name up.
+        #[test]
+        fn what_is_carried_spares_lookups_and_changes_nothing(
+            fields in proptest::collection::vec((0..CARRIED_NAMES.len(), 0..3usize), 0..10),
+            mode_overwrite: bool,
+            hop: bool,
+        ) {
+            let values = ["1.1.1.1", "node-z", "x-a, x-request-id"];
+            let mut h = HeaderMap::new();
+            for (n, v) in fields {
+                h.append(CARRIED_NAMES[n], HeaderValue::from_static(values[v]));
+            }
+            let mut fwd = Forwarding::default();
+            if mode_overwrite {
+                fwd.x_forwarded_for = XffMode::Overwrite;
+            }
+            let every = Forward { hop, ..forward(&fwd, false) };
+            let spared = Forward { carried: Carried::of(&h), ..every };
+            proptest::prop_assert_eq!(
+                by_name(&forwarded_headers(h.clone(), &spared)),
+                by_name(&forwarded_headers(h, &every))
+            );
         }
     }
 

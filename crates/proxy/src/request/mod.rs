@@ -176,11 +176,6 @@ impl Peer {
     }
 }
 
-/// `traceparent` as a name made once: a `&str` key makes (and allocates)
-/// a new name on every insert.
-static TRACEPARENT: http::HeaderName =
-    http::HeaderName::from_static(meshless_trace::context::TRACEPARENT);
-
 /// Handles one downstream request received by `downstream`.
 pub async fn handle(
     downstream: Arc<Downstream>,
@@ -191,7 +186,13 @@ pub async fn handle(
     let state = &downstream.state;
     let snapshot = state.snapshot.load_full();
     let (mut parts, body) = req.into_parts();
-    let mut record = Completion::new(Arc::clone(state), Arc::clone(&downstream.name), &parts);
+    let carried = headers::Carried::of(&parts.headers);
+    let mut record = Completion::new(
+        Arc::clone(state),
+        Arc::clone(&downstream.name),
+        &parts,
+        carried,
+    );
     record.client = Some(client.ip());
     let settings = downstream.settings();
     if let Some(reply) = screen::screen(&settings, &parts) {
@@ -200,7 +201,10 @@ pub async fn handle(
     if let Some(reply) = path::apply(&settings.paths, &mut parts) {
         return Ok(reply.respond(record));
     }
-    let hop_client = peer::hop(state, &mut parts.headers, client);
+    let hop_client = carried
+        .forwarded_by
+        .then(|| peer::hop(state, &mut parts.headers, client))
+        .flatten();
     let hop = hop_client.is_some();
     let client_ip = hop_client
         .unwrap_or_else(|| headers::client_ip(&parts.headers, client, &settings.forwarding));
@@ -231,16 +235,21 @@ pub async fn handle(
         forwarding: &settings.forwarding,
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
         hop,
+        carried,
     };
     // Made once, moved into the last attempt (cloned only for retries).
     let mut upstream_headers =
         headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
-    upstream_headers.insert(TRACEPARENT.clone(), record.trace.context.header_value());
+    upstream_headers.insert(
+        headers::TRACEPARENT.clone(),
+        record.trace.context.header_value(),
+    );
     let exchange = Exchange {
         state,
         snapshot: &snapshot,
         parts: &parts,
         upgrading: upgrade.is_some(),
+        marked: carried.forwarded_by,
     };
     // Not boxed here: HTTP/1 boxes the whole request future once
     // (`connection::serve_http`), and HTTP/2 runs each stream as its own task.
@@ -341,6 +350,9 @@ struct Exchange<'a> {
     /// The request head, its headers taken out (see `forward`).
     parts: &'a http::request::Parts,
     upgrading: bool,
+    /// The client's map held the placement marker (removed before an
+    /// endpoint sees the request).
+    marked: bool,
 }
 
 /// The longest wait before a released request connects again to its
@@ -701,7 +713,7 @@ impl Exchange<'_> {
         };
         let make = move || {
             let h = copy.or_else(|| headers.take()).unwrap_or_default();
-            headers::build_request(self.parts, target, h, cluster, index, body)
+            headers::build_request(self.parts, target, (h, self.marked), cluster, index, body)
         };
         let timeout = record
             .deadline
