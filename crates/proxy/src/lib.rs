@@ -20,6 +20,7 @@ pub mod h1serve;
 pub mod handoff;
 pub mod header_maps;
 pub mod health;
+pub mod hop_fields;
 pub mod hyper_h1;
 pub mod l4;
 pub mod limits;

@@ -174,25 +174,6 @@ fn hop_by_hop(name: &str) -> Option<usize> {
     })
 }
 
-/// Whether a received field (`name` lower-case, as httparse gives it
-/// case-insensitively compared) may be left out of the message's map as
-/// its head is read, because [`strip_hop_by_hop`] would remove it and do
-/// nothing else for it: `Keep-Alive`, and a `Connection` whose every
-/// token is `keep-alive` (or empty). A `Connection` that names anything
-/// else (`close`, `upgrade`, another field) is kept for the strip to act
-/// on. Left out, such a field costs no map entry and no removal: an
-/// upstream's `Connection: keep-alive` comes with nearly every response.
-pub fn dropped_on_arrival(name: &str, value: &[u8]) -> bool {
-    if name.eq_ignore_ascii_case("keep-alive") {
-        return true;
-    }
-    name.eq_ignore_ascii_case("connection")
-        && value.split(|b| *b == b',').all(|token| {
-            let token = token.trim_ascii();
-            token.is_empty() || token.eq_ignore_ascii_case(b"keep-alive")
-        })
-}
-
 /// Removes hop-by-hop headers, and those the `Connection` header names
 /// (but never `Host`, `Content-Length` or `Transfer-Encoding`: a client
 /// may not unname what the message is routed or framed by); keeps
@@ -642,32 +623,8 @@ mod tests {
                 by_name(&h)
             };
             let full = map(&|_, _| true);
-            let arrived = map(&|n, v| !dropped_on_arrival(n, v.as_bytes()));
+            let arrived = map(&|n, v| !crate::hop_fields::dropped_on_arrival(n, v.as_bytes()));
             proptest::prop_assert_eq!(arrived, full);
-        }
-    }
-
-    #[test]
-    fn a_connection_field_is_dropped_on_arrival_only_when_it_says_keep_alive() {
-        for (name, value, dropped) in [
-            ("connection", "keep-alive", true),
-            ("Connection", "Keep-Alive", true),
-            ("connection", " keep-alive ,\tKEEP-ALIVE, ", true),
-            ("connection", "", true),
-            ("keep-alive", "timeout=5, max=100", true),
-            ("connection", "close", false),
-            ("connection", "keep-alive, close", false),
-            ("connection", "keep-alive, upgrade", false),
-            ("connection", "keep-alive, x-secret", false),
-            ("connection", "keep-alive-ish", false),
-            ("x-connection", "keep-alive", false),
-            ("upgrade", "websocket", false),
-        ] {
-            assert_eq!(
-                dropped_on_arrival(name, value.as_bytes()),
-                dropped,
-                "{name}: {value}"
-            );
         }
     }
 

@@ -725,7 +725,7 @@ fn take_head(
     let raw = Bytes::copy_from_slice(&buf[..consumed]);
     let mut headers = crate::header_maps::with_capacity(head.headers.len());
     for h in framing.forwarded(head.headers) {
-        if crate::request::headers::dropped_on_arrival(h.name, h.value) {
+        if crate::hop_fields::dropped_on_arrival(h.name, h.value) {
             continue;
         }
         let name = HeaderName::from_bytes(h.name.as_bytes())
