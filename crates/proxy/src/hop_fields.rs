@@ -1,6 +1,7 @@
-//! Fields that describe one hop, known as a head is read: shared by the
-//! downstream and upstream HTTP/1 paths and the request path's strip
-//! (`request::headers::strip_hop_by_hop`), with no import of either.
+//! Fields that describe one hop, known as a head is read: used by the
+//! upstream HTTP/1.1 client (`upstream/h1.rs`) and checked against the
+//! request path's strip (`request::headers::strip_hop_by_hop`), with no
+//! import of either.
 
 /// Whether a received field (its name compared without regard to case)
 /// may be left out of the message's map as its head is read, because
