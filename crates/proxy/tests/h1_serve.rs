@@ -573,6 +573,20 @@ async fn http10_is_answered_as_hyper_answers_it() {
     assert_eq!(from_old[0], from_old[1], "hyper, then meshless");
 }
 
+/// A connection to `addr` whose `GET /x/hold` ([`holding_upstream`]) has
+/// its head and half its body read: the rest waits for `release`.
+async fn held_half_way(addr: SocketAddr) -> (TcpStream, Reader) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /x/hold HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut r = Reader::new();
+    while !r.rest.windows(9).any(|w| w == b"\r\n\r\nhello") {
+        r.fill(&mut s).await.expect("the head and half the body");
+    }
+    (s, r)
+}
+
 /// An upstream that answers `/x/hold` with its head and half its body,
 /// the other half once `release` is notified, and anything else at once.
 async fn holding_upstream() -> (SocketAddr, std::sync::Arc<tokio::sync::Notify>) {
@@ -626,14 +640,7 @@ async fn a_drain_during_a_response_finishes_it_then_closes_as_asked() {
     for on_next in [true, false] {
         for engine in ENGINES {
             let (p, addr) = proxy_on(&yaml, engine).await;
-            let mut s = TcpStream::connect(addr).await.unwrap();
-            s.write_all(b"GET /x/hold HTTP/1.1\r\nHost: t\r\n\r\n")
-                .await
-                .unwrap();
-            let mut r = Reader::new();
-            while !r.rest.windows(9).any(|w| w == b"\r\n\r\nhello") {
-                r.fill(&mut s).await.expect("the head and half the body");
-            }
+            let (mut s, mut r) = held_half_way(addr).await;
             let stop = tokio::spawn(async move {
                 if on_next {
                     p.shutdown_handed_over().await;
@@ -1280,14 +1287,7 @@ async fn a_half_close_during_a_response_still_answers_what_was_pipelined() {
     let (up, release) = holding_upstream().await;
     let yaml = two_clusters(&bs, up, "");
     let (p, addr) = proxy_on(&yaml, Http1Server::Meshless).await;
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /x/hold HTTP/1.1\r\nHost: t\r\n\r\n")
-        .await
-        .unwrap();
-    let mut r = Reader::new();
-    while !r.rest.windows(9).any(|w| w == b"\r\n\r\nhello") {
-        r.fill(&mut s).await.expect("the head and half the body");
-    }
+    let (mut s, mut r) = held_half_way(addr).await;
     s.write_all(b"GET /x/next HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
         .unwrap();
