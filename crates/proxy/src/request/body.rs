@@ -113,6 +113,7 @@ impl Completion {
     ) -> Self {
         use crate::request::headers::{RequestId, request_id};
         use crate::request::trace::RequestTrace;
+        use meshless_trace::TraceParent;
         Self {
             state,
             listener,
@@ -142,11 +143,12 @@ impl Completion {
             grpc: crate::request::grpc::is_grpc(&parts.headers),
             grpc_status_due: false,
             grpc_code: None,
-            trace: if carried.traceparent {
-                RequestTrace::from_headers(&parts.headers)
-            } else {
-                RequestTrace::continuing(None)
-            },
+            trace: RequestTrace::continuing(
+                carried
+                    .traceparent
+                    .then(|| TraceParent::from_headers(&parts.headers))
+                    .flatten(),
+            ),
             capacity: None,
             duration: None,
         }

@@ -79,7 +79,7 @@ pub fn request_id(headers: &HeaderMap) -> RequestId {
 /// `x-forwarded-for`): most requests carry none of them, and the pass
 /// (a comparison per name, of lengths and then bytes) costs less than
 /// the lookups it spares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Carried {
     pub request_id: bool,
     pub traceparent: bool,
@@ -99,12 +99,7 @@ impl Carried {
 
     /// What `headers` carries (one visit per name).
     pub fn of(headers: &HeaderMap) -> Self {
-        let mut carried = Self {
-            request_id: false,
-            traceparent: false,
-            forwarded_by: false,
-            forwarded_for: false,
-        };
+        let mut carried = Self::default();
         for name in headers.keys() {
             if *name == X_REQUEST_ID {
                 carried.request_id = true;
@@ -314,17 +309,18 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
     let trailers = f.http2 && wants_trailers(&headers);
     let xff = match f.peer.to_str() {
         _ if f.hop => None,
-        Ok(_) if f.forwarding.x_forwarded_for == XffMode::Append && !f.carried.forwarded_for => {
-            Some(f.peer.clone())
-        }
         Ok(ip) if f.forwarding.x_forwarded_for == XffMode::Append => {
             // Every line, in order (RFC 9110 5.3: the lines of one field
             // combine with commas); a line that is not visible ASCII is
             // left out, as before. With none, the peer's value is shared
-            // as it is (no string made and checked per request).
-            let mut lines = headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
+            // as it is (no string made and checked per request), and
+            // none is looked up when the map carries none.
+            let mut lines = f
+                .carried
+                .forwarded_for
+                .then(|| headers.get_all(&X_FORWARDED_FOR).iter())
+                .into_iter()
+                .flatten()
                 .filter_map(|v| v.to_str().ok())
                 .peekable();
             if lines.peek().is_none() {
@@ -690,15 +686,7 @@ mod tests {
     #[test]
     fn carried_names_each_field_looked_up_by_name() {
         let mut h = HeaderMap::new();
-        assert_eq!(
-            Carried::of(&h),
-            Carried {
-                request_id: false,
-                traceparent: false,
-                forwarded_by: false,
-                forwarded_for: false
-            }
-        );
+        assert_eq!(Carried::of(&h), Carried::default());
         for name in &CARRIED_NAMES[..4] {
             h.append(*name, HeaderValue::from_static("v"));
         }

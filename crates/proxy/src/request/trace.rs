@@ -22,11 +22,6 @@ pub struct RequestTrace {
 }
 
 impl RequestTrace {
-    /// Continues the trace of `headers`, or starts one.
-    pub fn from_headers(headers: &http::HeaderMap) -> Self {
-        Self::continuing(TraceParent::from_headers(headers))
-    }
-
     /// Continues `parent`'s trace, or (none) starts one.
     pub fn continuing(parent: Option<TraceParent>) -> Self {
         match parent {
