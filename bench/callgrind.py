@@ -16,6 +16,8 @@ The counts cover every thread of the process (runtime, access log).
   HTTP1=meshless python3 bench/callgrind.py        # listeners[].http1: meshless
   UPSTREAM_HTTP1=meshless python3 bench/callgrind.py   # clusters[].http1: meshless
   CACHE_SIM=1 SCENARIOS=ka256 python3 bench/callgrind.py  # also L1/LL misses
+  PEER=haproxy python3 bench/callgrind.py          # HAProxy (`nbthread 1`) in
+                                   # the proxy's place, as the bar to compare with
 
 Scenarios: ka32 and ka256 (HTTP/1.1 keep-alive, 32 or 256 connections,
 `h2load --h1`; ka256 runs when asked: SCENARIOS=ka256),
@@ -50,6 +52,8 @@ HTTP1 = os.environ.get("HTTP1", "hyper")
 # `clusters[].http1`: hyper (the default) or meshless; the field is only
 # written when asked (older binaries refuse it).
 UPSTREAM_HTTP1 = os.environ.get("UPSTREAM_HTTP1")
+# Which proxy runs under callgrind: meshless, or haproxy as the bar.
+PEER = os.environ.get("PEER", "meshless")
 BACKEND, PROXY, ADMIN, BACKEND_H2 = 18100, 18103, 18104, 18110
 
 BACKEND_CONF = """
@@ -74,6 +78,27 @@ clusters:
   - name: backend
     endpoints: [{{ address: "127.0.0.1:{backend}" }}]
     circuit_breakers: {{ max_connections: 100000, max_pending: 100000, max_requests: 100000 }}
+"""
+
+# The same settings as HAProxy's in proxy_peers.py (maxconn within valgrind's
+# file limit); a clear-text bind
+# takes HTTP/2 by its preface.
+HAPROXY_CONF = """
+global
+  nbthread 1
+  maxconn 9500
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 300s
+  timeout server 300s
+  timeout http-keep-alive 300s
+frontend fe
+  bind 127.0.0.1:{proxy}
+  default_backend be
+backend be
+  http-reuse always
+  server s1 127.0.0.1:{backend}
 """
 
 
@@ -172,6 +197,13 @@ def main():
         conf = conf.replace("    max_connections: 20000\n", "")
         conf = conf.replace("    http1: hyper\n", "")
     open(f"{workdir}/meshless.yaml", "w").write(conf)
+    open(f"{workdir}/haproxy.cfg", "w").write(HAPROXY_CONF.format(proxy=PROXY, backend=BACKEND))
+    if PEER == "haproxy":
+        command = ["haproxy", "-db", "-f", f"{workdir}/haproxy.cfg"]
+    elif PEER == "meshless":
+        command = [MESHLESS, "proxy", "--threads", "1", "--config", f"{workdir}/meshless.yaml"]
+    else:
+        sys.exit(f"PEER must be meshless or haproxy, not {PEER!r}")
     backend = subprocess.Popen(["nginx", "-c", f"{workdir}/backend.conf", "-p", workdir],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proxy = None
@@ -180,10 +212,10 @@ def main():
         proxy = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/cg.out.%p",
              f"--cache-sim={'yes' if CACHE_SIM else 'no'}",
-             MESHLESS, "proxy", "--threads", "1", "--config", f"{workdir}/meshless.yaml"],
+             *command],
             stdout=subprocess.DEVNULL, stderr=open(f"{workdir}/valgrind.log", "w"))
         wait_port(PROXY, 60)
-        print(f"{MESHLESS}")
+        print(command[0])
         for scenario in SCENARIOS:
             measure(proxy.pid, workdir, scenario)
     finally:
