@@ -322,7 +322,7 @@ fn serve_connection(
         return;
     };
     let _ = settings.socket.apply(socket2::SockRef::from(&stream));
-    let open = downstream.state.metrics.connection_opened(&downstream.name);
+    let open = crate::metrics::OpenConnection::new(&downstream.connections);
     // Shared: a tunnel opened on the connection holds them until it closes.
     let guards = Arc::new(ConnectionGuards::new(open, permit));
     // At the end of a drain, whatever is still open is dropped (closed).

@@ -81,6 +81,14 @@ pub struct HandshakeLabels {
 #[derive(Debug)]
 pub struct OpenConnection(Gauge);
 
+impl OpenConnection {
+    /// Counts an open connection in `gauge` until the guard drops.
+    pub fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.dec();
@@ -366,14 +374,12 @@ impl Metrics {
         }
     }
 
-    /// Counts an open downstream connection until the guard drops.
-    pub fn connection_opened(&self, listener: &str) -> OpenConnection {
-        let g = self
-            .downstream_connections
+    /// The gauge of `listener`'s open downstream connections (raised by
+    /// [`OpenConnection::new`]).
+    pub fn downstream_connections(&self, listener: &str) -> Gauge {
+        self.downstream_connections
             .get_or_create(&Self::listener(listener))
-            .clone();
-        g.inc();
-        OpenConnection(g)
+            .clone()
     }
 
     /// The gauge of read buffers lent to `listener`'s HTTP/1 connections.

@@ -152,7 +152,7 @@ pub fn serve<I>(
 where
     I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
 {
-    let gauge = downstream.state.metrics.http1_buffers(&downstream.name);
+    let gauge = downstream.http1_buffers.clone();
     let drain = *draining.borrow();
     let mut conn = Conn {
         io,

@@ -303,6 +303,38 @@ pub struct Forward<'a> {
     pub carried: Carried,
 }
 
+/// `ip` as a field value (an `X-Forwarded-For` entry), as `Display`
+/// writes it. An IPv4 address's digits are written here: the formatting
+/// machinery took about 1,200 instructions per connection.
+pub fn ip_value(ip: IpAddr) -> HeaderValue {
+    let IpAddr::V4(v4) = ip else {
+        return HeaderValue::from_str(&ip.to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+    };
+    // At most "255.255.255.255".
+    let mut text = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        let digits = [octet / 100, octet / 10 % 10, octet % 10];
+        let skip = if octet >= 100 {
+            0
+        } else if octet >= 10 {
+            1
+        } else {
+            2
+        };
+        for d in &digits[skip..] {
+            text[len] = b'0' + d;
+            len += 1;
+        }
+    }
+    HeaderValue::from_bytes(&text[..len]).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
 /// The headers sent upstream, made from the client's in place:
 /// hop-by-hop removed, forwarding headers set.
 pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
@@ -563,6 +595,29 @@ mod tests {
         "not a name",
         "trailer",
     ];
+
+    #[test]
+    fn every_octet_is_written_as_display_writes_it() {
+        for o in 0..=255u8 {
+            for ip in [[o, 0, 0, 1], [10, o, 255, o], [o, o, o, o]] {
+                let ip = IpAddr::from(ip);
+                assert_eq!(ip_value(ip).as_bytes(), ip.to_string().as_bytes());
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// An address's field value is its `Display` text, IPv4 (written
+        /// here) and IPv6 (mapped ones included) alike.
+        #[test]
+        fn an_address_value_is_its_display_text(v4: u32, v6: u128, mapped: u32) {
+            let mapped = std::net::Ipv4Addr::from(mapped).to_ipv6_mapped();
+            for ip in [IpAddr::from(v4.to_be_bytes()), IpAddr::from(v6.to_be_bytes()), mapped.into()] {
+                let (value, text) = (ip_value(ip), ip.to_string());
+                proptest::prop_assert_eq!(value.as_bytes(), text.as_bytes());
+            }
+        }
+    }
 
     proptest::proptest! {
         /// The one pass removes what the remove per token and per name did.

@@ -42,6 +42,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use meshless_balance::{InFlight, PickContext};
 use meshless_model::probe_backoff::ProbeBackoff;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::limits::ListenerSettings;
@@ -67,6 +68,12 @@ pub struct Downstream {
     /// name: the family's lookup hashes both labels, once per cluster
     /// here rather than once per request. At most [`DURATIONS_KEPT`].
     durations: std::sync::RwLock<Vec<(Arc<str>, Histogram)>>,
+    /// This listener's `proxy_downstream_connections` series, looked up
+    /// once here rather than once per connection (a family never removes
+    /// a series).
+    pub connections: Gauge,
+    /// This listener's `proxy_http1_buffers_lent` series (the same).
+    pub http1_buffers: Gauge,
 }
 
 /// Clusters whose duration series a listener keeps at hand; past it (a
@@ -77,6 +84,8 @@ impl Downstream {
     /// The listener `name`, serving with `settings`.
     pub fn new(name: Arc<str>, state: Arc<ProxyState>, settings: ListenerSettings) -> Self {
         Self {
+            connections: state.metrics.downstream_connections(&name),
+            http1_buffers: state.metrics.http1_buffers(&name),
             name,
             state,
             tunnels: Arc::default(),
@@ -151,9 +160,7 @@ pub struct Peer {
 impl Peer {
     /// The peer at `addr`.
     pub fn new(addr: SocketAddr) -> Self {
-        let ip = addr.ip().to_string();
-        let xff = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
-            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
+        let xff = headers::ip_value(addr.ip());
         Self {
             addr,
             xff,
