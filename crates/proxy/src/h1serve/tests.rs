@@ -259,16 +259,18 @@ fn future_size4<A, B, C, D, R>(_: &impl FnOnce(A, B, C, D) -> R) -> usize {
 
 /// An idle connection's task holds [`serve`]'s future: no exchange (nor
 /// its response writer) inline in it, they are boxed per request. With
-/// one inline, the future would hold at least an `Exchange` and the
-/// `Conn` side by side.
+/// one inline, the future would hold at least an `Exchange`, the `Conn`
+/// and the `Peer` side by side (all three live while a request is
+/// served; the head wait's state, not live then, may share their room).
 #[test]
 fn the_connection_future_holds_no_exchange_inline() {
     use std::mem::size_of;
     let serve = future_size4(&serve::<tokio::net::TcpStream>);
     let conn = size_of::<Conn<tokio::net::TcpStream>>();
     let ex = size_of::<Exchange>();
-    eprintln!("serve {serve} B, Conn {conn} B, Exchange {ex} B");
-    assert!(serve < conn + ex, "serve {serve} B");
+    let peer = size_of::<Peer>();
+    eprintln!("serve {serve} B, Conn {conn} B, Exchange {ex} B, Peer {peer} B");
+    assert!(serve < conn + ex + peer, "serve {serve} B");
 }
 
 impl WaitRead for tokio::io::DuplexStream {

@@ -105,53 +105,61 @@ pub struct Completion {
 impl Completion {
     /// The record of a request just received on `listener`, whose map
     /// carries what `carried` says (the fields it lacks not looked up).
+    /// Boxed: the record travels with the request and then its response
+    /// (about 500 bytes), through every layer that moves them; a box
+    /// moves as a pointer. Built in its box (`Box::write` into one taken
+    /// first), not built and then copied in.
     pub fn new(
         state: Arc<ProxyState>,
         listener: Arc<str>,
         parts: &http::request::Parts,
         carried: crate::request::headers::Carried,
-    ) -> Self {
+    ) -> Box<Self> {
         use crate::request::headers::{RequestId, request_id};
         use crate::request::trace::RequestTrace;
         use meshless_trace::TraceParent;
-        Self {
-            state,
-            listener,
-            route: unknown(),
-            cluster: unknown(),
-            endpoint: unknown(),
-            series: None,
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            status: 0,
-            request_id: if carried.request_id {
-                request_id(&parts.headers)
-            } else {
-                RequestId::random()
+        let boxed = Box::new_uninit();
+        Box::write(
+            boxed,
+            Self {
+                state,
+                listener,
+                route: unknown(),
+                cluster: unknown(),
+                endpoint: unknown(),
+                series: None,
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                status: 0,
+                request_id: if carried.request_id {
+                    request_id(&parts.headers)
+                } else {
+                    RequestId::random()
+                },
+                attempts: 0,
+                started: Instant::now(),
+                guard: None,
+                active: None,
+                upstream: None,
+                forwarded: None,
+                fault: ClientFault::default(),
+                client: None,
+                end: End::Aborted,
+                bytes: 0,
+                deadline: None,
+                grpc: crate::request::grpc::is_grpc(&parts.headers),
+                grpc_status_due: false,
+                grpc_code: None,
+                trace: RequestTrace::continuing(
+                    carried
+                        .traceparent
+                        .then(|| TraceParent::from_headers(&parts.headers))
+                        .flatten(),
+                ),
+                capacity: None,
+                duration: None,
             },
-            attempts: 0,
-            started: Instant::now(),
-            guard: None,
-            active: None,
-            upstream: None,
-            forwarded: None,
-            fault: ClientFault::default(),
-            client: None,
-            end: End::Aborted,
-            bytes: 0,
-            deadline: None,
-            grpc: crate::request::grpc::is_grpc(&parts.headers),
-            grpc_status_due: false,
-            grpc_code: None,
-            trace: RequestTrace::continuing(
-                carried
-                    .traceparent
-                    .then(|| TraceParent::from_headers(&parts.headers))
-                    .flatten(),
-            ),
-            capacity: None,
-            duration: None,
-        }
+        )
     }
 
     /// Takes a gRPC response's `grpc-status` (from its trailers, or headers
@@ -326,7 +334,7 @@ pin_project! {
     pub struct ProxyBody {
         #[pin]
         inner: UpstreamBody,
-        completion: Option<Completion>,
+        completion: Option<Box<Completion>>,
         bytes: u64,
         // The timer is made (and registered) only when the body first has
         // to wait: a body that is ready at once costs no timer.
@@ -362,7 +370,7 @@ impl std::fmt::Debug for ProxyBody {
 impl ProxyBody {
     /// Wraps an upstream (or local) body.
     /// The body is cut at the record's deadline, if it has one.
-    pub fn new(inner: UpstreamBody, completion: Option<Completion>) -> Self {
+    pub fn new(inner: UpstreamBody, completion: Option<Box<Completion>>) -> Self {
         let deadline = completion.as_ref().and_then(|c| c.deadline);
         Self {
             inner,
@@ -376,12 +384,12 @@ impl ProxyBody {
 
     /// The request's record, taken out: the body no longer completes it
     /// (a response replaced by another before any byte of it was sent).
-    pub fn take_completion(&mut self) -> Option<Completion> {
+    pub fn take_completion(&mut self) -> Option<Box<Completion>> {
         self.completion.take()
     }
 
     /// A complete body from bytes.
-    pub fn full(bytes: impl Into<Bytes>, completion: Option<Completion>) -> Self {
+    pub fn full(bytes: impl Into<Bytes>, completion: Option<Box<Completion>>) -> Self {
         Self::new(
             Full::new(bytes.into())
                 .map_err(|never| match never {})

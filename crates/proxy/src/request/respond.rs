@@ -77,7 +77,7 @@ impl LocalReply {
     }
 
     /// The response, counted and recorded in `record`.
-    pub fn respond(self, mut record: Completion) -> Response<ProxyBody> {
+    pub fn respond(self, mut record: Box<Completion>) -> Response<ProxyBody> {
         record
             .state
             .metrics
@@ -100,7 +100,7 @@ impl LocalReply {
     }
 
     /// The plain-HTTP response: the status, the text, its headers.
-    fn plain(self, record: Option<Completion>) -> Response<ProxyBody> {
+    fn plain(self, record: Option<Box<Completion>>) -> Response<ProxyBody> {
         let mut resp = Response::new(ProxyBody::full(self.body, record));
         *resp.status_mut() = self.status;
         resp.headers_mut()
@@ -128,7 +128,7 @@ impl LocalReply {
     /// only (`grpc-status`, `grpc-message` in the headers, no body), so the
     /// client reports the status rather than a protocol error. The record
     /// keeps the HTTP status the reply stands for (metrics, access log).
-    fn respond_grpc(self, mut record: Completion) -> Response<ProxyBody> {
+    fn respond_grpc(self, mut record: Box<Completion>) -> Response<ProxyBody> {
         let code = grpc::local_code(self.status, self.reason);
         record.grpc_code = Some(code);
         let message = String::from_utf8_lossy(&self.body);
@@ -152,7 +152,7 @@ impl LocalReply {
 pub fn proxied(
     mut resp: Response<ResponseBody>,
     upgrade: Option<hyper::upgrade::OnUpgrade>,
-    mut record: Completion,
+    mut record: Box<Completion>,
     downstream: &Downstream,
     peer: &crate::request::Peer,
 ) -> Response<ProxyBody> {

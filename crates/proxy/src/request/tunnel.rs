@@ -105,7 +105,7 @@ pub fn spawn(
     tunnels: &Arc<Tunnels>,
     down: OnUpgrade,
     up: OnUpgrade,
-    record: Completion,
+    record: Box<Completion>,
     connection: Option<Arc<ConnectionGuards>>,
     idle: Duration,
 ) {
