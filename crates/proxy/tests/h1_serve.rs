@@ -1309,3 +1309,51 @@ async fn a_half_close_during_a_response_still_answers_what_was_pipelined() {
     metric_is(&p, BUFFERS, 0.0).await;
     p.shutdown().await;
 }
+
+/// The buffer gauge is a series of the listeners served by meshless's
+/// HTTP/1 server alone (a listener on hyper's exports none), and both
+/// gauges, kept by the listener rather than looked up per connection,
+/// count every connection and come back to 0 when they close.
+#[tokio::test]
+async fn only_a_meshless_listener_exports_the_buffer_gauge_and_both_gauges_return_to_zero() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n",
+        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:\n      - cluster: c\n  \
+         - name: old\n    address: \"127.0.0.1:0\"\n    http1: hyper\n    routes:\n      - cluster: c\n",
+    );
+    assert!(yaml.contains("http1: hyper"), "{yaml}");
+    let (p, web) = proxy(&yaml).await;
+    let old = p.listener_addr("old").await.expect("listener old");
+    for addr in [web, old, web, old] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(DEADLINE, s.read_to_end(&mut answer))
+            .await
+            .expect("answered within the deadline")
+            .unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{addr}");
+    }
+    let old_connections = "meshless_proxy_downstream_connections{listener=\"old\"}";
+    eventually("both listeners' connection gauges back to 0", || async {
+        let (_, page) = admin(&p, "/metrics").await;
+        metric(&page, CONNECTIONS) == Some(0.0) && metric(&page, old_connections) == Some(0.0)
+    })
+    .await;
+    let (_, page) = admin(&p, "/metrics").await;
+    assert_eq!(
+        metric(&page, BUFFERS),
+        Some(0.0),
+        "meshless listener's buffers"
+    );
+    let old_buffers = "meshless_proxy_http1_buffers_lent{listener=\"old\"}";
+    assert_eq!(
+        metric(&page, old_buffers),
+        None,
+        "hyper listener exports no buffer gauge"
+    );
+    p.shutdown().await;
+}

@@ -152,7 +152,7 @@ pub fn serve<I>(
 where
     I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
 {
-    let gauge = downstream.http1_buffers.clone();
+    let gauge = downstream.http1_buffers();
     let drain = *draining.borrow();
     let mut conn = Conn {
         io,

@@ -107,8 +107,8 @@ impl Completion {
     /// carries what `carried` says (the fields it lacks not looked up).
     /// Boxed: the record travels with the request and then its response
     /// (about 500 bytes), through every layer that moves them; a box
-    /// moves as a pointer. Built in its box (`Box::write` into one taken
-    /// first), not built and then copied in.
+    /// moves as a pointer. Written into a box taken first (`Box::write`),
+    /// which lets the compiler build it there rather than copy it in.
     pub fn new(
         state: Arc<ProxyState>,
         listener: Arc<str>,

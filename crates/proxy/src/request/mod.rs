@@ -69,11 +69,14 @@ pub struct Downstream {
     /// here rather than once per request. At most [`DURATIONS_KEPT`].
     durations: std::sync::RwLock<Vec<(Arc<str>, Histogram)>>,
     /// This listener's `proxy_downstream_connections` series, looked up
-    /// once here rather than once per connection (a family never removes
-    /// a series).
+    /// once here rather than once per connection. Kept, so the listener
+    /// families are never to be cleared or have a series removed (the
+    /// cluster and endpoint ones are, on every scrape: not these).
     pub connections: Gauge,
-    /// This listener's `proxy_http1_buffers_lent` series (the same).
-    pub http1_buffers: Gauge,
+    /// This listener's `proxy_http1_buffers_lent` series, looked up by its
+    /// first `http1: meshless` connection (a listener on hyper's HTTP/1
+    /// exports none), then kept as `connections` is.
+    http1_buffers: std::sync::OnceLock<Gauge>,
 }
 
 /// Clusters whose duration series a listener keeps at hand; past it (a
@@ -85,7 +88,7 @@ impl Downstream {
     pub fn new(name: Arc<str>, state: Arc<ProxyState>, settings: ListenerSettings) -> Self {
         Self {
             connections: state.metrics.downstream_connections(&name),
-            http1_buffers: state.metrics.http1_buffers(&name),
+            http1_buffers: std::sync::OnceLock::new(),
             name,
             state,
             tunnels: Arc::default(),
@@ -130,6 +133,16 @@ impl Downstream {
             kept.push((Arc::clone(cluster), h.clone()));
         }
         h
+    }
+
+    /// The gauge of read buffers lent to this listener's `http1:
+    /// meshless` connections.
+    pub fn http1_buffers(&self) -> Gauge {
+        let name = &self.name;
+        let gauge = self
+            .http1_buffers
+            .get_or_init(|| self.state.metrics.http1_buffers(name));
+        gauge.clone()
     }
 
     /// The listener's settings now.
