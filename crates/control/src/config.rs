@@ -264,8 +264,14 @@ impl ControlConfig {
                 format!("must be 1..={MAX_MAX_PER_SLICE}"),
             ));
         }
-        if self.history == 0 {
-            return Err(FieldError::new("history", "must be at least 1"));
+        if self.history < crate::distributor::MIN_HISTORY {
+            return Err(FieldError::new(
+                "history",
+                format!(
+                    "must be at least {} (the shared delta log's smallest size)",
+                    crate::distributor::MIN_HISTORY
+                ),
+            ));
         }
         if !(1..=1024).contains(&self.stream_batch) {
             return Err(FieldError::new("stream_batch", "must be 1..=1024"));
@@ -445,6 +451,9 @@ mod tests {
         let e = ControlConfig::parse("api_address: \"0.0.0.0:9400\"\n", "f").expect_err("token");
         assert!(e.to_string().contains("token_file"), "{e}");
         assert!(ControlConfig::parse("history: 0\n", "f").is_err());
+        let small = ControlConfig::parse("history: 15\n", "f").expect_err("under the minimum");
+        assert!(small.to_string().contains("history"), "{small}");
+        assert!(ControlConfig::parse("history: 16\n", "f").is_ok());
     }
 
     #[test]

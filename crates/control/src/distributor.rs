@@ -17,6 +17,10 @@ use crate::metrics::ControlMetrics;
 use crate::registry::{Registry, ServiceDelta};
 use crate::subsets::{SubsetDeltas, SubsetKey, Subsets};
 
+/// The fewest deltas kept (`history`): a shorter shared log would
+/// coalesce into resets the deltas of any subscriber a few writes behind.
+pub const MIN_HISTORY: usize = 16;
+
 /// One published delta.
 #[derive(Debug)]
 pub struct EncodedDelta {
@@ -165,8 +169,8 @@ impl Distributor {
         self.synced.subscribe()
     }
 
-    /// A distributor keeping the last `history_len` deltas for resumption;
-    /// the log subscribers read holds as many.
+    /// A distributor keeping the last `history_len` deltas for resumption
+    /// (at least [`MIN_HISTORY`]); the log subscribers read holds as many.
     pub fn new(
         registry: Arc<Mutex<Registry>>,
         metrics: Arc<ControlMetrics>,
@@ -184,8 +188,8 @@ impl Distributor {
                 deltas: VecDeque::with_capacity(history_len),
                 dropped_up_to,
             }),
-            history_len: history_len.max(16),
-            log: DeltaLog::new(history_len.max(16)),
+            history_len: history_len.max(MIN_HISTORY),
+            log: DeltaLog::new(history_len.max(MIN_HISTORY)),
             closing: tokio::sync::watch::channel(false).0,
             synced: tokio::sync::watch::channel(true).0,
             resets: Mutex::new(std::collections::HashMap::new()),
