@@ -975,3 +975,97 @@ async fn each_request_is_timed_once_in_its_listener_and_cluster_series() {
     assert_eq!(counts, 1, "one series: {metrics}");
     p.shutdown().await;
 }
+
+/// The fields the proxy sets (`x-forwarded-for`, `x-forwarded-proto`,
+/// `x-request-id`, `traceparent`) reach the endpoint once each whatever
+/// the client sent: none of them, each of them (replaced where it was),
+/// repeated lines, or ones its `Connection` names (removed as hop-by-hop,
+/// then set again). The proxy keeps a field the client's map lacks
+/// beside the map and writes it into the head itself: a field must never
+/// be both in the map and beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_fields_arrive_once_each_whatever_the_client_sent() {
+    let up = Gated::start("g").await;
+    up.open();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
+        up.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    let c = client();
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let cases: [&[(&str, &str)]; 5] = [
+        &[],
+        &[
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-proto", "https"),
+            ("x-request-id", "abc-123"),
+            ("traceparent", parent),
+        ],
+        &[
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-for", "198.51.100.1"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-proto", "ftp"),
+        ],
+        &[
+            ("connection", "x-request-id, traceparent, x-forwarded-proto"),
+            ("x-request-id", "abc-124"),
+            ("traceparent", parent),
+            ("x-forwarded-proto", "https"),
+        ],
+        &[
+            ("connection", "x-forwarded-for"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ],
+    ];
+    for (i, fields) in cases.iter().enumerate() {
+        let mut req = Request::get(format!("http://{addr}/case/{i}"));
+        for (name, value) in fields.iter() {
+            req = req.header(*name, *value);
+        }
+        let resp = c
+            .request(req.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("response");
+        assert_eq!(resp.status(), StatusCode::OK, "case {i}");
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), cases.len());
+    for req in &seen {
+        let h = &req.headers;
+        for name in [
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-request-id",
+            "traceparent",
+        ] {
+            assert_eq!(
+                h.get_all(name).iter().count(),
+                1,
+                "{} {name}: {h:?}",
+                req.path
+            );
+        }
+        // Set by the proxy, not passed on from the client.
+        assert_eq!(h["x-forwarded-proto"], "http", "{}: {h:?}", req.path);
+        assert!(h.get("connection").is_none(), "{}: {h:?}", req.path);
+    }
+    let by_path = |path: &str| &seen.iter().find(|r| r.path == path).expect(path).headers;
+    assert_eq!(by_path("/case/1")["x-request-id"], "abc-123");
+    assert_eq!(
+        by_path("/case/1")["x-forwarded-for"],
+        "203.0.113.7, 127.0.0.1"
+    );
+    assert_eq!(
+        by_path("/case/2")["x-forwarded-for"],
+        "203.0.113.7, 198.51.100.1, 127.0.0.1"
+    );
+    // A trace continued from the client's: its trace id kept.
+    let continued = by_path("/case/1")["traceparent"].to_str().expect("ascii");
+    assert!(
+        continued.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+        "{continued}"
+    );
+    p.shutdown().await;
+}

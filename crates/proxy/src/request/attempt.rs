@@ -9,6 +9,7 @@ use crate::upstream::ResponseBody;
 use http::{Response, StatusCode};
 use meshless_balance::{InFlight, Outcome, PickContext};
 
+use crate::added_fields::Added;
 use crate::config::{Retries, RetryOn};
 use crate::request::downstream::ClientFault;
 use crate::request::respond::LocalReply;
@@ -264,7 +265,7 @@ pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<Retr
 pub async fn send(
     cluster: &UpstreamCluster,
     index: usize,
-    (make, upgrade): (impl FnOnce() -> http::Request<UpstreamBody>, bool),
+    (make, upgrade): (impl FnOnce() -> (http::Request<UpstreamBody>, Added), bool),
     timeout: Option<Duration>,
     fault: &ClientFault,
 ) -> Result<(Response<ResponseBody>, Lease), Failure> {
@@ -273,9 +274,11 @@ pub async fn send(
     // take room in this future twice.
     let exchange = std::pin::pin!(async move {
         if upgrade {
-            pool.send(make()).await
+            let (mut req, added) = make();
+            added.append_to(req.headers_mut());
+            pool.send(req).await
         } else {
-            pool.send_once_connected(make).await
+            pool.send_with(make).await
         }
     });
     let sent = match timeout {

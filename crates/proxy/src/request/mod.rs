@@ -45,6 +45,7 @@ use meshless_model::probe_backoff::ProbeBackoff;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
+use crate::added_fields::Outgoing;
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
 use crate::snapshot::{Snapshot, UpstreamCluster};
@@ -247,10 +248,12 @@ pub async fn handle(
         Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
         _ => None,
     };
+    let traceparent = record.trace.context.header_value();
     let forward = headers::Forward {
         peer: &peer.xff,
         secure: peer.secure,
         request_id: record.request_id.value(),
+        traceparent: &traceparent,
         upgrading: upgrade.is_some(),
         forwarding: &settings.forwarding,
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
@@ -258,12 +261,7 @@ pub async fn handle(
         carried,
     };
     // Made once, moved into the last attempt (cloned only for retries).
-    let mut upstream_headers =
-        headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
-    upstream_headers.insert(
-        headers::TRACEPARENT.clone(),
-        record.trace.context.header_value(),
-    );
+    let upstream_headers = headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
     let exchange = Exchange {
         state,
         snapshot: &snapshot,
@@ -315,7 +313,7 @@ fn begin(
     policy: &mut RetryPolicy,
     (base, cluster): (&UpstreamCluster, &UpstreamCluster),
     index: usize,
-    (headers, keep): (&Option<http::HeaderMap>, bool),
+    (headers, keep): (&Option<Outgoing>, bool),
     record: &mut Completion,
 ) -> bool {
     if record.deadline.is_none() && !policy.retrying() {
@@ -323,6 +321,7 @@ fn begin(
         // for the others.
         let asked = headers
             .as_ref()
+            .map(|h| &h.map)
             .filter(|_| record.grpc)
             .and_then(grpc::timeout);
         record.deadline =
@@ -455,7 +454,7 @@ impl Exchange<'_> {
         &self,
         routed: &route::Routed,
         body: Source,
-        headers: http::HeaderMap,
+        headers: Outgoing,
         record: &mut Completion,
     ) -> Result<(Response<ResponseBody>, Option<InFlight>, Lease), LocalReply> {
         let mut headers = Some(headers);
@@ -608,7 +607,7 @@ impl Exchange<'_> {
     async fn wait(
         &self,
         base: &Arc<UpstreamCluster>,
-        headers: Option<&http::HeaderMap>,
+        headers: Option<&Outgoing>,
         next: &mut Option<UpstreamBody>,
         held: &mut Held,
         record: &mut Completion,
@@ -616,10 +615,10 @@ impl Exchange<'_> {
         let node = self.snapshot.config.node.name.as_deref();
         if !std::mem::replace(&mut held.peer_tried, true)
             && let Some(h) = headers
-            && let Some(target) = peer::target(self.state, base, h, node)
+            && let Some(target) = peer::target(self.state, base, &h.map, node)
         {
             let limit = self.peer_limit(base);
-            let h = h.clone();
+            let h = h.clone().into_map();
             match peer::forward(base, &target, self.parts, h, next, limit, record).await {
                 peer::Forwarded::Answered(resp, lease) => return Ok(Waited::Answered(resp, lease)),
                 peer::Forwarded::Failed(reply) => return Err(reply),
@@ -711,7 +710,7 @@ impl Exchange<'_> {
         &self,
         (cluster, index): (&UpstreamCluster, usize),
         body: Option<UpstreamBody>,
-        (headers, spare, policy): (&mut Option<http::HeaderMap>, bool, &RetryPolicy),
+        (headers, spare, policy): (&mut Option<Outgoing>, bool, &RetryPolicy),
         record: &Completion,
     ) -> Result<(Response<ResponseBody>, Lease), attempt::Failure> {
         let _pending =
@@ -720,12 +719,12 @@ impl Exchange<'_> {
         let body = body.ok_or(attempt::Failure::BadRequest)?;
         // Taken by the last attempt's request only: none follows it.
         debug_assert!(headers.is_some(), "an attempt after the last one");
-        let target = headers::target(self.parts, headers.as_ref(), cluster, index)
+        let target = headers::target(self.parts, headers.as_ref().map(|h| &h.map), cluster, index)
             .map_err(|_| attempt::Failure::BadRequest)?;
         let pool = &cluster.endpoint_pools[index];
-        let upgrade = headers
-            .as_ref()
-            .is_some_and(|h| crate::upstream::EndpointPool::upgrading_head(&self.parts.method, h));
+        let upgrade = headers.as_ref().is_some_and(|h| {
+            crate::upstream::EndpointPool::upgrading_head(&self.parts.method, &h.map)
+        });
         let copy = if copies_headers(spare, policy, pool, upgrade) {
             headers.clone()
         } else {
