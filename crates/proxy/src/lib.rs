@@ -4,7 +4,6 @@
 pub mod accept;
 pub mod access_log;
 pub mod activation_queue;
-pub mod added_fields;
 pub mod admin;
 pub mod cidr;
 pub mod config;

@@ -980,9 +980,7 @@ async fn each_request_is_timed_once_in_its_listener_and_cluster_series() {
 /// `x-request-id`, `traceparent`) reach the endpoint once each whatever
 /// the client sent: none of them, each of them (replaced where it was),
 /// repeated lines, or ones its `Connection` names (removed as hop-by-hop,
-/// then set again). The proxy keeps a field the client's map lacks
-/// beside the map and writes it into the head itself: a field must never
-/// be both in the map and beside it.
+/// then set again): never missing, never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_fields_arrive_once_each_whatever_the_client_sent() {
     let up = Gated::start("g").await;
@@ -1061,6 +1059,9 @@ async fn forwarding_fields_arrive_once_each_whatever_the_client_sent() {
         by_path("/case/2")["x-forwarded-for"],
         "203.0.113.7, 198.51.100.1, 127.0.0.1"
     );
+    // An `X-Forwarded-For` the client's `Connection` named is hop-by-hop:
+    // not passed on, the client's address alone.
+    assert_eq!(by_path("/case/4")["x-forwarded-for"], "127.0.0.1");
     // A trace continued from the client's: its trace id kept.
     let continued = by_path("/case/1")["traceparent"].to_str().expect("ascii");
     assert!(

@@ -9,7 +9,6 @@ use crate::upstream::ResponseBody;
 use http::{Response, StatusCode};
 use meshless_balance::{InFlight, Outcome, PickContext};
 
-use crate::added_fields::Added;
 use crate::config::{Retries, RetryOn};
 use crate::request::downstream::ClientFault;
 use crate::request::respond::LocalReply;
@@ -265,7 +264,7 @@ pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<Retr
 pub async fn send(
     cluster: &UpstreamCluster,
     index: usize,
-    (make, upgrade): (impl FnOnce() -> (http::Request<UpstreamBody>, Added), bool),
+    (make, upgrade): (impl FnOnce() -> http::Request<UpstreamBody>, bool),
     timeout: Option<Duration>,
     fault: &ClientFault,
 ) -> Result<(Response<ResponseBody>, Lease), Failure> {
@@ -274,11 +273,9 @@ pub async fn send(
     // take room in this future twice.
     let exchange = std::pin::pin!(async move {
         if upgrade {
-            let (mut req, added) = make();
-            added.append_to(req.headers_mut());
-            pool.send(req).await
+            pool.send(make()).await
         } else {
-            pool.send_with(make).await
+            pool.send_once_connected(make).await
         }
     });
     let sent = match timeout {

@@ -27,8 +27,9 @@ static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     HeaderName::from_static("http2-settings"),
 ];
 
-use crate::added_fields::{Added, Outgoing};
-pub use crate::added_fields::{TRACEPARENT, X_FORWARDED_FOR, X_FORWARDED_PROTO, X_REQUEST_ID};
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A request's id, kept as the `x-request-id` value it is forwarded
 /// with: the client's (a reference to the bytes of its head) or 32 hex
@@ -85,7 +86,6 @@ pub struct Carried {
     /// `x-meshless-forwarded-by`, ahead-of-time placement's marker.
     pub forwarded_by: bool,
     pub forwarded_for: bool,
-    pub forwarded_proto: bool,
 }
 
 impl Carried {
@@ -95,7 +95,6 @@ impl Carried {
         traceparent: true,
         forwarded_by: true,
         forwarded_for: true,
-        forwarded_proto: true,
     };
 
     /// What `headers` carries (one visit per name).
@@ -110,13 +109,15 @@ impl Carried {
                 carried.forwarded_by = true;
             } else if *name == X_FORWARDED_FOR {
                 carried.forwarded_for = true;
-            } else if *name == X_FORWARDED_PROTO {
-                carried.forwarded_proto = true;
             }
         }
         carried
     }
 }
+
+/// `traceparent` as a name made once: a `&str` key makes (and allocates)
+/// a new name on every insert.
+pub static TRACEPARENT: HeaderName = HeaderName::from_static(meshless_trace::context::TRACEPARENT);
 
 /// `n` as 32 lower-case hex digits (this runs for every request).
 fn hex128(n: u128) -> HeaderValue {
@@ -181,10 +182,7 @@ fn hop_by_hop(name: &str) -> Option<usize> {
 /// that is none of the above: `close`, say); then only what is there is
 /// removed. This runs on every request and response, and each `remove`
 /// (or lookup) hashes the name.
-///
-/// Returns whether it removed a field a `Connection` token named (then a
-/// name the map carried before may be gone).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) -> bool {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
     let mut present = [false; HOP_BY_HOP_COUNT];
     let mut upgrade = false;
     // Cloned (shared bytes, no copy) so that `headers` can be changed;
@@ -193,7 +191,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) -> bool {
     let mut first: [Option<HeaderValue>; 2] = [None, None];
     let mut more: Vec<HeaderValue> = Vec::new();
     let mut listed = 0;
-    let mut named = false;
     for (name, value) in headers.iter() {
         let name = name.as_str();
         match hop_by_hop(name) {
@@ -237,7 +234,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) -> bool {
         {
             // A `&str` key is parsed on the stack.
             headers.remove(token);
-            named = true;
         }
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
@@ -251,7 +247,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) -> bool {
     } else if upgrade {
         headers.remove(header::UPGRADE);
     }
-    named
 }
 
 /// The client's address: the peer's, or with `trusted_hops` the one that
@@ -295,8 +290,6 @@ pub struct Forward<'a> {
     /// The client came over TLS: `X-Forwarded-Proto: https`.
     pub secure: bool,
     pub request_id: &'a HeaderValue,
-    /// The request's trace context (`traceparent`), as forwarded.
-    pub traceparent: &'a HeaderValue,
     pub upgrading: bool,
     pub forwarding: &'a Forwarding,
     /// The upstream speaks HTTP/2: `TE: trailers` is kept.
@@ -343,11 +336,13 @@ pub fn ip_value(ip: IpAddr) -> HeaderValue {
 }
 
 /// The headers sent upstream, made from the client's in place:
-/// hop-by-hop removed, forwarding headers set. A forwarding field the
-/// client's map carries is set in the map (replacing the client's); one
-/// it lacks goes beside it, in `added` ([`crate::added_fields`]).
-pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> Outgoing {
+/// hop-by-hop removed, forwarding headers set.
+pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> HeaderMap {
+    // Read before the strip: `TE` is hop-by-hop.
     let trailers = f.http2 && wants_trailers(&headers);
+    // First: an `X-Forwarded-For` the client's `Connection` names is
+    // hop-by-hop (RFC 9110 7.6.1), gone before its lines are read.
+    strip_hop_by_hop(&mut headers, f.upgrading);
     let xff = match f.peer.to_str() {
         _ if f.hop => None,
         Ok(ip) if f.forwarding.x_forwarded_for == XffMode::Append => {
@@ -380,74 +375,18 @@ pub fn forwarded_headers(mut headers: HeaderMap, f: &Forward<'_>) -> Outgoing {
         }
         _ => Some(f.peer.clone()),
     };
-    // What the map carries now: a field a `Connection` token named is
-    // gone (rare: looked at again only then).
-    let carried = if strip_hop_by_hop(&mut headers, f.upgrading) {
-        Carried::of(&headers)
-    } else {
-        f.carried
-    };
     if trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    // Carried: replaced in the map. Lacking: beside the map.
-    let mut added = Added::default();
     if let Some(v) = xff {
-        set(
-            &mut headers,
-            &mut added.forwarded_for,
-            carried.forwarded_for,
-            &X_FORWARDED_FOR,
-            v,
-        );
+        headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    if !(f.hop && carried.forwarded_proto && headers.contains_key(&X_FORWARDED_PROTO)) {
-        let proto = HeaderValue::from_static(if f.secure { "https" } else { "http" });
-        let slot = &mut added.forwarded_proto;
-        set(
-            &mut headers,
-            slot,
-            carried.forwarded_proto,
-            &X_FORWARDED_PROTO,
-            proto,
-        );
+    if !(f.hop && headers.contains_key(&X_FORWARDED_PROTO)) {
+        let proto = if f.secure { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
-    let id = f.request_id.clone();
-    set(
-        &mut headers,
-        &mut added.request_id,
-        carried.request_id,
-        &X_REQUEST_ID,
-        id,
-    );
-    let trace = f.traceparent.clone();
-    set(
-        &mut headers,
-        &mut added.traceparent,
-        carried.traceparent,
-        &TRACEPARENT,
-        trace,
-    );
-    Outgoing {
-        map: headers,
-        added,
-    }
-}
-
-/// Sets `name` to `value`: in `map` when the client's carried the name,
-/// else in `slot` (beside the map, which lacks it).
-fn set(
-    map: &mut HeaderMap,
-    slot: &mut Option<HeaderValue>,
-    carried: bool,
-    name: &HeaderName,
-    value: HeaderValue,
-) {
-    if carried {
-        map.insert(name.clone(), value);
-    } else {
-        *slot = Some(value);
-    }
+    headers.insert(X_REQUEST_ID.clone(), f.request_id.clone());
+    headers
 }
 
 /// The target of the request to endpoint `index` of `cluster`: the
@@ -495,23 +434,22 @@ fn is_http2(cluster: &UpstreamCluster) -> bool {
 }
 
 /// The request to endpoint `index` of `cluster`, to `target` (see
-/// [`target`]), and the added fields its map lacks (for the client that
-/// sends it: [`crate::added_fields`]); `marked`: the headers may hold the
-/// placement marker (`Carried::forwarded_by`), which is removed (a peer
-/// hop reads it in them, up to here).
+/// [`target`]); `marked`: the headers may hold the placement marker
+/// (`Carried::forwarded_by`), which is removed (a peer hop reads it in
+/// them, up to here).
 pub fn build_request(
     parts: &http::request::Parts,
     target: Uri,
-    (headers, marked): (Outgoing, bool),
+    (headers, marked): (HeaderMap, bool),
     cluster: &UpstreamCluster,
     index: usize,
     body: UpstreamBody,
-) -> (Request<UpstreamBody>, Added) {
+) -> Request<UpstreamBody> {
     let http2 = is_http2(cluster);
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = target;
-    *req.headers_mut() = headers.map;
+    *req.headers_mut() = headers;
     // Between proxies only (ahead-of-time placement's one-hop marker).
     if marked {
         req.headers_mut().remove(crate::placement::FORWARDED_BY);
@@ -529,7 +467,7 @@ pub fn build_request(
             req.headers_mut().insert(header::HOST, v);
         }
     }
-    (req, headers.added)
+    req
 }
 
 #[cfg(test)]
@@ -760,7 +698,7 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("1"));
         let fwd = Forwarding::default();
         let f = forward(&fwd, false);
-        let out = forwarded_headers(h, &f).into_map();
+        let out = forwarded_headers(h, &f);
         assert!(out.get("x-secret").is_none() && out.get("keep-alive").is_none());
         assert!(
             out.get(header::CONNECTION).is_none() && out.get(header::TRANSFER_ENCODING).is_none()
@@ -778,15 +716,12 @@ mod tests {
 
     static PEER: HeaderValue = HeaderValue::from_static("10.0.0.9");
     static ID: HeaderValue = HeaderValue::from_static("id-1");
-    static TRACE: HeaderValue =
-        HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
 
     fn forward(forwarding: &Forwarding, http2: bool) -> Forward<'_> {
         Forward {
             peer: &PEER,
             secure: false,
             request_id: &ID,
-            traceparent: &TRACE,
             upgrading: false,
             forwarding,
             http2,
@@ -810,7 +745,7 @@ mod tests {
     fn carried_names_each_field_looked_up_by_name() {
         let mut h = HeaderMap::new();
         assert_eq!(Carried::of(&h), Carried::default());
-        for name in &CARRIED_NAMES[..5] {
+        for name in &CARRIED_NAMES[..4] {
             h.append(*name, HeaderValue::from_static("v"));
         }
         h.append("x-forwarded-for", HeaderValue::from_static("w"));
@@ -818,9 +753,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The upstream's fields made with what the map carries (those it
-        /// lacks kept beside it, then appended) are the ones made looking
-        /// every name up and inserting each, in the same order.
+        /// The upstream's fields made with what the map carries are the
+        /// ones made looking every name up.
         #[test]
         fn what_is_carried_spares_lookups_and_changes_nothing(
             fields in proptest::collection::vec((0..CARRIED_NAMES.len(), 0..3usize), 0..10),
@@ -838,17 +772,10 @@ mod tests {
             }
             let every = Forward { hop, ..forward(&fwd, false) };
             let spared = Forward { carried: Carried::of(&h), ..every };
-            let made = forwarded_headers(h.clone(), &spared);
-            // What the map lacks is what goes beside it.
-            for (name, _) in made.added.iter() {
-                proptest::prop_assert!(!made.map.contains_key(name), "{name} in both");
-            }
-            let (made, looked_up) = (made.into_map(), forwarded_headers(h, &every).into_map());
-            proptest::prop_assert_eq!(by_name(&made), by_name(&looked_up));
-            let in_order = |m: &HeaderMap| -> Vec<(String, Vec<u8>)> {
-                m.iter().map(|(n, v)| (n.to_string(), v.as_bytes().to_vec())).collect()
-            };
-            proptest::prop_assert_eq!(in_order(&made), in_order(&looked_up));
+            proptest::prop_assert_eq!(
+                by_name(&forwarded_headers(h.clone(), &spared)),
+                by_name(&forwarded_headers(h, &every))
+            );
         }
     }
 
@@ -865,12 +792,12 @@ mod tests {
             hop: true,
             ..forward(&fwd, false)
         };
-        let out = forwarded_headers(h.clone(), &f).into_map();
+        let out = forwarded_headers(h.clone(), &f);
         assert_eq!(out["x-forwarded-for"], "1.1.1.1, 2.2.2.2");
         assert_eq!(out["x-forwarded-proto"], "https");
         h.remove("x-forwarded-proto");
         h.insert("x-forwarded-for", HeaderValue::from_static("garbage"));
-        let out = forwarded_headers(h, &f).into_map();
+        let out = forwarded_headers(h, &f);
         assert_eq!(out["x-forwarded-proto"], "http", "set when missing");
         assert_eq!(
             out["x-forwarded-for"], "garbage",
@@ -883,10 +810,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         let mut fwd = Forwarding::default();
-        let out = forwarded_headers(h.clone(), &forward(&fwd, false)).into_map();
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
         assert_eq!(out["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
         fwd.x_forwarded_for = XffMode::Overwrite;
-        let out = forwarded_headers(h.clone(), &forward(&fwd, false)).into_map();
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
         assert_eq!(out["x-forwarded-for"], "10.0.0.9");
     }
 
@@ -895,13 +822,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
         let fwd = Forwarding::default();
-        let out = forwarded_headers(h.clone(), &forward(&fwd, false)).into_map();
+        let out = forwarded_headers(h.clone(), &forward(&fwd, false));
         assert_eq!(out["x-forwarded-proto"], "http");
         let secure = Forward {
             secure: true,
             ..forward(&fwd, false)
         };
-        let out = forwarded_headers(HeaderMap::new(), &secure).into_map();
+        let out = forwarded_headers(HeaderMap::new(), &secure);
         assert_eq!(out["x-forwarded-proto"], "https");
     }
 
@@ -930,12 +857,11 @@ mod tests {
         let fwd = Forwarding::default();
         assert!(
             forwarded_headers(h.clone(), &forward(&fwd, false))
-                .into_map()
                 .get(header::TE)
                 .is_none()
         );
         assert_eq!(
-            forwarded_headers(h.clone(), &forward(&fwd, true)).into_map()[header::TE],
+            forwarded_headers(h.clone(), &forward(&fwd, true))[header::TE],
             "trailers"
         );
     }

@@ -45,7 +45,6 @@ use meshless_model::probe_backoff::ProbeBackoff;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::added_fields::Outgoing;
 use crate::limits::ListenerSettings;
 use crate::request::body::{Completion, ProxyBody};
 use crate::snapshot::{Snapshot, UpstreamCluster};
@@ -248,12 +247,10 @@ pub async fn handle(
         Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
         _ => None,
     };
-    let traceparent = record.trace.context.header_value();
     let forward = headers::Forward {
         peer: &peer.xff,
         secure: peer.secure,
         request_id: record.request_id.value(),
-        traceparent: &traceparent,
         upgrading: upgrade.is_some(),
         forwarding: &settings.forwarding,
         http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
@@ -261,7 +258,12 @@ pub async fn handle(
         carried,
     };
     // Made once, moved into the last attempt (cloned only for retries).
-    let upstream_headers = headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
+    let mut upstream_headers =
+        headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
+    upstream_headers.insert(
+        headers::TRACEPARENT.clone(),
+        record.trace.context.header_value(),
+    );
     let exchange = Exchange {
         state,
         snapshot: &snapshot,
@@ -313,7 +315,7 @@ fn begin(
     policy: &mut RetryPolicy,
     (base, cluster): (&UpstreamCluster, &UpstreamCluster),
     index: usize,
-    (headers, keep): (&Option<Outgoing>, bool),
+    (headers, keep): (&Option<http::HeaderMap>, bool),
     record: &mut Completion,
 ) -> bool {
     if record.deadline.is_none() && !policy.retrying() {
@@ -321,7 +323,6 @@ fn begin(
         // for the others.
         let asked = headers
             .as_ref()
-            .map(|h| &h.map)
             .filter(|_| record.grpc)
             .and_then(grpc::timeout);
         record.deadline =
@@ -454,7 +455,7 @@ impl Exchange<'_> {
         &self,
         routed: &route::Routed,
         body: Source,
-        headers: Outgoing,
+        headers: http::HeaderMap,
         record: &mut Completion,
     ) -> Result<(Response<ResponseBody>, Option<InFlight>, Lease), LocalReply> {
         let mut headers = Some(headers);
@@ -607,7 +608,7 @@ impl Exchange<'_> {
     async fn wait(
         &self,
         base: &Arc<UpstreamCluster>,
-        headers: Option<&Outgoing>,
+        headers: Option<&http::HeaderMap>,
         next: &mut Option<UpstreamBody>,
         held: &mut Held,
         record: &mut Completion,
@@ -615,10 +616,10 @@ impl Exchange<'_> {
         let node = self.snapshot.config.node.name.as_deref();
         if !std::mem::replace(&mut held.peer_tried, true)
             && let Some(h) = headers
-            && let Some(target) = peer::target(self.state, base, &h.map, node)
+            && let Some(target) = peer::target(self.state, base, h, node)
         {
             let limit = self.peer_limit(base);
-            let h = h.clone().into_map();
+            let h = h.clone();
             match peer::forward(base, &target, self.parts, h, next, limit, record).await {
                 peer::Forwarded::Answered(resp, lease) => return Ok(Waited::Answered(resp, lease)),
                 peer::Forwarded::Failed(reply) => return Err(reply),
@@ -710,7 +711,7 @@ impl Exchange<'_> {
         &self,
         (cluster, index): (&UpstreamCluster, usize),
         body: Option<UpstreamBody>,
-        (headers, spare, policy): (&mut Option<Outgoing>, bool, &RetryPolicy),
+        (headers, spare, policy): (&mut Option<http::HeaderMap>, bool, &RetryPolicy),
         record: &Completion,
     ) -> Result<(Response<ResponseBody>, Lease), attempt::Failure> {
         let _pending =
@@ -719,12 +720,12 @@ impl Exchange<'_> {
         let body = body.ok_or(attempt::Failure::BadRequest)?;
         // Taken by the last attempt's request only: none follows it.
         debug_assert!(headers.is_some(), "an attempt after the last one");
-        let target = headers::target(self.parts, headers.as_ref().map(|h| &h.map), cluster, index)
+        let target = headers::target(self.parts, headers.as_ref(), cluster, index)
             .map_err(|_| attempt::Failure::BadRequest)?;
         let pool = &cluster.endpoint_pools[index];
-        let upgrade = headers.as_ref().is_some_and(|h| {
-            crate::upstream::EndpointPool::upgrading_head(&self.parts.method, &h.map)
-        });
+        let upgrade = headers
+            .as_ref()
+            .is_some_and(|h| crate::upstream::EndpointPool::upgrading_head(&self.parts.method, h));
         let copy = if copies_headers(spare, policy, pool, upgrade) {
             headers.clone()
         } else {

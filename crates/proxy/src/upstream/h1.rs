@@ -37,7 +37,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::UpstreamBody;
 use super::connect::Socket;
 use super::pool::EndpointPool;
-use crate::added_fields::Added;
 
 /// Bytes read at a time (the read buffer grows to a head's size).
 const READ_SIZE: usize = 8 * 1024;
@@ -272,9 +271,8 @@ impl Drop for Sending {
 
 impl Sending {
     /// Encodes the head of `req` (hyper's client's framing rules for a
-    /// request body), the `added` fields after its map's, and keeps its
-    /// body to write.
-    fn new(req: Request<UpstreamBody>, added: &Added) -> Result<(Self, bool), ExchangeError> {
+    /// request body) and keeps its body to write.
+    fn new(req: Request<UpstreamBody>) -> Result<(Self, bool), ExchangeError> {
         let (mut parts, body) = req.into_parts();
         let h = &mut parts.headers;
         let said = Said::of(h);
@@ -294,8 +292,7 @@ impl Sending {
             join_cookies(h);
         }
         let mut out = out_buffer();
-        let fields = h.iter().chain(added.iter());
-        let fields = fields.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         response::write_request_head(&mut out, &parts.method, &target, Version::HTTP_11, fields)?;
         let trailers = match encoding {
             Encoding::Chunked => Trailers::declared(h),
@@ -636,11 +633,10 @@ impl Exchange {
 pub async fn exchange(
     conn: Conn,
     req: Request<UpstreamBody>,
-    added: Added,
     pool: Arc<EndpointPool>,
 ) -> Result<Response<ResponseBody>, ExchangeError> {
     let method = req.method().clone();
-    let (sending, keep_alive) = Sending::new(req, &added)?;
+    let (sending, keep_alive) = Sending::new(req)?;
     // Boxed once: the response body carries it, and is moved a few
     // times on its way downstream.
     let mut ex = Box::new(Exchange {
@@ -1025,7 +1021,7 @@ mod tests {
             .uri("/x")
             .body(full(b"hi"))
             .expect("request");
-        let (sending, _) = Sending::new(req, &Added::default()).expect("encoded");
+        let (sending, _) = Sending::new(req).expect("encoded");
         assert!(!sending.out.is_empty(), "the head is in it");
         drop(sending);
         assert_eq!(FREE_OUT.with(|f| f.borrow().len()), 1, "kept");
@@ -1074,7 +1070,7 @@ mod tests {
 
     /// Everything `Sending` writes for `req`.
     async fn written(req: Request<UpstreamBody>) -> Result<Vec<u8>, ExchangeError> {
-        let (mut sending, _) = Sending::new(req, &Added::default())?;
+        let (mut sending, _) = Sending::new(req)?;
         let mut out = Vec::new();
         std::future::poll_fn(|cx| sending.poll_send(&mut out, cx)).await?;
         Ok(out)
@@ -1196,7 +1192,7 @@ mod tests {
         .chain(tokio_stream::pending());
         let body = StreamBody::new(frames).boxed();
         let req = request(Method::POST, &[("content-length", "5")], body);
-        let (mut sending, _) = Sending::new(req, &Added::default()).expect("head");
+        let (mut sending, _) = Sending::new(req).expect("head");
         let mut out = Vec::new();
         let sent = tokio::time::timeout(
             std::time::Duration::from_secs(10),
@@ -1211,7 +1207,7 @@ mod tests {
         let body =
             StreamBody::new(tokio_stream::pending::<Result<Frame<Bytes>, BoxError>>()).boxed();
         let req = request(Method::POST, &[("content-length", "0")], body);
-        let (mut sending, _) = Sending::new(req, &Added::default()).expect("head");
+        let (mut sending, _) = Sending::new(req).expect("head");
         let mut out = Vec::new();
         std::future::poll_fn(|cx| sending.poll_send(&mut out, cx))
             .await

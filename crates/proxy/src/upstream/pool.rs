@@ -28,7 +28,6 @@ use super::connect::{self, ConnectError, OpenSlot, Sender, StreamLimit};
 use super::h1::{self, ExchangeError};
 use super::tls::TlsClient;
 use super::{ClusterCounters, ResponseBody, UpstreamBody};
-use crate::added_fields::Added;
 use crate::config::{Http1Client, UpstreamProtocol};
 
 /// The settings every connection of a pool is opened and kept with.
@@ -305,21 +304,10 @@ impl EndpointPool {
         self: &Arc<Self>,
         make: impl FnOnce() -> Request<UpstreamBody>,
     ) -> Result<(Response<ResponseBody>, Lease), SendError> {
-        self.send_with(|| (make(), Added::default())).await
-    }
-
-    /// As [`EndpointPool::send_once_connected`], `make` giving the request
-    /// and the added fields its map lacks ([`crate::added_fields`]):
-    /// meshless's own HTTP/1.1 connections write them into the head, every
-    /// other client has them appended to the map.
-    pub async fn send_with(
-        self: &Arc<Self>,
-        make: impl FnOnce() -> (Request<UpstreamBody>, Added),
-    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
         if self.own() {
             return self.send_own(make).await;
         }
-        self.send_hyper(whole(make), false).await
+        self.send_hyper(make, false).await
     }
 
     /// Whether a request that does not ask to upgrade, sent by
@@ -393,7 +381,7 @@ impl EndpointPool {
     /// request that asks to upgrade goes through hyper instead.
     async fn send_own(
         self: &Arc<Self>,
-        make: impl FnOnce() -> (Request<UpstreamBody>, Added),
+        make: impl FnOnce() -> Request<UpstreamBody>,
     ) -> Result<(Response<ResponseBody>, Lease), SendError> {
         let (conn, _) = self
             .checkout_http1(false)
@@ -412,17 +400,17 @@ impl EndpointPool {
                 // was never made (`send_once_connected`).
                 lock(&self.conns).push_idle(other, &self.shared);
                 drop(lease);
-                return self.send_hyper(whole(make), true).await;
+                return self.send_hyper(make, true).await;
             }
         };
-        let (req, added) = make();
+        let req = make();
         if upgrading(&req) {
             // Unused: back to the pool as it was.
             lock(&self.conns).push_idle(IdleConn::Own(conn), &self.shared);
             drop(lease);
-            return self.send_hyper(whole(|| (req, added)), true).await;
+            return self.send_hyper(|| req, true).await;
         }
-        match h1::exchange(conn, req, added, Arc::clone(self)).await {
+        match h1::exchange(conn, req, Arc::clone(self)).await {
             Ok(resp) => Ok((resp.map(ResponseBody::Own), lease)),
             Err(e) => Err(SendError::Exchange(e)),
         }
@@ -792,18 +780,6 @@ impl Drop for Connecting {
 
 /// The longest time between two sweeps of a pool's idle connections.
 const SWEEP_MAX: Duration = Duration::from_secs(1);
-
-/// `make`'s request with its added fields appended to the map: how every
-/// client but meshless's own HTTP/1.1 takes them.
-fn whole(
-    make: impl FnOnce() -> (Request<UpstreamBody>, Added),
-) -> impl FnOnce() -> Request<UpstreamBody> {
-    move || {
-        let (mut req, added) = make();
-        added.append_to(req.headers_mut());
-        req
-    }
-}
 
 /// Whether `req` asks to switch protocols (`Upgrade`, `CONNECT`): hyper
 /// carries those, on a connection of its own.
