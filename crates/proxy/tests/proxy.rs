@@ -376,13 +376,7 @@ async fn failures_map_to_the_right_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers_and_request_ids() {
-    let up = Gated::start("g").await;
-    up.open();
-    let yaml = format!(
-        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
-        up.local_addr()
-    );
-    let (p, addr) = proxy(&yaml).await;
+    let (up, p, addr) = open_upstream_behind_a_proxy().await;
     let c = client();
     let req = Request::get(format!("http://{addr}/"))
         .header("x-request-id", "abc-123")
@@ -983,13 +977,7 @@ async fn each_request_is_timed_once_in_its_listener_and_cluster_series() {
 /// then set again): never missing, never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_fields_arrive_once_each_whatever_the_client_sent() {
-    let up = Gated::start("g").await;
-    up.open();
-    let yaml = format!(
-        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
-        up.local_addr()
-    );
-    let (p, addr) = proxy(&yaml).await;
+    let (up, p, addr) = open_upstream_behind_a_proxy().await;
     let c = client();
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let cases: [&[(&str, &str)]; 5] = [
@@ -1069,4 +1057,17 @@ async fn forwarding_fields_arrive_once_each_whatever_the_client_sent() {
         "{continued}"
     );
     p.shutdown().await;
+}
+
+/// A [`Gated`] upstream, open, as the one endpoint of cluster `c` behind
+/// a proxy whose listener `web` routes to it.
+async fn open_upstream_behind_a_proxy() -> (Gated, meshless_proxy::Proxy, std::net::SocketAddr) {
+    let up = Gated::start("g").await;
+    up.open();
+    let yaml = format!(
+        "admin: {{ address: \"127.0.0.1:0\" }}\nlisteners:\n  - name: web\n    address: \"127.0.0.1:0\"\n    routes: [{{ cluster: c }}]\nclusters:\n  - name: c\n    endpoints: [{{ address: \"{}\" }}]\n",
+        up.local_addr()
+    );
+    let (p, addr) = proxy(&yaml).await;
+    (up, p, addr)
 }
