@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import wait_port
+from peers_common import haproxy_http_conf, wait_port
 
 N = int(os.environ.get("N", "20000"))
 TOP = int(os.environ.get("TOP", "0"))
@@ -80,26 +80,6 @@ clusters:
     circuit_breakers: {{ max_connections: 100000, max_pending: 100000, max_requests: 100000 }}
 """
 
-# The same settings as HAProxy's in proxy_peers.py (maxconn within valgrind's
-# file limit); a clear-text bind
-# takes HTTP/2 by its preface.
-HAPROXY_CONF = """
-global
-  nbthread 1
-  maxconn 9500
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 300s
-  timeout server 300s
-  timeout http-keep-alive 300s
-frontend fe
-  bind 127.0.0.1:{proxy}
-  default_backend be
-backend be
-  http-reuse always
-  server s1 127.0.0.1:{backend}
-"""
 
 
 def h2load(args, n):
@@ -197,8 +177,11 @@ def main():
         conf = conf.replace("    max_connections: 20000\n", "")
         conf = conf.replace("    http1: hyper\n", "")
     open(f"{workdir}/meshless.yaml", "w").write(conf)
-    open(f"{workdir}/haproxy.cfg", "w").write(HAPROXY_CONF.format(proxy=PROXY, backend=BACKEND))
     if PEER == "haproxy":
+        # As proxy_peers.py runs it; a clear-text bind takes HTTP/2 by its
+        # preface.
+        conf = haproxy_http_conf([f"127.0.0.1:{PROXY}"], BACKEND)
+        open(f"{workdir}/haproxy.cfg", "w").write(conf)
         command = ["haproxy", "-db", "-f", f"{workdir}/haproxy.cfg"]
     elif PEER == "meshless":
         command = [MESHLESS, "proxy", "--threads", "1", "--config", f"{workdir}/meshless.yaml"]

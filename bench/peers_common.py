@@ -84,3 +84,28 @@ def status_kb(pids, key):
         except FileNotFoundError:
             pass
     return total
+
+
+def haproxy_http_conf(binds, backend):
+    """HAProxy as the HTTP benchmarks run it (`nbthread 1`, connections to
+    the backend reused): one `bind` line per entry of `binds` (an address,
+    optionally followed by options such as `proto h2`), one server at
+    127.0.0.1:`backend`. `maxconn` stays within a 20,000 file limit
+    (HAProxy reserves two files per connection; valgrind's own limit too)."""
+    bind_lines = "".join(f"  bind {b}\n" for b in binds)
+    return f"""
+global
+  nbthread 1
+  maxconn 9500
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 300s
+  timeout server 300s
+  timeout http-keep-alive 300s
+frontend fe
+{bind_lines}  default_backend be
+backend be
+  http-reuse always
+  server s1 127.0.0.1:{backend}
+"""

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import cpu_seconds, spawn, status_kb, tree, wait_port, stop
+from peers_common import cpu_seconds, haproxy_http_conf, spawn, status_kb, tree, wait_port, stop
 
 DURATION = int(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -41,24 +41,7 @@ http {{
 }}
 """
 
-HAPROXY_CONF = """
-global
-  nbthread 1
-  maxconn 9500
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 300s
-  timeout server 300s
-  timeout http-keep-alive 300s
-frontend fe
-  bind 127.0.0.1:18001
-  bind 127.0.0.1:18011 proto h2
-  default_backend be
-backend be
-  http-reuse always
-  server s1 127.0.0.1:18000
-"""
+HAPROXY_CONF = haproxy_http_conf(["127.0.0.1:18001", "127.0.0.1:18011 proto h2"], 18000)
 
 NGINX_CONF = """
 worker_processes 1; daemon off; pid {dir}/nginx.pid; error_log {dir}/nginx.err;
