@@ -176,6 +176,7 @@ impl Distributor {
         metrics: Arc<ControlMetrics>,
         history_len: usize,
     ) -> Self {
+        let history_len = history_len.max(MIN_HISTORY);
         // Deltas from before this process started are not in the history.
         let (dropped_up_to, subsets) = {
             let reg = registry.lock().unwrap_or_else(PoisonError::into_inner);
@@ -188,8 +189,8 @@ impl Distributor {
                 deltas: VecDeque::with_capacity(history_len),
                 dropped_up_to,
             }),
-            history_len: history_len.max(MIN_HISTORY),
-            log: DeltaLog::new(history_len.max(MIN_HISTORY)),
+            history_len,
+            log: DeltaLog::new(history_len),
             closing: tokio::sync::watch::channel(false).0,
             synced: tokio::sync::watch::channel(true).0,
             resets: Mutex::new(std::collections::HashMap::new()),
