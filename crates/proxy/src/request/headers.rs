@@ -314,23 +314,21 @@ pub fn ip_value(ip: IpAddr) -> HeaderValue {
     // At most "255.255.255.255".
     let mut text = [0u8; 15];
     let mut len = 0;
+    let mut put = |b: u8| {
+        text[len] = b;
+        len += 1;
+    };
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            text[len] = b'.';
-            len += 1;
+            put(b'.');
         }
-        let digits = [octet / 100, octet / 10 % 10, octet % 10];
-        let skip = if octet >= 100 {
-            0
-        } else if octet >= 10 {
-            1
-        } else {
-            2
-        };
-        for d in &digits[skip..] {
-            text[len] = b'0' + d;
-            len += 1;
+        if octet >= 100 {
+            put(b'0' + octet / 100);
         }
+        if octet >= 10 {
+            put(b'0' + octet / 10 % 10);
+        }
+        put(b'0' + octet % 10);
     }
     HeaderValue::from_bytes(&text[..len]).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
