@@ -9,11 +9,12 @@ use meshless_model::serde_duration as duration;
 use meshless_model::{AtPath, FieldError, ServiceSettings};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{EndpointInput, ServicePort, ServiceSpec};
+use crate::api::{EndpointInput, ServicePort, ServiceSpec, check_endpoint_id};
 use crate::autoscaler::AutoscaleConfig;
 use crate::kubernetes::{KubernetesSource, ScaleTarget};
 use crate::process_scaler::ProcessSpec;
 use crate::reconciler::{DEFAULT_MAX_PER_SLICE, MAX_MAX_PER_SLICE};
+use crate::registry::{RegistryError, check_endpoints, check_service_spec};
 
 /// `meshless control --config FILE`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +85,24 @@ pub struct StaticService {
 }
 
 impl StaticService {
+    /// Checks what the plane writes into an empty registry at start, as
+    /// the API would check it: the service (names, ports, settings) and
+    /// its endpoints (ranges, addresses, each id once and addressable by
+    /// the API's paths). So `--check` refuses what the start would.
+    pub fn validate_seed(&self) -> Result<(), FieldError> {
+        let field = |e: RegistryError| match e {
+            RegistryError::Invalid(f) => f,
+            other => FieldError::new(meshless_model::field_error::TOP_LEVEL, other.to_string()),
+        };
+        check_service_spec(&self.spec()).map_err(field)?;
+        check_endpoints("endpoints", &self.endpoints).map_err(field)?;
+        for (j, e) in self.endpoints.iter().enumerate() {
+            check_endpoint_id(&e.id)
+                .map_err(|reason| FieldError::new(format!("endpoints[{j}].id"), reason))?;
+        }
+        Ok(())
+    }
+
     /// The service part.
     pub fn spec(&self) -> ServiceSpec {
         ServiceSpec {
@@ -318,7 +337,19 @@ impl ControlConfig {
                 "required when api_address or grpc_address is not a loopback address",
             ));
         }
+        let mut keys = std::collections::BTreeMap::new();
         for (i, s) in self.services.iter().enumerate() {
+            let at = format!("services[{i}]");
+            s.validate_seed().at(&at)?;
+            if let Some(first) = keys.insert(s.spec().key(), i) {
+                return Err(FieldError::new(
+                    at,
+                    format!(
+                        "{}/{} is also services[{first}]: a service is declared once",
+                        s.namespace, s.name
+                    ),
+                ));
+            }
             if let Some(a) = &s.autoscaling {
                 a.validate().at(format!("services[{i}].autoscaling"))?;
                 if matches!(a.scaler, ScalerConfig::Kubernetes(_)) && self.kubernetes.is_none() {

@@ -185,6 +185,87 @@ fn validate_name(field: &str, value: &str, max: usize) -> Result<(), RegistryErr
     }
 }
 
+/// Checks a service as [`Registry::put_service`] does, without writing
+/// it: names, ports and settings. The error names the field.
+pub fn check_service_spec(spec: &ServiceSpec) -> Result<(), RegistryError> {
+    validate_name("namespace", &spec.namespace, 63)?;
+    validate_name("name", &spec.name, 63)?;
+    let mut seen = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for (i, p) in spec.ports.iter().enumerate() {
+        if let Some(name) = &p.name {
+            validate_name(&format!("ports[{i}].name"), name, 63)?;
+            if !names.insert(name.as_str()) {
+                return Err(invalid(
+                    format!("ports[{i}].name"),
+                    format!("duplicate port name {name:?}"),
+                ));
+            }
+        }
+        if p.port == 0 {
+            return Err(invalid(format!("ports[{i}].port"), "must be 1..=65535"));
+        }
+        if !matches!(p.protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+            return Err(invalid(
+                format!("ports[{i}].protocol"),
+                "must be TCP, UDP or SCTP",
+            ));
+        }
+        if !seen.insert((p.port, p.protocol.clone())) {
+            return Err(invalid(format!("ports[{i}]"), "duplicate port"));
+        }
+    }
+    spec.settings.validate().at("settings")?;
+    Ok(())
+}
+
+/// Checks endpoints as [`Registry::put_endpoints`] does, without writing
+/// them: ranges, placement, addresses, and each id once. `list` names the
+/// list in errors: `put` in the API's bulk body (`put[1].weight`),
+/// `endpoints` in a file.
+pub fn check_endpoints(list: &str, inputs: &[EndpointInput]) -> Result<(), RegistryError> {
+    checked_endpoints(list, inputs.to_vec()).map(drop)
+}
+
+/// The endpoints to store, once each is checked (see [`check_endpoints`]).
+fn checked_endpoints(
+    list: &str,
+    inputs: Vec<EndpointInput>,
+) -> Result<Vec<StoredEndpoint>, RegistryError> {
+    let mut ids = BTreeSet::new();
+    let mut stored = Vec::with_capacity(inputs.len());
+    for (i, input) in inputs.into_iter().enumerate() {
+        let at = format!("{list}[{i}]");
+        if let Some(t) = input.ttl_seconds
+            && !(1..=MAX_TTL_SECONDS).contains(&t)
+        {
+            return Err(invalid(
+                format!("{at}.ttl_seconds"),
+                format!("must be 1..={MAX_TTL_SECONDS}"),
+            ));
+        }
+        if input.weight == 0 || input.weight > MAX_WEIGHT {
+            return Err(invalid(
+                format!("{at}.weight"),
+                format!("must be 1..={MAX_WEIGHT}"),
+            ));
+        }
+        check_placement(&at, &input)?;
+        let e = into_stored(input);
+        e.endpoint
+            .validate()
+            .map_err(|err| endpoint_invalid(&at, &err))?;
+        if !ids.insert(e.endpoint.id.clone()) {
+            return Err(invalid(
+                format!("{at}.id"),
+                format!("duplicate id {:?} in this request", e.endpoint.id.as_str()),
+            ));
+        }
+        stored.push(e);
+    }
+    Ok(stored)
+}
+
 impl Registry {
     /// An empty registry, persisted to `store` when given (its contents are loaded).
     pub fn open(store: Option<Store>, max_per_slice: usize) -> Result<Self, RegistryError> {
@@ -320,34 +401,7 @@ impl Registry {
 
     /// Creates or updates a service. Returns the new version.
     pub fn put_service(&mut self, spec: ServiceSpec) -> Result<u64, RegistryError> {
-        validate_name("namespace", &spec.namespace, 63)?;
-        validate_name("name", &spec.name, 63)?;
-        let mut seen = BTreeSet::new();
-        let mut names = BTreeSet::new();
-        for (i, p) in spec.ports.iter().enumerate() {
-            if let Some(name) = &p.name {
-                validate_name(&format!("ports[{i}].name"), name, 63)?;
-                if !names.insert(name.as_str()) {
-                    return Err(invalid(
-                        format!("ports[{i}].name"),
-                        format!("duplicate port name {name:?}"),
-                    ));
-                }
-            }
-            if p.port == 0 {
-                return Err(invalid(format!("ports[{i}].port"), "must be 1..=65535"));
-            }
-            if !matches!(p.protocol.as_str(), "TCP" | "UDP" | "SCTP") {
-                return Err(invalid(
-                    format!("ports[{i}].protocol"),
-                    "must be TCP, UDP or SCTP",
-                ));
-            }
-            if !seen.insert((p.port, p.protocol.clone())) {
-                return Err(invalid(format!("ports[{i}]"), "duplicate port"));
-            }
-        }
-        spec.settings.validate().at("settings")?;
+        check_service_spec(&spec)?;
         let key = spec.key();
         let version = self.version + 1;
         let now = Instant::now();
@@ -422,38 +476,8 @@ impl Registry {
             .services
             .get(key)
             .ok_or_else(|| RegistryError::UnknownService(key.to_owned()))?;
-        let mut ids = BTreeSet::new();
-        let mut stored = Vec::with_capacity(inputs.len());
-        for (i, input) in inputs.into_iter().enumerate() {
-            // As the bulk call's body names it; a single PUT strips it.
-            let at = format!("put[{i}]");
-            if let Some(t) = input.ttl_seconds
-                && !(1..=MAX_TTL_SECONDS).contains(&t)
-            {
-                return Err(invalid(
-                    format!("{at}.ttl_seconds"),
-                    format!("must be 1..={MAX_TTL_SECONDS}"),
-                ));
-            }
-            if input.weight == 0 || input.weight > MAX_WEIGHT {
-                return Err(invalid(
-                    format!("{at}.weight"),
-                    format!("must be 1..={MAX_WEIGHT}"),
-                ));
-            }
-            check_placement(&at, &input)?;
-            let e = into_stored(input);
-            e.endpoint
-                .validate()
-                .map_err(|err| endpoint_invalid(&at, &err))?;
-            if !ids.insert(e.endpoint.id.clone()) {
-                return Err(invalid(
-                    format!("{at}.id"),
-                    format!("duplicate id {:?} in this request", e.endpoint.id.as_str()),
-                ));
-            }
-            stored.push(e);
-        }
+        // As the bulk call's body names them; a single PUT strips `put[0]`.
+        let stored = checked_endpoints("put", inputs)?;
         let version = self.version + 1;
         let mut batch = WriteBatch {
             version,
