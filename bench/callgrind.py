@@ -25,7 +25,8 @@ close (a new connection per request, 32 at once), h2 (4 connections x 32
 streams). With TOP=n, the n costliest functions (self cost) of each
 scenario are printed from `callgrind_annotate`. With CACHE_SIM=1,
 callgrind simulates the caches (the host's sizes) and the data-cache misses
-per request are printed too: D1mr/D1mw are first-level read/write misses,
+per request are printed too: I1mr instruction-cache misses, D1mr/D1mw
+first-level read/write misses,
 DLmr/DLmw last-level ones. Memory touched per request shows there when
 instructions do not move.
 """
@@ -155,7 +156,7 @@ def measure(pid, workdir, scenario):
         os.makedirs(os.environ["KEEP"], exist_ok=True)
         shutil.copy(dump, os.path.join(os.environ["KEEP"], f"callgrind.{scenario}.out"))
     misses = "".join(f"  {name} {events[name] / served:7,.1f}"
-                     for name in ("D1mr", "D1mw", "DLmr", "DLmw") if name in events)
+                     for name in ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw") if name in events)
     print(f"{scenario:6} {served:7} requests  {ir / served:10,.0f} Ir/request{misses}", flush=True)
     if TOP:
         out = subprocess.run(["callgrind_annotate", "--threshold=100", dump],

@@ -10,11 +10,13 @@
 #   ONLY=ka32,h2 PEERS=haproxy,meshless,baseline  # a subset of scenarios and targets
 #   PROFILE=release bench/proxy-peers.sh  # the quicker build; default: production,
 #                                         # what deploy/Dockerfile ships (fat LTO)
+#   PGO=0 bench/proxy-peers.sh            # without the profile-guided build that
+#                                         # deploy/Dockerfile ships (deploy/pgo-build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for tool in haproxy:haproxy nginx:nginx-light wrk:wrk h2load:nghttp2-client python3:python3; do
+for tool in haproxy:haproxy nginx:nginx-light wrk:wrk h2load:nghttp2-client python3:python3 openssl:openssl; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if ((${#need[@]})); then
@@ -25,8 +27,17 @@ fi
 (service nginx stop; service haproxy stop) >/dev/null 2>&1 || true
 
 PROFILE="${PROFILE:-production}"
-cargo build --profile "$PROFILE" -q -p meshless
-export MESHLESS="${MESHLESS:-${CARGO_TARGET_DIR:-target}/$PROFILE/meshless}"
+if [[ -z ${MESHLESS:-} ]]; then
+  if [[ ${PGO:-1} == 1 ]]; then
+    # Two builds and a training run of about 30 s (deploy/pgo-build.sh).
+    OUT="${CARGO_TARGET_DIR:-target}/pgo/meshless" PROFILE="$PROFILE" deploy/pgo-build.sh
+    MESHLESS="${CARGO_TARGET_DIR:-target}/pgo/meshless"
+  else
+    cargo build --profile "$PROFILE" -q -p meshless
+    MESHLESS="${CARGO_TARGET_DIR:-target}/$PROFILE/meshless"
+  fi
+fi
+export MESHLESS
 ulimit -n "$(ulimit -Hn)"
 
 exec python3 bench/proxy_peers.py "$@"
