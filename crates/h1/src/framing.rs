@@ -282,9 +282,20 @@ fn visible(value: &[u8]) -> Option<&str> {
     }
 }
 
-/// Whether the comma list `value` holds `token` (case-insensitive).
-fn has_token(value: &[u8], token: &str) -> bool {
-    visible(value).is_some_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+/// Whether the comma list `value` holds `token` (ASCII, compared
+/// case-insensitively), items trimmed of spaces and tabs. A value with a
+/// byte other than visible ASCII or tab holds no token, as
+/// `HeaderValue::to_str` (which hyper reads these lists with) refuses it.
+/// On bytes, with no UTF-8 check and no `str` searcher: every response
+/// runs it on its `Connection` line.
+pub fn has_token(value: &[u8], token: &str) -> bool {
+    let token = token.as_bytes();
+    value
+        .split(|&b| b == b',')
+        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+        && value
+            .iter()
+            .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
 }
 
 /// Whether the last coding of a `Transfer-Encoding` line is `chunked`.
@@ -311,6 +322,52 @@ pub(crate) fn digits(bytes: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `has_token` as `str` methods say it, over the text `HeaderValue::to_str`
+    /// accepts (visible ASCII and tab).
+    fn has_token_by_str(value: &[u8], token: &str) -> bool {
+        visible(value).is_some_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    }
+
+    #[test]
+    fn a_token_is_found_in_any_item_whatever_its_case_and_spacing() {
+        for (value, token, found) in [
+            (&b"close"[..], "close", true),
+            (b"Keep-Alive", "keep-alive", true),
+            (b"keep-alive, Upgrade", "upgrade", true),
+            (b" \tCLOSE\t ", "close", true),
+            (b"foo,,close,", "close", true),
+            (b"closed", "close", false),
+            (b"clo se", "close", false),
+            (b"", "close", false),
+            (b",", "close", false),
+            // Not text `to_str` accepts: no token at all.
+            (b"close, \xc3\xa9", "close", false),
+            (b"close\x0b", "close", false),
+            (b"close,\x7f", "close", false),
+        ] {
+            assert_eq!(has_token(value, token), found, "{value:?} {token}");
+            assert_eq!(has_token_by_str(value, token), found, "{value:?} {token}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The byte scan answers as the `str` definition does, on lists
+        /// of tokens, spaces, tabs and commas and on any bytes.
+        #[test]
+        fn has_token_agrees_with_its_str_definition(
+            items in proptest::collection::vec("[ \t]{0,2}(close|keep-alive|Close|CLOSE|upgrade|clos|closes|x)[ \t]{0,2}", 0..5),
+            noise in proptest::collection::vec(proptest::num::u8::ANY, 0..12),
+            token in "(close|keep-alive|upgrade)",
+        ) {
+            let list = items.join(",");
+            proptest::prop_assert_eq!(has_token(list.as_bytes(), &token), has_token_by_str(list.as_bytes(), &token));
+            proptest::prop_assert_eq!(has_token(&noise, &token), has_token_by_str(&noise, &token));
+            let mut mixed = list.into_bytes();
+            mixed.extend_from_slice(&noise);
+            proptest::prop_assert_eq!(has_token(&mixed, &token), has_token_by_str(&mixed, &token));
+        }
+    }
 
     fn h<'a>(name: &'a str, value: &'a str) -> Header<'a> {
         Header {

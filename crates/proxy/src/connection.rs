@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 pub use crate::drain::Drain;
 use crate::limits::{Http1Server, ListenerSettings};
+use crate::pooled_future::PooledFuture;
 use crate::request::downstream::Source;
 use crate::request::tunnel::ConnectionGuards;
 use crate::request::{Downstream, Peer};
@@ -210,19 +211,15 @@ async fn serve_h2<I>(
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         // hyper drops the answer's future when the client resets the
         // stream: its upstream attempt ends with it. Boxed, and built in
-        // its box (`Box::write` into a box taken first): hyper moves the
-        // service's future into its stream task and tokio moves that task
-        // into its cell, and the request's future is kilobytes: unboxed,
-        // every one of those moves copies the whole of it.
-        let fut = Box::write(
-            Box::new_uninit(),
-            crate::request::handle(
-                Arc::clone(&downstream),
-                peer.clone(),
-                req.map(Source::Hyper),
-            ),
-        );
-        watch.track(Box::into_pin(fut))
+        // its box: hyper moves the service's future into its stream task
+        // and tokio moves that task into its cell, and the request's
+        // future is kilobytes: unboxed, every one of those moves copies
+        // the whole of it. The box is reused per worker thread
+        // ([`PooledFuture`]).
+        let req = req.map(Source::Hyper);
+        watch.track(PooledFuture::new(|| {
+            crate::request::handle(Arc::clone(&downstream), peer.clone(), req)
+        }))
     });
     let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
     // A connection past its premature-reset limit drains as if its

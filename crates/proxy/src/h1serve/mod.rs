@@ -47,6 +47,7 @@ pub use prefixed::Prefixed;
 
 use crate::drain::Drain;
 use crate::limits::ListenerSettings;
+use crate::pooled_future::PooledFuture;
 use crate::request::body::ProxyBody;
 use crate::request::downstream::Source;
 use crate::request::h1_body::{Feeder, Need};
@@ -426,11 +427,12 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
 
     /// Starts serving the request of `head`: its handler's future (polled
     /// by [`Conn::poll_exchange`]), its body fed as it is wanted, its
-    /// response written. Boxed, one allocation per request for the
-    /// handler's future and the exchange together ([`Serving`]): the
-    /// exchange (with its response writer) is several hundred bytes that
-    /// an idle connection's task would otherwise carry, and the future
-    /// kilobytes.
+    /// response written. Boxed ([`Serving`]): the exchange (with its
+    /// response writer) is several hundred bytes that an idle
+    /// connection's task would otherwise carry. The handler's future,
+    /// kilobytes, is in a box of its own reused per worker thread
+    /// ([`PooledFuture`]): one of its size costs the allocator about
+    /// twenty times a small one's.
     fn begin(
         &mut self,
         downstream: &Arc<Downstream>,
@@ -464,11 +466,9 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     limits(settings).max_head_bytes(),
                     (settings.timeouts.request_headers, settings.timeouts.send),
                 ),
-                fut: Some(crate::request::handle(
-                    Arc::clone(downstream),
-                    peer.clone(),
-                    req,
-                )),
+                fut: Some(PooledFuture::new(|| {
+                    crate::request::handle(Arc::clone(downstream), peer.clone(), req)
+                })),
             },
         );
         Box::into_pin(serving)

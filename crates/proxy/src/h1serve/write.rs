@@ -15,6 +15,8 @@ use http::{Method, StatusCode, Version};
 use http_body::Body;
 use tokio::io::AsyncWrite;
 
+use meshless_h1::framing::has_token;
+
 use crate::request::body::ProxyBody;
 
 /// Data frames up to this size are copied into the write buffer.
@@ -422,8 +424,8 @@ impl Said {
         let mut said = Self::default();
         for (name, value) in h {
             if *name == header::CONNECTION {
-                said.close |= has_token(value, "close");
-                said.keep_alive |= has_token(value, "keep-alive");
+                said.close |= has_token(value.as_bytes(), "close");
+                said.keep_alive |= has_token(value.as_bytes(), "keep-alive");
             } else if *name == header::CONTENT_LENGTH {
                 if said.lengths == 0 {
                     said.length = value.to_str().ok().and_then(|v| v.trim().parse().ok());
@@ -437,12 +439,6 @@ impl Said {
         }
         said
     }
-}
-
-/// Whether a comma list holds `token` (case-insensitive).
-pub fn has_token(v: &HeaderValue, token: &str) -> bool {
-    v.to_str()
-        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
 }
 
 /// The `Date` header value now, formatted once per second per thread.

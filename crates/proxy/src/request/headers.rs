@@ -123,9 +123,9 @@ pub static TRACEPARENT: HeaderName = HeaderName::from_static(meshless_trace::con
 fn hex128(n: u128) -> HeaderValue {
     let mut out = [0u8; 32];
     meshless_trace::context::hex(&mut out, n);
-    // One allocation that holds the digits and counts the references
-    // (a `Bytes` made from a `Vec` allocates again on its first clone).
-    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(out))
+    // Copied into this thread's chunk of small strings: no allocation of
+    // its own, and clones count references.
+    HeaderValue::from_maybe_shared(crate::byte_arena::copy(&out))
         .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 

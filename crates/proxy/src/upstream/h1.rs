@@ -466,7 +466,7 @@ impl Said {
         let mut said = Self::default();
         for (name, value) in h {
             if *name == header::CONNECTION {
-                said.close |= has_token(value.as_bytes(), "close");
+                said.close |= meshless_h1::framing::has_token(value.as_bytes(), "close");
             } else if *name == header::TRANSFER_ENCODING {
                 said.transfer_encoding = true;
             } else if *name == header::COOKIE {
@@ -595,11 +595,6 @@ fn content_length(h: &HeaderMap) -> Option<u64> {
     length
 }
 
-fn has_token(value: &[u8], token: &str) -> bool {
-    std::str::from_utf8(value)
-        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-}
-
 fn last_is_chunked(value: &[u8]) -> bool {
     std::str::from_utf8(value)
         .ok()
@@ -719,10 +714,11 @@ fn take_head(
     let reason = (Some(head.reason) != status.canonical_reason())
         .then(|| hyper::ext::ReasonPhrase::try_from(head.reason.as_bytes()).ok())
         .flatten();
-    // Copied out, not split off: the values point into this copy alone,
+    // Copied out (a short head into this thread's chunk of small strings,
+    // `byte_arena`), not split off: the values point into the copy alone,
     // and the read buffer stays unshared ([`give_back`]). The fields are
     // made straight from the parsed ones (no list of where they lie).
-    let raw = Bytes::copy_from_slice(&buf[..consumed]);
+    let raw = crate::byte_arena::copy(&buf[..consumed]);
     let mut headers = crate::header_maps::with_capacity(head.headers.len());
     for h in framing.forwarded(head.headers) {
         if crate::hop_fields::dropped_on_arrival(h.name, h.value) {
@@ -847,7 +843,7 @@ impl ResponseBody {
                 }
                 let take = usize::try_from(*left).map_or(buf.len(), |l| l.min(buf.len()));
                 let data = if take < SPLIT_MIN {
-                    let small = Bytes::copy_from_slice(&buf[..take]);
+                    let small = crate::byte_arena::copy(&buf[..take]);
                     buf.advance(take);
                     small
                 } else {
