@@ -18,12 +18,13 @@ use std::time::Duration;
 
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 pub use crate::drain::Drain;
+use crate::h2_streams::StreamExecutor;
 use crate::limits::{Http1Server, ListenerSettings};
 use crate::pooled_future::PooledFuture;
 use crate::request::downstream::Source;
@@ -221,7 +222,9 @@ async fn serve_h2<I>(
             crate::request::handle(Arc::clone(&downstream), peer.clone(), req)
         }))
     });
-    let conn = Box::pin(http2_builder(&settings).serve_connection(io, service));
+    // The streams run in this task, beside the connection (`h2_streams`).
+    let exec = StreamExecutor::default();
+    let conn = Box::pin(http2_builder(&settings, exec.clone()).serve_connection(io, service));
     // A connection past its premature-reset limit drains as if its
     // listener did: GOAWAY, the streams in flight finish.
     let (drain_tx, drain_rx) = watch::channel(Drain::Serving);
@@ -245,15 +248,18 @@ async fn serve_h2<I>(
         c.get_mut().as_mut().graceful_shutdown()
     });
     tokio::select! {
-        () = driven => {}
+        () = crate::h2_streams::run(driven, exec) => {}
         () = forward => {}
     }
 }
 
-fn http2_builder(settings: &ListenerSettings) -> http2::Builder<TokioExecutor> {
+fn http2_builder(
+    settings: &ListenerSettings,
+    exec: StreamExecutor,
+) -> http2::Builder<StreamExecutor> {
     let t = &settings.timeouts;
     let l = &settings.limits;
-    let mut b = http2::Builder::new(TokioExecutor::new());
+    let mut b = http2::Builder::new(exec);
     b.timer(TokioTimer::new())
         .keep_alive_interval(t.idle)
         .keep_alive_timeout(t.request_headers)

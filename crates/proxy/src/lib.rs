@@ -18,6 +18,7 @@ pub mod flows;
 pub mod free_list;
 pub mod h1out;
 pub mod h1serve;
+pub mod h2_streams;
 pub mod handoff;
 pub mod header_maps;
 pub mod health;
