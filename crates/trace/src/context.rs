@@ -103,6 +103,13 @@ impl TraceParent {
     /// written without the formatting machinery: this runs for every
     /// request the proxy forwards).
     pub fn header_value(&self) -> HeaderValue {
+        HeaderValue::from_bytes(&self.header_text())
+            .unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    /// The bytes of [`Self::header_value`], for a caller that stores them
+    /// itself (the proxy copies them into a shared chunk: no allocation).
+    pub fn header_text(&self) -> [u8; 55] {
         let mut text = [0u8; 55];
         text[..3].copy_from_slice(b"00-");
         hex(&mut text[3..35], self.trace_id);
@@ -110,7 +117,7 @@ impl TraceParent {
         hex(&mut text[36..52], u128::from(self.span_id));
         text[52] = b'-';
         hex(&mut text[53..55], u128::from(self.flags));
-        HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+        text
     }
 }
 

@@ -14,8 +14,10 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
 /// Set once the downstream body failed; shared by the body and the request.
+/// The flag is made when a body first takes a handle ([`Self::share`]): a
+/// request whose body had ended on arrival (most `GET`s) never makes one.
 #[derive(Debug, Clone, Default)]
-pub struct ClientFault(Arc<AtomicU8>);
+pub struct ClientFault(Option<Arc<AtomicU8>>);
 
 /// The body ended early (its connection closed or reset mid-body).
 const CUT: u8 = 1;
@@ -26,17 +28,31 @@ const MALFORMED: u8 = 2;
 impl ClientFault {
     /// Whether the client's body failed.
     pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Acquire) != 0
+        self.state() != 0
     }
 
     /// Whether it failed by breaking the protocol, not only by ending.
     pub fn is_malformed(&self) -> bool {
-        self.0.load(Ordering::Acquire) == MALFORMED
+        self.state() == MALFORMED
     }
 
+    /// A handle to this flag for a body to set, the flag made on first use.
+    pub fn share(&mut self) -> Self {
+        Self(Some(Arc::clone(
+            self.0.get_or_insert_with(Default::default),
+        )))
+    }
+
+    fn state(&self) -> u8 {
+        self.0.as_ref().map_or(0, |f| f.load(Ordering::Acquire))
+    }
+
+    /// Sets the flag; a handle no body took ([`Self::share`]) has none.
     fn set(&self, malformed: bool) {
         let kind = if malformed { MALFORMED } else { CUT };
-        self.0.fetch_max(kind, Ordering::AcqRel);
+        if let Some(f) = &self.0 {
+            f.fetch_max(kind, Ordering::AcqRel);
+        }
     }
 }
 
@@ -257,9 +273,9 @@ mod tests {
                 Ok(Frame::data(Bytes::from_static(b"ok"))),
                 Err(std::io::Error::other("connection reset").into()),
             ];
-            let fault = ClientFault::default();
+            let mut fault = ClientFault::default();
             let mut body =
-                DownstreamBody::new(StreamBody::new(futures_iter(frames)), fault.clone());
+                DownstreamBody::new(StreamBody::new(futures_iter(frames)), fault.share());
             assert!(body.frame().await.is_some_and(|f| f.is_ok()));
             assert!(!fault.is_set());
             assert!(body.frame().await.is_some_and(|f| f.is_err()));

@@ -119,6 +119,13 @@ impl Carried {
 /// a new name on every insert.
 pub static TRACEPARENT: HeaderName = HeaderName::from_static(meshless_trace::context::TRACEPARENT);
 
+/// The `traceparent` a request is forwarded with, its bytes in this
+/// thread's chunk of small strings (`byte_arena`: no allocation).
+pub fn traceparent_value(context: &meshless_trace::context::TraceParent) -> HeaderValue {
+    HeaderValue::from_maybe_shared(crate::byte_arena::copy(&context.header_text()))
+        .unwrap_or_else(|_| context.header_value())
+}
+
 /// `n` as 32 lower-case hex digits (this runs for every request).
 fn hex128(n: u128) -> HeaderValue {
     let mut out = [0u8; 32];
@@ -471,6 +478,19 @@ pub fn build_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value from the shared chunk is the one the trace crate writes,
+    /// and a request id is 32 hex digits, however many are made.
+    #[test]
+    fn generated_values_from_the_shared_chunk_are_whole() {
+        for _ in 0..200 {
+            let p = meshless_trace::context::TraceParent::random();
+            assert_eq!(traceparent_value(&p), p.header_value());
+            let id = RequestId::random();
+            assert_eq!(id.as_str().len(), 32);
+            assert!(id.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+    }
 
     #[test]
     fn every_connection_field_names_what_is_removed() {

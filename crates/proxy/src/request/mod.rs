@@ -52,7 +52,7 @@ use crate::state::ProxyState;
 use crate::upstream::{Lease, UpstreamBody};
 use admit::Slot;
 use attempt::RetryPolicy;
-use downstream::{DownstreamBody, Source};
+use downstream::{ClientFault, DownstreamBody, Source};
 use replay::RequestBody;
 use respond::LocalReply;
 use tunnel::Tunnels;
@@ -262,7 +262,7 @@ pub async fn handle(
         headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
     upstream_headers.insert(
         headers::TRACEPARENT.clone(),
-        record.trace.context.header_value(),
+        headers::traceparent_value(&record.trace.context),
     );
     let exchange = Exchange {
         state,
@@ -571,7 +571,7 @@ impl Exchange<'_> {
         &self,
         base: &UpstreamCluster,
         body: Source,
-        record: &Completion,
+        record: &mut Completion,
     ) -> (RetryPolicy, RequestBody) {
         let replayable = !self.upgrading
             && (base.config.retries.all_methods || headers::is_idempotent(&self.parts.method));
@@ -585,7 +585,13 @@ impl Exchange<'_> {
             }
             _ => None,
         };
-        let downstream = DownstreamBody::new(body, record.fault.clone());
+        // A body that had ended on arrival never fails: no flag for it.
+        let fault = if http_body::Body::is_end_stream(&body) {
+            ClientFault::default()
+        } else {
+            record.fault.share()
+        };
+        let downstream = DownstreamBody::new(body, fault);
         let downstream = match declared {
             Some(n) => downstream.hold_last(n),
             None => downstream,
