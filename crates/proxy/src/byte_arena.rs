@@ -1,8 +1,14 @@
 //! Small byte strings copied into a per-thread chunk and shared from it:
-//! a request's head, its response's head, its generated id and a small
-//! body. Each copy is a reference into the chunk, not an allocation of
-//! its own: a `Bytes` copied from a slice is one allocation, and its
-//! first clone (the head's field values are slices of it) a second.
+//! a request's head, its response's head, its generated id and
+//! `traceparent`. Each copy is a reference into the chunk, not an
+//! allocation of its own: a `Bytes` copied from a slice is one
+//! allocation, and its first clone (the head's field values are slices
+//! of it) a second.
+//!
+//! Only for what lives as long as its request at most: a copy keeps its
+//! whole chunk allocated. Body data is never copied here: a slow client
+//! can keep thousands of small frames queued, and each could hold a chunk
+//! of its own (1 KiB for a few bytes).
 //!
 //! Invariants:
 //! - A chunk is [`CHUNK`] bytes, within the allocator's per-thread

@@ -9,10 +9,20 @@
 //! connection and its streams together: two small allocations per stream
 //! (the future's box, the set's node), no scheduler.
 //!
+//! One consequence, by design: a connection's streams share one task, so
+//! one worker thread (Envoy and HAProxy bind a connection to one worker
+//! the same way). Before, with a multi-threaded runtime, the streams of
+//! one busy connection could spread over several threads.
+//!
 //! Invariants:
 //! - A stream's future is polled only by its connection's task: hyper
 //!   queues it from inside the connection's `poll`, and [`run`] takes it
-//!   into its set right after that `poll` returns.
+//!   into its set after that `poll` returns.
+//! - At most [`MAX_STARTED_PER_POLL`] streams start per poll of the task;
+//!   the rest wait until the runtime has polled its I/O driver and its
+//!   other tasks once (as a task per stream would have let it): a burst of
+//!   hundreds of streams on one connection does not open hundreds of
+//!   upstream connections before anything else runs.
 //! - A panic in one stream's future ends that stream, as in a task of
 //!   its own: the connection and its other streams go on.
 //! - [`run`] returns once the connection has ended and every stream it
@@ -29,6 +39,9 @@ use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Most streams [`run`] starts in one poll.
+pub const MAX_STARTED_PER_POLL: usize = 32;
 
 /// hyper's executor for one connection: queues each stream's future for
 /// [`run`].
@@ -62,8 +75,13 @@ impl std::fmt::Debug for StreamExecutor {
 }
 
 impl StreamExecutor {
-    fn take_queued(&self) -> Vec<StreamFuture> {
-        std::mem::take(&mut *self.queued.lock().unwrap_or_else(PoisonError::into_inner))
+    /// Moves up to `max` queued streams, oldest first, into `into`;
+    /// whether any are left.
+    fn start_queued(&self, into: &mut FuturesUnordered<StreamFuture>, max: usize) -> bool {
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = queued.len().min(max);
+        into.extend(queued.drain(..n));
+        !queued.is_empty()
     }
 }
 
@@ -79,10 +97,16 @@ pub async fn run<C: Future>(conn: C, exec: StreamExecutor) -> C::Output {
         {
             ended = Some(out);
         }
-        streams.extend(exec.take_queued());
+        let more = exec.start_queued(&mut streams, MAX_STARTED_PER_POLL);
+        if more {
+            // More wait: this task is polled again once the runtime has
+            // run its driver and other tasks (`yield_now` defers the wake).
+            let _ = pin!(tokio::task::yield_now()).poll(cx);
+        }
         // Until each is finished or waits (its waker then wakes this task).
         while let Poll::Ready(Some(())) = streams.poll_next_unpin(cx) {}
-        if streams.is_empty()
+        if !more
+            && streams.is_empty()
             && let Some(out) = ended.take()
         {
             return Poll::Ready(out);
@@ -165,6 +189,49 @@ mod tests {
         end_tx.send(()).expect("conn waits");
         assert_eq!(task.await.expect("the connection's task survives"), "ended");
         assert_eq!(done.load(Ordering::SeqCst), 1);
+    }
+
+    /// 100 streams queued by one poll of the connection start at most 32
+    /// a poll of `run`, and all of them finish before `run` returns, the
+    /// connection having ended first.
+    #[tokio::test]
+    async fn a_burst_of_streams_starts_in_batches_and_all_finish() {
+        let exec = StreamExecutor::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let finished = Arc::new(AtomicUsize::new(0));
+        let streams: Vec<StreamFuture> = (0..100)
+            .map(|_| {
+                let (s, f) = (Arc::clone(&started), Arc::clone(&finished));
+                Box::pin(async move {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    f.fetch_add(1, Ordering::SeqCst);
+                }) as StreamFuture
+            })
+            .collect();
+        let (end_tx, end_rx) = oneshot::channel();
+        end_tx.send(()).expect("receiver alive");
+        let mut running = pin!(run(conn_queuing(exec.clone(), streams, end_rx), exec));
+        // Streams started by each poll of `run`.
+        let mut per_poll = Vec::new();
+        let out = poll_fn(|cx| {
+            let before = started.load(Ordering::SeqCst);
+            let polled = running.as_mut().poll(cx);
+            per_poll.push(started.load(Ordering::SeqCst) - before);
+            polled
+        })
+        .await;
+        assert_eq!(out, "ended");
+        assert_eq!(finished.load(Ordering::SeqCst), 100);
+        assert!(
+            per_poll.iter().all(|&n| n <= MAX_STARTED_PER_POLL),
+            "{per_poll:?}"
+        );
+        assert_eq!(
+            per_poll.iter().filter(|&&n| n > 0).count(),
+            4,
+            "{per_poll:?}"
+        );
     }
 
     #[tokio::test]

@@ -843,7 +843,7 @@ impl ResponseBody {
                 }
                 let take = usize::try_from(*left).map_or(buf.len(), |l| l.min(buf.len()));
                 let data = if take < SPLIT_MIN {
-                    let small = crate::byte_arena::copy(&buf[..take]);
+                    let small = Bytes::copy_from_slice(&buf[..take]);
                     buf.advance(take);
                     small
                 } else {
