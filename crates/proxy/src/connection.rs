@@ -212,11 +212,11 @@ async fn serve_h2<I>(
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         // hyper drops the answer's future when the client resets the
         // stream: its upstream attempt ends with it. Boxed, and built in
-        // its box: hyper moves the service's future into its stream task
-        // and tokio moves that task into its cell, and the request's
-        // future is kilobytes: unboxed, every one of those moves copies
-        // the whole of it. The box is reused per worker thread
-        // ([`PooledFuture`]).
+        // its box: hyper moves the service's future into its stream's
+        // future, and `StreamExecutor` moves that into a box of its own,
+        // and the request's future is kilobytes: unboxed, every one of
+        // those moves copies the whole of it. The box is reused per
+        // worker thread ([`PooledFuture`]).
         let req = req.map(Source::Hyper);
         watch.track(PooledFuture::new(|| {
             crate::request::handle(Arc::clone(&downstream), peer.clone(), req)

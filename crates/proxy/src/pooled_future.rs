@@ -111,12 +111,7 @@ fn take<F: 'static>() -> Option<Slot<F>> {
 
 /// Keeps the empty `slot` for this thread's next `F` if the list has room.
 fn give<F: 'static>(slot: Slot<F>) {
-    let _ = FREE.try_with(|free| {
-        let mut free = free.borrow_mut();
-        if free.len() < MAX_FREE {
-            free.push(Box::new(slot));
-        }
-    });
+    crate::free_list::give(&FREE, Box::new(slot), MAX_FREE);
 }
 
 /// Boxes this thread keeps.

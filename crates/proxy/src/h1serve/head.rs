@@ -70,9 +70,10 @@ fn find<'b>(
         return Ok(None);
     };
     // Copied out (a short head into this thread's chunk of small strings,
-    // `byte_arena`), not split off: the values point into the copy alone, so the read buffer stays unshared and goes back to the
-    // pool when the connection has no bytes pending (a split would keep
-    // all of it alive, and a new buffer be allocated, per request).
+    // `byte_arena`), not split off: the values point into the copy alone,
+    // so the read buffer stays unshared and goes back to the pool when the
+    // connection has no bytes pending (a split would keep all of it alive,
+    // and a new buffer be allocated, per request).
     let raw = crate::byte_arena::copy(&buf[..consumed]);
     let base = buf.as_ptr() as usize;
     // Room for the fields the proxy adds before forwarding it
