@@ -1,9 +1,9 @@
-//! Per-worker free lists: buffers, maps and handler futures' boxes
-//! (`pooled_future`) given back after a request, for the next one on the
-//! same thread to reuse. Each list is bounded by its owner's `max`; what
-//! does not fit is dropped, and so is anything given back while the
-//! thread's locals are torn down (a body dropped at thread exit). Imports
-//! nothing of the crate.
+//! Per-worker free lists: buffers and maps given back after a request,
+//! for the next one on the same thread to reuse (`pooled_future` keeps
+//! futures' boxes in lists of its own, one per future type). Each list is
+//! bounded by its owner's `max`; what does not fit is dropped, and so is
+//! anything given back while the thread's locals are torn down (a body
+//! dropped at thread exit). Imports nothing of the crate.
 
 use std::cell::RefCell;
 use std::thread::LocalKey;

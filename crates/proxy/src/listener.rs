@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::connection::Drain;
 use crate::limits::ListenerSettings;
+use crate::pooled_future::PooledFuture;
 use crate::protocol::ListenerProtocol;
 use crate::request::Downstream;
 use crate::request::tunnel::ConnectionGuards;
@@ -329,7 +330,15 @@ fn serve_connection(
     let closed = downstream.tunnels.closed();
     let downstream = Arc::clone(downstream);
     let hold = Arc::downgrade(&guards);
-    let served = serve_accepted(downstream, settings, tls, draining, stream, peer, hold);
+    // The connection's future lives in a box reused per worker thread, so
+    // the task tokio allocates is small: tokio moves a task's future into
+    // its cell and writes its stage again when it ends, a copy of the
+    // whole future each time (about 1,600 instructions per connection at
+    // this size), and a cell this large came from the allocator's slow
+    // path (BENCHMARKS.md).
+    let served = PooledFuture::new(|| {
+        serve_accepted(downstream, settings, tls, draining, stream, peer, hold)
+    });
     tokio::spawn(ConnectionTask {
         served,
         closed,
@@ -421,8 +430,9 @@ mod tests {
         std::mem::size_of::<R>()
     }
 
-    /// Bytes of a connection's task future (`ConnectionTask`).
-    fn task_size<S, C>(
+    /// Bytes of a connection's task future (`ConnectionTask`), and of the
+    /// connection's future in its pooled box.
+    fn task_size<S: Future + 'static, C>(
         _: &impl FnOnce(
             Arc<Downstream>,
             Arc<ListenerSettings>,
@@ -434,14 +444,15 @@ mod tests {
         ) -> S,
         _closed: &C,
     ) -> usize {
-        std::mem::size_of::<ConnectionTask<S, C>>()
+        std::mem::size_of::<ConnectionTask<PooledFuture<S>, C>>()
     }
 
-    /// What every plain HTTP connection's task holds while it lives (this
-    /// build's layout; `--nocapture` prints them). The task holds the
-    /// connection's future inline, so each layer is at least as large as
-    /// the one it awaits; hyper's HTTP/1 connection is boxed, so the whole
-    /// task is smaller than it.
+    /// What every plain HTTP connection holds while it lives (this build's
+    /// layout; `--nocapture` prints them). The connection's future is in a
+    /// pooled box, so the task tokio allocates and copies is a few
+    /// pointers; each layer of the boxed future is at least as large as
+    /// the one it awaits, and hyper's HTTP/1 connection is boxed, so the
+    /// whole is smaller than it.
     #[test]
     fn connection_task_sizes() {
         let closed = crate::request::tunnel::Tunnels::default().closed();
@@ -454,8 +465,12 @@ mod tests {
             "task {task} B, serve_accepted {accepted} B, connection::serve {conn} B, \
              h1serve::serve {h1} B, hyper_h1::serve {hyper} B"
         );
-        assert!(task >= accepted && accepted >= conn && conn >= h1);
-        assert!(task < hyper, "task {task} B");
+        assert!(
+            task <= 256,
+            "task {task} B: the connection's future is boxed"
+        );
+        assert!(accepted >= conn && conn >= h1);
+        assert!(accepted < hyper, "serve_accepted {accepted} B");
     }
 
     #[test]

@@ -1,36 +1,50 @@
-//! A request's future in an allocation reused per worker thread.
+//! A request's or a connection's future in an allocation reused per
+//! worker thread.
 //!
 //! The handler's future (`request::handle`) is about 5 KiB. glibc's
 //! allocator keeps no per-thread cache for blocks over 1,032 bytes: such
 //! a block comes from its bins, about 600 instructions to allocate and
 //! as many to free, once per request (callgrind, BENCHMARKS.md). A
-//! [`PooledFuture`] takes its box from this thread's free list when one
-//! of its type is there, and gives it back when it is dropped.
+//! connection's future is boxed for another reason: tokio copies a
+//! task's future whole when it spawns and ends it, so a boxed one makes
+//! those copies a pointer's (`listener::serve_connection`). A
+//! [`PooledFuture`] takes its box from this thread's free list of its
+//! type when there is one, and gives it back when it is dropped.
 //!
 //! Invariants:
 //! - A box in a free list holds no future: the future is dropped in place
 //!   when it finishes, and when the [`PooledFuture`] is dropped before
 //!   (cancelled), before its box is given back. Nothing a request owned
 //!   outlives it in a list.
-//! - A thread keeps at most [`MAX_FREE`] boxes, of all future types
-//!   together; a box given back to a full list is freed.
+//! - A thread keeps at most [`MAX_FREE`] boxes of each future type; a box
+//!   given back to a full list is freed. A burst of one kind of future
+//!   does not push out the boxes of another.
 //! - A box given back while the thread's locals are torn down is freed.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Most boxes a thread keeps (64 handler futures: about 350 KiB).
+/// Most boxes a thread keeps of one future type (64 handler futures:
+/// about 350 KiB).
 pub const MAX_FREE: usize = 64;
 
 /// A box for a future of type `F`: `None` while it is free.
 type Slot<F> = Pin<Box<Option<F>>>;
 
+/// Free boxes of one future type: each a `Slot<F>` of the `F` whose
+/// `Slot<F>` has this `TypeId`.
+struct FreeOfType {
+    of: TypeId,
+    boxes: Vec<Box<dyn Any>>,
+}
+
 thread_local! {
-    /// This thread's free boxes, each a `Slot<F>` of some `F`.
-    static FREE: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+    /// This thread's free boxes, one list per future type (a handful of
+    /// types: a linear search finds one).
+    static FREE: RefCell<Vec<FreeOfType>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A future in a reused box. Moving it moves a pointer.
@@ -100,24 +114,43 @@ impl<F: Future + 'static> std::fmt::Debug for PooledFuture<F> {
 
 /// A free box for an `F` of this thread, if there is one.
 fn take<F: 'static>() -> Option<Slot<F>> {
+    let of = TypeId::of::<Slot<F>>();
     FREE.try_with(|free| {
         let mut free = free.borrow_mut();
-        let at = free.iter().rposition(|b| b.is::<Slot<F>>())?;
-        free.swap_remove(at).downcast::<Slot<F>>().ok().map(|b| *b)
+        let list = free.iter_mut().find(|l| l.of == of)?;
+        list.boxes.pop()?.downcast::<Slot<F>>().ok().map(|b| *b)
     })
     .ok()
     .flatten()
 }
 
-/// Keeps the empty `slot` for this thread's next `F` if the list has room.
+/// Keeps the empty `slot` for this thread's next `F` if its list has
+/// room; frees it otherwise, and while the thread's locals are torn down.
 fn give<F: 'static>(slot: Slot<F>) {
-    crate::free_list::give(&FREE, Box::new(slot), MAX_FREE);
+    let of = TypeId::of::<Slot<F>>();
+    let _ = FREE.try_with(|free| {
+        let mut free = free.borrow_mut();
+        let at = match free.iter().position(|l| l.of == of) {
+            Some(at) => at,
+            None => {
+                free.push(FreeOfType {
+                    of,
+                    boxes: Vec::new(),
+                });
+                free.len() - 1
+            }
+        };
+        let boxes = &mut free[at].boxes;
+        if boxes.len() < MAX_FREE {
+            boxes.push(Box::new(slot));
+        }
+    });
 }
 
-/// Boxes this thread keeps.
+/// Boxes this thread keeps, of all types.
 #[cfg(test)]
 fn free_boxes() -> usize {
-    FREE.with(|f| f.borrow().len())
+    FREE.with(|f| f.borrow().iter().map(|l| l.boxes.len()).sum())
 }
 
 #[cfg(test)]
@@ -202,6 +235,32 @@ mod tests {
             drop(many);
             assert_eq!(free_boxes(), MAX_FREE);
             assert_eq!(Arc::strong_count(&held), 1);
+        });
+    }
+
+    #[test]
+    fn a_burst_of_one_type_keeps_no_box_of_another_out() {
+        on_own_thread(|| {
+            async fn small(n: u8) -> u8 {
+                n
+            }
+            let smalls: Vec<_> = (0..3).map(|n| PooledFuture::new(|| small(n))).collect();
+            let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let bigs: Vec<_> = (0..MAX_FREE + 5)
+                .map(|i| PooledFuture::new(|| big(i as u32, Arc::clone(&open), Arc::new(()))))
+                .collect();
+            drop(bigs);
+            assert_eq!(free_boxes(), MAX_FREE, "the big ones' list is full");
+            drop(smalls);
+            assert_eq!(
+                free_boxes(),
+                MAX_FREE + 3,
+                "the small ones kept beside them"
+            );
+            let again: Vec<_> = (0..4).map(|n| PooledFuture::new(|| small(n))).collect();
+            assert_eq!(free_boxes(), MAX_FREE, "three reused, one new");
+            drop(again);
+            assert_eq!(free_boxes(), MAX_FREE + 4);
         });
     }
 
