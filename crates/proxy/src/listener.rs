@@ -430,8 +430,8 @@ mod tests {
         std::mem::size_of::<R>()
     }
 
-    /// Bytes of a connection's task future (`ConnectionTask`), and of the
-    /// connection's future in its pooled box.
+    /// Bytes of a connection's task (`ConnectionTask`), its connection's
+    /// future in a pooled box.
     fn task_size<S: Future + 'static, C>(
         _: &impl FnOnce(
             Arc<Downstream>,
