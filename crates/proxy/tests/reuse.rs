@@ -1,7 +1,7 @@
-//! What is reused per worker, under the bad cases: the handler futures'
-//! boxes (`pooled_future`), the chunk of small strings that holds heads
-//! and request ids (`byte_arena`), and HTTP/2 streams run in their
-//! connection's task (`h2_streams`). Real sockets on 127.0.0.1.
+//! What is reused per worker, under the bad cases: the boxes of handler
+//! and connection futures (`pooled_future`), the chunk of small strings
+//! that holds heads and request ids (`byte_arena`), and HTTP/2 streams run
+//! in their connection's task (`h2_streams`). Real sockets on 127.0.0.1.
 
 mod common;
 
@@ -214,5 +214,92 @@ async fn http1_heads_of_every_size_arrive_intact() {
         );
         assert_eq!(s.headers.get_all("x-request-id").iter().count(), 1);
         assert_eq!(s.headers["x-request-id"].len(), 32);
+    }
+}
+
+/// One HTTP/1.1 exchange on a new connection to `addr`: `POST
+/// /echo?delay_ms=DELAY` with `body`, `Connection: close`; the response's
+/// body (read to the end of the connection, chunks joined).
+async fn echo_once(addr: SocketAddr, body: &str, delay_ms: u64) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "POST /echo?delay_ms={delay_ms} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let text = String::from_utf8(out).expect("text");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let (head, mut rest) = text.split_once("\r\n\r\n").expect("a head");
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return rest.to_owned();
+    }
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).expect("hex size");
+        if size == 0 {
+            return body;
+        }
+        body.push_str(&after[..size]);
+        rest = after[size..].strip_prefix("\r\n").expect("chunk end");
+    }
+}
+
+/// Each connection's future lives in a box a worker reuses, and a worker
+/// keeps at most 64: 150 connections at once, half of them closed by
+/// their client mid-request, then 150 more. Every answer is its own
+/// connection's, no connection is left counted, and the next round is
+/// served as the first was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_by_the_hundred_each_keep_their_own_state() {
+    let b = backend("b").await;
+    let (p, addr) = proxy(&yaml_for(b.local_addr())).await;
+    for round in 0..2 {
+        let mut tasks = Vec::new();
+        for i in 0..150 {
+            let body = format!("round {round} connection {i} {}", "x".repeat(i * 7));
+            tasks.push(tokio::spawn(async move {
+                if i % 2 == 1 && round == 0 {
+                    // Gone mid-request: its future is dropped before it ends.
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(100),
+                        echo_once(addr, &body, 2_000),
+                    )
+                    .await;
+                    return;
+                }
+                let got = echo_once(addr, &body, 200).await;
+                assert_eq!(got, body, "connection {i}");
+            }));
+        }
+        for t in tasks {
+            t.await.expect("client");
+        }
+        eventually("no connection left counted", || async {
+            metric_sum(
+                &admin(&p, "/metrics").await.1,
+                "meshless_proxy_downstream_connections",
+            ) == 0.0
+        })
+        .await;
+        // The 75 gone mid-request were each counted as the client's abort,
+        // when their futures were dropped, not later.
+        let page = admin(&p, "/metrics").await.1;
+        let aborts: f64 = page
+            .lines()
+            .filter(|l| l.starts_with("meshless_proxy_requests") && l.contains("client_abort"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert_eq!(aborts, 75.0, "{page}");
     }
 }
