@@ -18,6 +18,17 @@ fn yaml_for(upstream: SocketAddr) -> String {
     )
 }
 
+/// Waits until the proxy counts no downstream connection.
+async fn no_connection_counted(p: &meshless_proxy::Proxy) {
+    eventually("no connection left counted", || async {
+        metric_sum(
+            &admin(p, "/metrics").await.1,
+            "meshless_proxy_downstream_connections",
+        ) == 0.0
+    })
+    .await;
+}
+
 /// A raw h2 client on `addr`, its connection driven by a task.
 async fn h2(
     addr: SocketAddr,
@@ -70,13 +81,7 @@ async fn streams_in_flight_are_let_go_when_their_client_closes() {
         gated.held() == 0
     })
     .await;
-    eventually("the connection no longer counted", || async {
-        metric_sum(
-            &admin(&p, "/metrics").await.1,
-            "meshless_proxy_downstream_connections",
-        ) == 0.0
-    })
-    .await;
+    no_connection_counted(&p).await;
     let page = admin(&p, "/metrics").await.1;
     assert!(page.contains("class=\"client_abort\""), "{page}");
     gated.open();
@@ -285,13 +290,7 @@ async fn connections_by_the_hundred_each_keep_their_own_state() {
         for t in tasks {
             t.await.expect("client");
         }
-        eventually("no connection left counted", || async {
-            metric_sum(
-                &admin(&p, "/metrics").await.1,
-                "meshless_proxy_downstream_connections",
-            ) == 0.0
-        })
-        .await;
+        no_connection_counted(&p).await;
         // The 75 gone mid-request were each counted as the client's abort,
         // when their futures were dropped, not later.
         let page = admin(&p, "/metrics").await.1;
