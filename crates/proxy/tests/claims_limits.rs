@@ -165,7 +165,10 @@ async fn killed_backend_in_flight_gets_are_retried_and_posts_are_not_replayed() 
         "    retries: { count: 2, on: [connect_failure, reset, 5xx], budget_percent: 100 }\n    outlier_detection: { consecutive_5xx: 0, consecutive_gateway_errors: 0 }\n",
     ))
     .await;
-    // 24 concurrent requests, half POSTs: about a third are held by g1.
+    // 24 concurrent requests, GETs and POSTs in turn, each sent once the
+    // one before reached an upstream: round robin gives g1 every third,
+    // so it holds both kinds (sent all at once, their order of arrival
+    // was the scheduler's, and on a loaded machine g1 once held only GETs).
     let mut tasks = Vec::new();
     for id in 0..24 {
         let method = if id % 2 == 0 {
@@ -176,6 +179,10 @@ async fn killed_backend_in_flight_gets_are_retried_and_posts_are_not_replayed() 
         tasks.push(tokio::spawn(async move {
             (id, method.clone(), send(&client(), addr, method, id).await)
         }));
+        eventually("the request at an upstream", || async {
+            g0.seen().len() + g1.seen().len() + g2.seen().len() == id + 1
+        })
+        .await;
     }
     eventually("every request answered or held by g1", || async {
         g0.seen().len() + g2.seen().len() + g1.held() == 24
