@@ -224,9 +224,9 @@ async fn http1_heads_of_every_size_arrive_intact() {
 
 /// One HTTP/1.1 exchange on a new connection to `addr`: `POST
 /// /echo?delay_ms=DELAY` with `body`, `Connection: close`; the response's
-/// body (read to the end of the connection, chunks joined).
+/// body (chunks joined).
 async fn echo_once(addr: SocketAddr, body: &str, delay_ms: u64) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let req = format!(
         "POST /echo?delay_ms={delay_ms} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
@@ -234,30 +234,12 @@ async fn echo_once(addr: SocketAddr, body: &str, delay_ms: u64) -> String {
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out))
+    let resp = common::raw_h1::Reader::new()
+        .response(&mut s, false)
         .await
-        .expect("answered in time")
-        .expect("read");
-    let text = String::from_utf8(out).expect("text");
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    let (head, mut rest) = text.split_once("\r\n\r\n").expect("a head");
-    if !head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return rest.to_owned();
-    }
-    let mut body = String::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
-        let size = usize::from_str_radix(size.trim(), 16).expect("hex size");
-        if size == 0 {
-            return body;
-        }
-        body.push_str(&after[..size]);
-        rest = after[size..].strip_prefix("\r\n").expect("chunk end");
-    }
+        .expect("a response");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    String::from_utf8(resp.body).expect("text")
 }
 
 /// Each connection's future lives in a box a worker reuses, and a worker

@@ -1,6 +1,7 @@
 //! Helpers: real backends and a real proxy on 127.0.0.1, port 0.
 #![allow(dead_code)]
 
+pub mod raw_h1;
 pub mod tls;
 
 use std::net::SocketAddr;
