@@ -1,29 +1,37 @@
-//! One accepted downstream connection: its protocol told by peeking at the
-//! first bytes (the HTTP/2 preface, or else HTTP/1.1), then served by
-//! hyper's HTTP/1 or HTTP/2 connection directly on the socket, and shut
-//! down gracefully when its listener drains.
+//! One accepted downstream connection: its protocol told by its first
+//! bytes (the HTTP/2 preface, or else HTTP/1.1), then served by our HTTP/1
+//! connection, or hyper's HTTP/1 or HTTP/2 connection, and shut down
+//! gracefully when its listener drains.
 //!
-//! Why not hyper-util's `auto` connection: it reads the first bytes into a
-//! buffer of its own and hands them to HTTP/1 as a separate short read, and
-//! hyper then grows its 8 KiB read buffer to 16 KiB for the rest of the
-//! head, which every idle keep-alive connection keeps. Peeking leaves the
-//! bytes in the socket; no hyper state (buffers included) exists until the
-//! first bytes arrive.
+//! The first bytes are read, not peeked: into a read buffer borrowed from
+//! the worker's pool once the socket is readable (so a connection that has
+//! sent nothing holds no buffer), which our HTTP/1 connection goes on
+//! parsing. HTTP/2 and `http1: hyper` have them replayed ([`Prefixed`]).
+//! A peek followed by the read costs a system call more per connection.
+//!
+//! Why not hyper-util's `auto` connection: it reads only as many bytes as
+//! the preface has before handing them to HTTP/1 as a separate short read,
+//! and hyper then grows its 8 KiB read buffer to 16 KiB for the rest of
+//! the head, which every idle keep-alive connection keeps. The first read
+//! here takes all that has arrived (up to the buffer's 8 KiB): a head
+//! sent in one piece reaches hyper in one read.
 
-use std::future::Future;
-use std::io;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 pub use crate::drain::Drain;
+use crate::h1serve::Prefixed;
+use crate::h1serve::pool::Lent;
 use crate::h2_streams::StreamExecutor;
 use crate::limits::{Http1Server, ListenerSettings};
 use crate::pooled_future::PooledFuture;
@@ -34,12 +42,6 @@ use crate::tls::{Handshake, ListenerTls};
 
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// How long to wait before peeking again at a head that is a part of the
-/// preface (an HTTP/2 client whose preface arrived in pieces).
-const PEEK_AGAIN: Duration = Duration::from_millis(5);
-/// The longest wait between peeks at a stalled partial preface.
-const PEEK_AGAIN_MAX: Duration = Duration::from_millis(320);
 
 /// The protocol a connection speaks, told from its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,30 +64,22 @@ pub fn classify(head: &[u8]) -> Option<Protocol> {
     }
 }
 
-/// Waits for the first bytes and tells the protocol; `None` if the client
-/// closed before sending any.
-///
-/// Peeked bytes stay readable, so a partial preface is peeked again after
-/// a wait: [`PEEK_AGAIN`], doubling up to [`PEEK_AGAIN_MAX`] while no new
-/// byte comes (a client that sends `P` and stalls costs a few wake-ups,
-/// not one every 5 ms until `timeouts.request_headers`).
-async fn sniff(stream: &TcpStream) -> io::Result<Option<Protocol>> {
-    let mut head = [0u8; PREFACE.len()];
-    let (mut wait, mut had) = (PEEK_AGAIN, 0);
+/// Reads the first bytes of `stream` until they tell its protocol: `None`
+/// if the client closed (or the read failed) first, a partial preface
+/// included. The buffer is borrowed once `stream` is readable, counted in
+/// `gauge`; bytes are read until they are not a beginning of the preface
+/// (a preface sent in pieces is waited for, not polled).
+async fn first_bytes(stream: &mut TcpStream, gauge: &Gauge) -> Option<(Protocol, Lent)> {
+    let mut buf = None;
     loop {
-        let n = stream.peek(&mut head).await?;
-        if n == 0 {
-            return Ok(None);
+        let read = poll_fn(|cx| crate::h1serve::poll_fill(stream, &mut buf, gauge, cx)).await;
+        let (Ok(1..), Some(b)) = (read, buf.as_ref()) else {
+            return None;
+        };
+        let head = &b[..b.len().min(PREFACE.len())];
+        if let Some(protocol) = classify(head) {
+            return buf.map(|b| (protocol, b));
         }
-        if let Some(p) = classify(&head[..n]) {
-            return Ok(Some(p));
-        }
-        if n > had {
-            (wait, had) = (PEEK_AGAIN, n);
-        } else {
-            wait = (wait * 2).min(PEEK_AGAIN_MAX);
-        }
-        tokio::time::sleep(wait).await;
     }
 }
 
@@ -107,25 +101,38 @@ pub fn serve(
     mut draining: watch::Receiver<Drain>,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
+        let mut stream = stream;
         let settings = downstream.settings();
-        let sniffed = tokio::select! {
-            s = tokio::time::timeout(settings.timeouts.request_headers, sniff(&stream)) => s,
+        let gauge = downstream.http1_buffers();
+        let first = tokio::select! {
+            f = tokio::time::timeout(
+                settings.timeouts.request_headers,
+                first_bytes(&mut stream, &gauge),
+            ) => f,
             _ = draining.wait_for(|d| *d == Drain::Now) => return,
         };
-        let Ok(Ok(Some(protocol))) = sniffed else {
+        drop(gauge);
+        let Ok(Some((protocol, first))) = first else {
             return;
         };
         let peer = Peer::new(client).on(connection);
         match protocol {
             Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
-                crate::h1serve::serve(downstream, stream, peer, draining).await;
+                crate::h1serve::serve(downstream, stream, Some(first), peer, draining).await;
             }
             // One box per connection each (hyper's HTTP/2 connection is
-            // boxed inside `serve_http`).
+            // boxed inside `serve_h2`). Replayed from a copy: the
+            // borrowed buffer goes back to the pool at once.
             Protocol::Http1 => {
-                Box::pin(crate::hyper_h1::serve(downstream, stream, peer, draining)).await;
+                let io = Prefixed::new(Bytes::copy_from_slice(&first), stream);
+                drop(first);
+                Box::pin(crate::hyper_h1::serve(downstream, io, peer, draining)).await;
             }
-            Protocol::Http2 => serve_h2(downstream, stream, peer, draining).await,
+            Protocol::Http2 => {
+                let io = Prefixed::new(Bytes::copy_from_slice(&first), stream);
+                drop(first);
+                serve_h2(downstream, io, peer, draining).await;
+            }
         }
     }
 }
@@ -185,7 +192,7 @@ async fn serve_http<I>(
     let settings = downstream.settings();
     match protocol {
         Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
-            crate::h1serve::serve(downstream, io, peer, draining).await;
+            crate::h1serve::serve(downstream, io, None, peer, draining).await;
         }
         // Boxed (once per connection): hyper's HTTP/1 connection is large,
         // and inline it would size every meshless-path connection's task.

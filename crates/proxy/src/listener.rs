@@ -459,8 +459,8 @@ mod tests {
         let task = task_size(&serve_accepted, &closed);
         let accepted = future_size7(&serve_accepted);
         let conn = future_size5(&crate::connection::serve);
-        let h1 = future_size4(&crate::h1serve::serve::<TcpStream>);
-        let hyper = future_size4(&crate::hyper_h1::serve::<TcpStream>);
+        let h1 = future_size5(&crate::h1serve::serve::<TcpStream>);
+        let hyper = future_size4(&crate::hyper_h1::serve::<crate::h1serve::Prefixed<TcpStream>>);
         eprintln!(
             "task {task} B, serve_accepted {accepted} B, connection::serve {conn} B, \
              h1serve::serve {h1} B, hyper_h1::serve {hyper} B"

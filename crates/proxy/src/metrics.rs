@@ -279,7 +279,7 @@ impl Metrics {
         let http1_buffers_lent = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "proxy_http1_buffers_lent",
-            "Read buffers HTTP/1 connections hold now (`http1: meshless`; idle ones hold none)",
+            "Read buffers downstream connections hold now: `http1: meshless` ones while bytes are pending (idle ones hold none), every plain-text connection for its first read",
             http1_buffers_lent.clone(),
         );
         let upgrades_refused = Family::<ListenerLabels, Counter>::default();

@@ -391,21 +391,6 @@ async fn a_silent_client_with_an_unread_body_is_closed() {
 
 use meshless_proxy::h1serve::Http1Server;
 
-const ENGINES: [Http1Server; 2] = [Http1Server::Hyper, Http1Server::Meshless];
-
-/// A proxy on `yaml` whose listeners are all served by `engine`.
-async fn proxy_on(yaml: &str, engine: Http1Server) -> (meshless_proxy::Proxy, SocketAddr) {
-    let mut cfg = meshless_proxy::ProxyConfig::parse(yaml, "test.yaml").expect("valid config");
-    for l in &mut cfg.listeners {
-        l.http1 = engine;
-    }
-    let p = meshless_proxy::Proxy::start(cfg)
-        .await
-        .expect("proxy starts");
-    let addr = p.listener_addr("web").await.expect("listener");
-    (p, addr)
-}
-
 /// A listener `web` routing `/x` to an endpoint at `x` and the rest to
 /// the backends `bs`; `listener_extra` is YAML indented 4.
 fn two_clusters(bs: &[meshless_backend::Backend], x: SocketAddr, listener_extra: &str) -> String {
@@ -1199,12 +1184,12 @@ async fn a_half_close_during_a_response_still_answers_what_was_pipelined() {
     p.shutdown().await;
 }
 
-/// The buffer gauge is a series of the listeners served by meshless's
-/// HTTP/1 server alone (a listener on hyper's exports none), and both
-/// gauges, kept by the listener rather than looked up per connection,
-/// count every connection and come back to 0 when they close.
+/// Both gauges, kept by the listener rather than looked up per
+/// connection, count every connection and come back to 0 when they close,
+/// on either HTTP/1 server: a listener on hyper's borrows a buffer too,
+/// for the first read that tells the protocol, and gives it back.
 #[tokio::test]
-async fn only_a_meshless_listener_exports_the_buffer_gauge_and_both_gauges_return_to_zero() {
+async fn the_buffer_and_connection_gauges_return_to_zero_on_either_server() {
     let bs = backends(1).await;
     let yaml = config(&bs, "").replace(
         "    address: \"127.0.0.1:0\"\n    routes:\n      - cluster: c\n",
@@ -1241,8 +1226,145 @@ async fn only_a_meshless_listener_exports_the_buffer_gauge_and_both_gauges_retur
     let old_buffers = "meshless_proxy_http1_buffers_lent{listener=\"old\"}";
     assert_eq!(
         metric(&page, old_buffers),
-        None,
-        "hyper listener exports no buffer gauge"
+        Some(0.0),
+        "hyper listener's buffers (its connections' first reads)"
     );
     p.shutdown().await;
+}
+
+// ---------------------------------------------------------------------
+// The first bytes of a plain-text connection tell its protocol: read into
+// a pooled buffer (not peeked), kept for our HTTP/1 server, replayed to
+// hyper's servers.
+// ---------------------------------------------------------------------
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One HTTP/2 frame: its type, flags and stream, and its payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads frames until the response HEADERS of stream 1; its payload.
+async fn h2_response_head(s: &mut TcpStream) -> Vec<u8> {
+    loop {
+        let mut head = [0u8; 9];
+        tokio::time::timeout(DEADLINE, s.read_exact(&mut head))
+            .await
+            .expect("a frame within the deadline")
+            .expect("a frame head");
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await.expect("a frame payload");
+        assert_ne!(head[3], 0x7, "GOAWAY: {payload:?}");
+        if head[3] == 0x1 && stream == 1 {
+            return payload;
+        }
+    }
+}
+
+/// An HTTP/2 client with prior knowledge whose preface arrives in three
+/// pieces (each a beginning of the preface, the first reads undecided)
+/// is served as HTTP/2 on either HTTP/1 server: the bytes read while
+/// waiting are all replayed to hyper's HTTP/2 connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_preface_in_pieces_is_served_as_http2() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "");
+    for engine in ENGINES {
+        let (p, addr) = proxy_on(&yaml, engine).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        for piece in [&PREFACE[..1], &PREFACE[1..16], &PREFACE[16..]] {
+            s.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // SETTINGS (empty), then GET / on stream 1 (END_STREAM,
+        // END_HEADERS): `:method GET`, `:scheme http`, `:path /` from
+        // the static table, `:authority: t` a literal.
+        let mut out = h2_frame(0x4, 0, 0, &[]);
+        out.extend(h2_frame(0x1, 0x5, 1, b"\x82\x86\x84\x41\x01t"));
+        s.write_all(&out).await.unwrap();
+        let head = h2_response_head(&mut s).await;
+        assert_eq!(head.first(), Some(&0x88), "`:status: 200` ({engine:?})");
+        assert!(bs[0].requests() > 0);
+        drop(s);
+        metric_is(&p, CONNECTIONS, 0.0).await;
+        metric_is(&p, BUFFERS, 0.0).await;
+        p.shutdown().await;
+    }
+}
+
+/// An HTTP/1 head whose first bytes are also a beginning of the preface
+/// (`P`, then the rest of `PUT`) is HTTP/1 once a byte differs, and is
+/// answered with the first byte kept, on either server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_head_that_starts_like_the_preface_is_served_whole() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "");
+    for engine in ENGINES {
+        let (p, addr) = proxy_on(&yaml, engine).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        s.write_all(b"P").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.write_all(b"UT /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi")
+            .await
+            .unwrap();
+        let resp = Reader::new()
+            .response(&mut s, false)
+            .await
+            .expect("a response");
+        assert_eq!(resp.status, 200, "{engine:?}");
+        assert_eq!(resp.header("x-backend"), Some("b0"), "{engine:?}");
+        drop(s);
+        metric_is(&p, CONNECTIONS, 0.0).await;
+        metric_is(&p, BUFFERS, 0.0).await;
+        p.shutdown().await;
+    }
+}
+
+/// A client that sends a part of the preface and then closes, one that
+/// sends a part and stalls (closed at `timeouts.request_headers`), and one
+/// that connects and closes with nothing sent: none is answered, and no
+/// connection or buffer is left counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_preface_that_closes_or_stalls_leaves_nothing_held() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "").replace(
+        "    address: \"127.0.0.1:0\"\n    routes:",
+        "    address: \"127.0.0.1:0\"\n    timeouts: { request_headers: 1s }\n    routes:",
+    );
+    assert!(yaml.contains("request_headers: 1s"));
+    for engine in ENGINES {
+        let (p, addr) = proxy_on(&yaml, engine).await;
+        // Closes after a part.
+        let mut gone = TcpStream::connect(addr).await.unwrap();
+        gone.write_all(&PREFACE[..16]).await.unwrap();
+        // Stalls after a part: held open by the client, closed by the
+        // proxy with nothing written.
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        stalled.write_all(&PREFACE[..10]).await.unwrap();
+        // Sends nothing.
+        let silent = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        gone.shutdown().await.unwrap();
+        drop(silent);
+        let mut rest = Vec::new();
+        tokio::time::timeout(DEADLINE, stalled.read_to_end(&mut rest))
+            .await
+            .expect("the stalled connection is closed by the proxy")
+            .unwrap();
+        assert!(rest.is_empty(), "{engine:?}: {rest:?}");
+        assert!(closed(&mut gone).await, "{engine:?}");
+        metric_is(&p, CONNECTIONS, 0.0).await;
+        metric_is(&p, BUFFERS, 0.0).await;
+        assert_eq!(bs[0].requests(), 0);
+        p.shutdown().await;
+    }
 }

@@ -136,7 +136,7 @@ enum Next {
 }
 
 /// Serves HTTP/1.1 on `io` until the connection closes or its listener
-/// drains.
+/// drains; `first` holds bytes already read from `io`, if any.
 ///
 /// This future is the connection task's for its whole life, idle
 /// included, so it is kept small: what an exchange needs lives in a box
@@ -147,6 +147,7 @@ enum Next {
 pub fn serve<I>(
     downstream: Arc<Downstream>,
     io: I,
+    first: Option<Lent>,
     peer: Peer,
     draining: watch::Receiver<Drain>,
 ) -> impl Future<Output = ()> + Send + 'static
@@ -157,7 +158,7 @@ where
     let drain = *draining.borrow();
     let mut conn = Conn {
         io,
-        buf: None,
+        buf: first,
         gauge,
         draining,
         drain,
@@ -286,7 +287,7 @@ fn limits(settings: &ListenerSettings) -> meshless_h1::Limits {
 
 /// Reads into `buf`, borrowing one once `io` is ready and giving it back
 /// if the read found nothing: `Ready(Ok(0))` is the end of the stream.
-fn poll_fill<I: AsyncRead + WaitRead + Unpin>(
+pub(crate) fn poll_fill<I: AsyncRead + WaitRead + Unpin>(
     io: &mut I,
     buf: &mut Option<Lent>,
     gauge: &Gauge,

@@ -252,8 +252,8 @@ async fn a_body_dropped_while_the_answer_is_pending_is_read_up_to_a_bound() {
     assert!(c.io.written.starts_with(b"HTTP/1.1 200 OK\r\n"));
 }
 
-/// Bytes of the future `f` returns (4 arguments).
-fn future_size4<A, B, C, D, R>(_: &impl FnOnce(A, B, C, D) -> R) -> usize {
+/// Bytes of the future `f` returns (5 arguments).
+fn future_size5<A, B, C, D, E, R>(_: &impl FnOnce(A, B, C, D, E) -> R) -> usize {
     std::mem::size_of::<R>()
 }
 
@@ -265,7 +265,7 @@ fn future_size4<A, B, C, D, R>(_: &impl FnOnce(A, B, C, D) -> R) -> usize {
 #[test]
 fn the_connection_future_holds_no_exchange_inline() {
     use std::mem::size_of;
-    let serve = future_size4(&serve::<tokio::net::TcpStream>);
+    let serve = future_size5(&serve::<tokio::net::TcpStream>);
     let conn = size_of::<Conn<tokio::net::TcpStream>>();
     let ex = size_of::<Exchange>();
     let peer = size_of::<Peer>();

@@ -74,8 +74,9 @@ pub struct Downstream {
     /// cluster and endpoint ones are, on every scrape: not these).
     pub connections: Gauge,
     /// This listener's `proxy_http1_buffers_lent` series, looked up by its
-    /// first `http1: meshless` connection (a listener on hyper's HTTP/1
-    /// exports none), then kept as `connections` is.
+    /// first plain-text connection (whose first read borrows a buffer:
+    /// `connection::serve`; a TLS-only listener exports none), then kept
+    /// as `connections` is.
     http1_buffers: std::sync::OnceLock<Gauge>,
 }
 

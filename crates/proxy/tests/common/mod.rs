@@ -103,6 +103,26 @@ pub async fn proxy(yaml: &str) -> (Proxy, SocketAddr) {
     (p, addr)
 }
 
+/// Both HTTP/1 servers, for tests that run on each in turn.
+pub const ENGINES: [meshless_proxy::h1serve::Http1Server; 2] = [
+    meshless_proxy::h1serve::Http1Server::Hyper,
+    meshless_proxy::h1serve::Http1Server::Meshless,
+];
+
+/// A proxy on `yaml` whose listeners are all served by `engine`.
+pub async fn proxy_on(
+    yaml: &str,
+    engine: meshless_proxy::h1serve::Http1Server,
+) -> (Proxy, SocketAddr) {
+    let mut cfg = ProxyConfig::parse(yaml, "test.yaml").expect("valid config");
+    for l in &mut cfg.listeners {
+        l.http1 = engine;
+    }
+    let p = Proxy::start(cfg).await.expect("proxy starts");
+    let addr = p.listener_addr("web").await.expect("listener");
+    (p, addr)
+}
+
 pub type TestClient = Client<HttpConnector, Full<Bytes>>;
 
 pub fn client() -> TestClient {
