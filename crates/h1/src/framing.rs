@@ -298,8 +298,10 @@ pub fn has_token(value: &[u8], token: &str) -> bool {
             .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
 }
 
-/// Whether the last coding of a `Transfer-Encoding` line is `chunked`.
-fn last_coding_is_chunked(value: &[u8]) -> bool {
+/// Whether the last coding of a `Transfer-Encoding` line is `chunked`, as
+/// hyper decides it: only over visible ASCII (and tab), so a line with any
+/// other byte is not chunked.
+pub fn last_coding_is_chunked(value: &[u8]) -> bool {
     visible(value)
         .and_then(|s| s.rsplit(',').next())
         .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"))
