@@ -13,8 +13,12 @@
 //! the preface has before handing them to HTTP/1 as a separate short read,
 //! and hyper then grows its 8 KiB read buffer to 16 KiB for the rest of
 //! the head, which every idle keep-alive connection keeps. The first read
-//! here takes all that has arrived (up to the buffer's 8 KiB): a head
-//! sent in one piece reaches hyper in one read.
+//! here takes all that has arrived (up to the pooled buffer's room, at
+//! least 8 KiB): a head sent in one piece reaches hyper in one read, and
+//! the copy replayed is freed once read.
+//!
+//! A client that sends a part of the preface and stalls holds a pooled
+//! buffer until `timeouts.request_headers`, as a partial HTTP/1 head does.
 
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;

@@ -1271,7 +1271,8 @@ async fn h2_response_head(s: &mut TcpStream) -> Vec<u8> {
 /// An HTTP/2 client with prior knowledge whose preface arrives in three
 /// pieces (each a beginning of the preface, the first reads undecided)
 /// is served as HTTP/2 on either HTTP/1 server: the bytes read while
-/// waiting are all replayed to hyper's HTTP/2 connection.
+/// waiting are all replayed to hyper's HTTP/2 connection; so are the
+/// frames that came in the same read as the preface.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_preface_in_pieces_is_served_as_http2() {
     let bs = backends(1).await;
@@ -1292,8 +1293,13 @@ async fn an_http2_preface_in_pieces_is_served_as_http2() {
         s.write_all(&out).await.unwrap();
         let head = h2_response_head(&mut s).await;
         assert_eq!(head.first(), Some(&0x88), "`:status: 200` ({engine:?})");
-        assert!(bs[0].requests() > 0);
-        drop(s);
+        // And all of it in one write: the first read holds the preface
+        // and the frames after it.
+        let mut all = TcpStream::connect(addr).await.unwrap();
+        all.write_all(&[PREFACE, &out[..]].concat()).await.unwrap();
+        let head = h2_response_head(&mut all).await;
+        assert_eq!(head.first(), Some(&0x88), "`:status: 200` ({engine:?})");
+        drop((s, all));
         metric_is(&p, CONNECTIONS, 0.0).await;
         metric_is(&p, BUFFERS, 0.0).await;
         p.shutdown().await;
@@ -1365,6 +1371,35 @@ async fn a_partial_preface_that_closes_or_stalls_leaves_nothing_held() {
         metric_is(&p, CONNECTIONS, 0.0).await;
         metric_is(&p, BUFFERS, 0.0).await;
         assert_eq!(bs[0].requests(), 0);
+        p.shutdown().await;
+    }
+}
+
+/// A batch of pipelined requests larger than a pooled buffer's 8 KiB, in
+/// one write: the first read holds a part of it, and every request is
+/// answered in order on either server (hyper's gets the first read
+/// replayed, then the socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_batch_larger_than_a_buffer_is_answered_whole() {
+    let bs = backends(1).await;
+    let yaml = config(&bs, "");
+    for engine in ENGINES {
+        let (p, addr) = proxy_on(&yaml, engine).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let pad = "p".repeat(200);
+        let batch: String = (0..60)
+            .map(|i| format!("GET /{i} HTTP/1.1\r\nHost: t\r\nX-Pad: {pad}\r\n\r\n"))
+            .collect();
+        assert!(batch.len() > 12 * 1024, "{}", batch.len());
+        s.write_all(batch.as_bytes()).await.unwrap();
+        let mut r = Reader::new();
+        for i in 0..60 {
+            let resp = r.response(&mut s, false).await.expect("a response");
+            assert_eq!(resp.status, 200, "{engine:?} request {i}");
+        }
+        drop(s);
+        metric_is(&p, CONNECTIONS, 0.0).await;
+        metric_is(&p, BUFFERS, 0.0).await;
         p.shutdown().await;
     }
 }

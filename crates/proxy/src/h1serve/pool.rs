@@ -1,4 +1,6 @@
-//! A per-worker pool of read buffers for HTTP/1 connections. A connection
+//! A per-worker pool of read buffers for HTTP/1 connections (and for the
+//! first read of every plain-text connection, which tells its protocol:
+//! `connection::serve`). A connection
 //! borrows one only while bytes are pending (a head being read, a body
 //! being fed, a pipelined request) and gives it back as soon as it has
 //! none, so an idle keep-alive connection holds no buffer (as HAProxy's

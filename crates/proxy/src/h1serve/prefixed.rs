@@ -1,6 +1,9 @@
 //! An I/O object whose first reads return bytes already read from it: how
-//! a connection handed over to hyper (an upgrade, `CONNECT`) has the
-//! request head replayed before the rest of the stream.
+//! a connection handed over to hyper has what was read replayed before the
+//! rest of the stream (the first bytes, which told the protocol, for
+//! hyper's HTTP/2 and HTTP/1 servers; the request head on an upgrade or
+//! `CONNECT`). The bytes are freed once replayed, not held for the
+//! connection's life.
 
 use std::io;
 use std::pin::Pin;
@@ -32,6 +35,10 @@ impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // `advance` keeps the allocation: let it go.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)
@@ -84,5 +91,21 @@ mod tests {
         let mut got = String::new();
         p.read_to_string(&mut got).await.expect("read");
         assert_eq!(got, "hello world");
+    }
+
+    /// Once replayed, the prefix is let go: a connection that lives on
+    /// (idle, or a tunnel) does not keep what it read first.
+    #[tokio::test]
+    async fn the_prefix_is_freed_once_replayed() {
+        let (_a, b) = tokio::io::duplex(64);
+        let first = Bytes::from(b"0123456789".to_vec());
+        let mut p = Prefixed::new(first.clone(), b);
+        let mut got = [0u8; 4];
+        p.read_exact(&mut got).await.expect("read");
+        assert!(!first.is_unique(), "still being replayed");
+        let mut rest = [0u8; 6];
+        p.read_exact(&mut rest).await.expect("read");
+        assert_eq!((&got, &rest), (b"0123", b"456789"));
+        assert!(first.is_unique(), "the replayed prefix is still held");
     }
 }

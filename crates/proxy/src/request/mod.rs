@@ -74,9 +74,9 @@ pub struct Downstream {
     /// cluster and endpoint ones are, on every scrape: not these).
     pub connections: Gauge,
     /// This listener's `proxy_http1_buffers_lent` series, looked up by its
-    /// first plain-text connection (whose first read borrows a buffer:
-    /// `connection::serve`; a TLS-only listener exports none), then kept
-    /// as `connections` is.
+    /// first connection that borrows a read buffer (any plain-text one, for
+    /// its first read: `connection::serve`; a TLS one served by meshless's
+    /// HTTP/1), then kept as `connections` is.
     http1_buffers: std::sync::OnceLock<Gauge>,
 }
 
