@@ -124,9 +124,10 @@ pub fn serve(
             Protocol::Http1 if settings.http1 == Http1Server::Meshless => {
                 crate::h1serve::serve(downstream, stream, Some(first), peer, draining).await;
             }
-            // One box per connection each (hyper's HTTP/2 connection is
-            // boxed inside `serve_h2`). Replayed from a copy: the
-            // borrowed buffer goes back to the pool at once.
+            // One box per connection each: inline, either would size
+            // every connection's future (and so the box each idle HTTP/1
+            // connection holds). Replayed from a copy: the borrowed
+            // buffer goes back to the pool at once.
             Protocol::Http1 => {
                 let io = Prefixed::new(Bytes::copy_from_slice(&first), stream);
                 drop(first);
@@ -135,7 +136,7 @@ pub fn serve(
             Protocol::Http2 => {
                 let io = Prefixed::new(Bytes::copy_from_slice(&first), stream);
                 drop(first);
-                serve_h2(downstream, io, peer, draining).await;
+                Box::pin(serve_h2(downstream, io, peer, draining)).await;
             }
         }
     }
