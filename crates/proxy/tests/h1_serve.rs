@@ -48,6 +48,14 @@ async fn metric_is(p: &meshless_proxy::Proxy, series: &str, want: f64) {
     .await;
 }
 
+/// Waits until the listener counts no connection and no buffer, then
+/// shuts the proxy down.
+async fn nothing_held_then_shutdown(p: meshless_proxy::Proxy) {
+    metric_is(&p, CONNECTIONS, 0.0).await;
+    metric_is(&p, BUFFERS, 0.0).await;
+    p.shutdown().await;
+}
+
 /// Polls until no endpoint counts a request in flight.
 async fn nothing_in_flight(p: &meshless_proxy::Proxy) {
     eventually("no request in flight", || async {
@@ -379,9 +387,7 @@ async fn a_silent_client_with_an_unread_body_is_closed() {
     let resp = Reader::new().response(&mut s, false).await.unwrap();
     assert_eq!(resp.status, 404);
     assert!(closed(&mut s).await, "the silent client was not closed");
-    metric_is(&p, BUFFERS, 0.0).await;
-    metric_is(&p, CONNECTIONS, 0.0).await;
-    p.shutdown().await;
+    nothing_held_then_shutdown(p).await;
 }
 
 // ---------------------------------------------------------------------
@@ -1024,9 +1030,7 @@ async fn a_refused_request_lingers_for_what_the_client_still_sends() {
         assert_eq!(end.expect("no reset"), 0);
     }
     assert_eq!(bs[0].requests(), 0);
-    metric_is(&p, BUFFERS, 0.0).await;
-    metric_is(&p, CONNECTIONS, 0.0).await;
-    p.shutdown().await;
+    nothing_held_then_shutdown(p).await;
 }
 
 /// R7: an answer given with more of the declared body left than the
@@ -1179,9 +1183,7 @@ async fn a_half_close_during_a_response_still_answers_what_was_pipelined() {
         .expect("the pipelined request answered");
     assert_eq!((next.status, &next.body[..]), (200, &b"ok"[..]));
     assert!(closed(&mut s).await, "closed after the last answer");
-    metric_is(&p, CONNECTIONS, 0.0).await;
-    metric_is(&p, BUFFERS, 0.0).await;
-    p.shutdown().await;
+    nothing_held_then_shutdown(p).await;
 }
 
 /// Both gauges, kept by the listener rather than looked up per
@@ -1300,9 +1302,7 @@ async fn an_http2_preface_in_pieces_is_served_as_http2() {
         let head = h2_response_head(&mut all).await;
         assert_eq!(head.first(), Some(&0x88), "`:status: 200` ({engine:?})");
         drop((s, all));
-        metric_is(&p, CONNECTIONS, 0.0).await;
-        metric_is(&p, BUFFERS, 0.0).await;
-        p.shutdown().await;
+        nothing_held_then_shutdown(p).await;
     }
 }
 
@@ -1329,9 +1329,7 @@ async fn an_http1_head_that_starts_like_the_preface_is_served_whole() {
         assert_eq!(resp.status, 200, "{engine:?}");
         assert_eq!(resp.header("x-backend"), Some("b0"), "{engine:?}");
         drop(s);
-        metric_is(&p, CONNECTIONS, 0.0).await;
-        metric_is(&p, BUFFERS, 0.0).await;
-        p.shutdown().await;
+        nothing_held_then_shutdown(p).await;
     }
 }
 
@@ -1368,10 +1366,8 @@ async fn a_partial_preface_that_closes_or_stalls_leaves_nothing_held() {
             .unwrap();
         assert!(rest.is_empty(), "{engine:?}: {rest:?}");
         assert!(closed(&mut gone).await, "{engine:?}");
-        metric_is(&p, CONNECTIONS, 0.0).await;
-        metric_is(&p, BUFFERS, 0.0).await;
         assert_eq!(bs[0].requests(), 0);
-        p.shutdown().await;
+        nothing_held_then_shutdown(p).await;
     }
 }
 
@@ -1398,8 +1394,6 @@ async fn a_pipelined_batch_larger_than_a_buffer_is_answered_whole() {
             assert_eq!(resp.status, 200, "{engine:?} request {i}");
         }
         drop(s);
-        metric_is(&p, CONNECTIONS, 0.0).await;
-        metric_is(&p, BUFFERS, 0.0).await;
-        p.shutdown().await;
+        nothing_held_then_shutdown(p).await;
     }
 }
