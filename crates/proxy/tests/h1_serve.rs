@@ -18,14 +18,20 @@ use tokio::net::TcpStream;
 const BUFFERS: &str = "meshless_proxy_http1_buffers_lent{listener=\"web\"}";
 const CONNECTIONS: &str = "meshless_proxy_downstream_connections{listener=\"web\"}";
 
+/// `yaml` (one listener, as [`config`] writes it) with `field` (one line
+/// of YAML, unindented) added to the listener.
+fn with_listener_field(yaml: &str, field: &str) -> String {
+    let at = "    address: \"127.0.0.1:0\"\n    routes:";
+    assert!(yaml.contains(at), "no listener to add {field} to: {yaml}");
+    yaml.replace(
+        at,
+        &format!("    address: \"127.0.0.1:0\"\n    {field}\n    routes:"),
+    )
+}
+
 /// A proxy whose listener `web` is served by meshless's HTTP/1 server.
 async fn h1_proxy(bs: &[meshless_backend::Backend]) -> (meshless_proxy::Proxy, SocketAddr) {
-    let yaml = config(bs, "").replace(
-        "    address: \"127.0.0.1:0\"\n    routes:",
-        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
-    );
-    assert!(yaml.contains("http1: meshless"));
-    proxy(&yaml).await
+    proxy(&with_listener_field(&config(bs, ""), "http1: meshless")).await
 }
 
 /// Whether the server closes `s` (reads until EOF; bytes are ignored).
@@ -1079,11 +1085,10 @@ async fn a_refused_head_writes_an_access_log_line() {
     let bs = backends(1).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
-    let yaml = format!("access_log: \"{}\"\n{}", log.display(), config(&bs, "")).replace(
-        "    address: \"127.0.0.1:0\"\n    routes:",
-        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    let yaml = with_listener_field(
+        &format!("access_log: \"{}\"\n{}", log.display(), config(&bs, "")),
+        "http1: meshless",
     );
-    assert!(yaml.contains("http1: meshless"));
     let (p, addr) = proxy(&yaml).await;
     let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(9000));
     for (req, want) in [
@@ -1125,11 +1130,10 @@ async fn a_refused_head_writes_an_access_log_line() {
 async fn an_upstream_dying_after_its_head_still_gets_the_head_out() {
     static DYING: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10000\r\n\r\n0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789";
     let up = raw_upstream(DYING).await;
-    let yaml = config_with_endpoints(&format!("      - {{ address: \"{up}\" }}\n"), "").replace(
-        "    address: \"127.0.0.1:0\"\n    routes:",
-        "    address: \"127.0.0.1:0\"\n    http1: meshless\n    routes:",
+    let yaml = with_listener_field(
+        &config_with_endpoints(&format!("      - {{ address: \"{up}\" }}\n"), ""),
+        "http1: meshless",
     );
-    assert!(yaml.contains("http1: meshless"));
     let (p, addr) = proxy(&yaml).await;
     for i in 0..30 {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -1340,11 +1344,7 @@ async fn an_http1_head_that_starts_like_the_preface_is_served_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_preface_that_closes_or_stalls_leaves_nothing_held() {
     let bs = backends(1).await;
-    let yaml = config(&bs, "").replace(
-        "    address: \"127.0.0.1:0\"\n    routes:",
-        "    address: \"127.0.0.1:0\"\n    timeouts: { request_headers: 1s }\n    routes:",
-    );
-    assert!(yaml.contains("request_headers: 1s"));
+    let yaml = with_listener_field(&config(&bs, ""), "timeouts: { request_headers: 1s }");
     for engine in ENGINES {
         let (p, addr) = proxy_on(&yaml, engine).await;
         // Closes after a part.
