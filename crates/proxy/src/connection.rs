@@ -99,23 +99,20 @@ async fn first_bytes(stream: &mut TcpStream, gauge: &Gauge) -> Option<(Protocol,
 #[allow(clippy::manual_async_fn)] // see above: arguments stored once
 pub fn serve(
     downstream: Arc<Downstream>,
-    stream: TcpStream,
+    mut stream: TcpStream,
     client: SocketAddr,
     connection: Weak<ConnectionGuards>,
     mut draining: watch::Receiver<Drain>,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
-        let mut stream = stream;
         let settings = downstream.settings();
-        let gauge = downstream.http1_buffers();
         let first = tokio::select! {
             f = tokio::time::timeout(
                 settings.timeouts.request_headers,
-                first_bytes(&mut stream, &gauge),
+                first_bytes(&mut stream, downstream.http1_buffers()),
             ) => f,
             _ = draining.wait_for(|d| *d == Drain::Now) => return,
         };
-        drop(gauge);
         let Ok(Some((protocol, first))) = first else {
             return;
         };

@@ -473,7 +473,7 @@ mod tests {
         assert!(accepted < hyper, "serve_accepted {accepted} B");
         // Each idle connection holds a box of this size: the HTTP/2 and
         // hyper arms are boxed, so it is the HTTP/1 server's state and the
-        // wait for the first bytes (944 B in this build; 1,568 B with the
+        // wait for the first bytes (896 B in this build; 1,568 B with the
         // HTTP/2 arm inline).
         assert!(
             accepted <= 1024,

@@ -154,7 +154,7 @@ pub fn serve<I>(
 where
     I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static,
 {
-    let gauge = downstream.http1_buffers();
+    let gauge = downstream.http1_buffers().clone();
     let drain = *draining.borrow();
     let mut conn = Conn {
         io,

@@ -138,12 +138,10 @@ impl Downstream {
 
     /// The gauge of read buffers lent to this listener's `http1:
     /// meshless` connections.
-    pub fn http1_buffers(&self) -> Gauge {
+    pub fn http1_buffers(&self) -> &Gauge {
         let name = &self.name;
-        let gauge = self
-            .http1_buffers
-            .get_or_init(|| self.state.metrics.http1_buffers(name));
-        gauge.clone()
+        self.http1_buffers
+            .get_or_init(|| self.state.metrics.http1_buffers(name))
     }
 
     /// The listener's settings now.
