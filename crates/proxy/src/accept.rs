@@ -13,7 +13,7 @@
 
 use std::net::SocketAddr;
 
-use tokio::net::TcpStream;
+use crate::lazy_tcp::LazyTcpStream;
 
 use crate::deny;
 use crate::edge_metrics::{DenyLabels, ProxyProtocolLabels};
@@ -27,9 +27,9 @@ use crate::request::Downstream;
 pub fn screen(
     downstream: &Downstream,
     settings: &ListenerSettings,
-    stream: TcpStream,
+    stream: LazyTcpStream,
     peer: SocketAddr,
-) -> Option<TcpStream> {
+) -> Option<LazyTcpStream> {
     let Some(rule) = deny::matching(&settings.deny, peer.ip()) else {
         return Some(stream);
     };
@@ -56,9 +56,9 @@ pub fn screen(
 pub async fn client_address(
     downstream: &Downstream,
     settings: &ListenerSettings,
-    mut stream: TcpStream,
+    stream: LazyTcpStream,
     peer: SocketAddr,
-) -> Option<(TcpStream, SocketAddr)> {
+) -> Option<(LazyTcpStream, SocketAddr)> {
     let Some(accept) = &settings.proxy_protocol else {
         return Some((stream, peer));
     };
@@ -71,10 +71,12 @@ pub async fn client_address(
         // included, reaches the endpoint as data.
         return Some((stream, peer));
     }
+    // The header is waited for: the connection is registered at once.
+    let mut stream = stream.into_tokio().ok()?;
     let read = proxy_protocol::accept(&mut stream, peer, accept);
     let reason = match tokio::time::timeout(settings.timeouts.request_headers, read).await {
         Ok(Ok(client)) => {
-            let stream = screen(downstream, settings, stream, client)?;
+            let stream = screen(downstream, settings, stream.into(), client)?;
             return Some((stream, client));
         }
         Ok(Err(Refused::Untrusted)) => "untrusted",

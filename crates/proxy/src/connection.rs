@@ -37,6 +37,7 @@ pub use crate::drain::Drain;
 use crate::h1serve::Prefixed;
 use crate::h1serve::pool::Lent;
 use crate::h2_streams::StreamExecutor;
+use crate::lazy_tcp::LazyTcpStream;
 use crate::limits::{Http1Server, ListenerSettings};
 use crate::pooled_future::PooledFuture;
 use crate::request::downstream::Source;
@@ -73,7 +74,7 @@ pub fn classify(head: &[u8]) -> Option<Protocol> {
 /// included. The buffer is borrowed once `stream` is readable, counted in
 /// `gauge`; bytes are read until they are not a beginning of the preface
 /// (a preface sent in pieces is waited for, not polled).
-async fn first_bytes(stream: &mut TcpStream, gauge: &Gauge) -> Option<(Protocol, Lent)> {
+async fn first_bytes(stream: &mut LazyTcpStream, gauge: &Gauge) -> Option<(Protocol, Lent)> {
     let mut buf = None;
     loop {
         let read = poll_fn(|cx| crate::h1serve::poll_fill(stream, &mut buf, gauge, cx)).await;
@@ -99,7 +100,7 @@ async fn first_bytes(stream: &mut TcpStream, gauge: &Gauge) -> Option<(Protocol,
 #[allow(clippy::manual_async_fn)] // see above: arguments stored once
 pub fn serve(
     downstream: Arc<Downstream>,
-    mut stream: TcpStream,
+    mut stream: LazyTcpStream,
     client: SocketAddr,
     connection: Weak<ConnectionGuards>,
     mut draining: watch::Receiver<Drain>,

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use meshless_model::FieldError;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
 
 use crate::cidr::Cidr;
 
@@ -63,7 +62,7 @@ pub fn matching(rules: &[DenyRule], ip: IpAddr) -> Option<&DenyRule> {
 /// Closes a denied connection as `action` says. A `drop` is a plain close:
 /// FIN, or RST when the peer's bytes are still unread (the kernel's rule;
 /// nothing is read from a denied peer to avoid it).
-pub fn refuse(stream: TcpStream, action: DenyAction) {
+pub fn refuse(stream: impl std::os::fd::AsFd, action: DenyAction) {
     if action == DenyAction::Reset {
         // Best effort: if the option cannot be set, a plain close remains.
         let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));

@@ -25,6 +25,7 @@ pub mod health;
 pub mod hop_fields;
 pub mod hyper_h1;
 pub mod l4;
+pub mod lazy_tcp;
 pub mod limits;
 pub mod listener;
 pub mod merge_window;

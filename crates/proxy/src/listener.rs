@@ -11,11 +11,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::connection::Drain;
+use crate::lazy_tcp::LazyTcpStream;
 use crate::limits::ListenerSettings;
 use crate::pooled_future::PooledFuture;
 use crate::protocol::ListenerProtocol;
@@ -35,7 +38,7 @@ pub struct ListenerHandle {
     downstream: Arc<Downstream>,
     /// The socket, shared with the accept loop (and handed to a new
     /// process on a binary upgrade).
-    socket: Arc<TcpListener>,
+    socket: Arc<Listening>,
     /// TLS termination, when the listener has `tls`; swapped on reload.
     tls: Arc<ArcSwapOption<ListenerTls>>,
     /// Sends the drain deadline: stop accepting, drain, then close.
@@ -55,9 +58,9 @@ impl ListenerHandle {
     pub fn bind(
         address: SocketAddr,
         socket: &SocketOptions,
-    ) -> std::io::Result<(TcpListener, SocketAddr)> {
-        let listener = socket.bind(address)?;
-        let local = listener.local_addr()?;
+    ) -> std::io::Result<(Listening, SocketAddr)> {
+        let listener = listening(socket.bind(address)?)?;
+        let local = listener.get_ref().local_addr()?;
         Ok((listener, local))
     }
 
@@ -65,12 +68,13 @@ impl ListenerHandle {
     pub fn serve(
         name: Arc<str>,
         address: SocketAddr,
-        listener: TcpListener,
+        listener: Listening,
         state: Arc<ProxyState>,
         settings: ListenerSettings,
         tls: Option<ListenerTls>,
     ) -> Self {
-        let local_addr = listener.local_addr().unwrap_or(address);
+        let local_addr = listener.get_ref().local_addr().unwrap_or(address);
+        let socket = Arc::new(listener);
         let (stop, stopped) = watch::channel(None);
         let cap = settings.max_connections as usize;
         let slots = Arc::new(Slots::new(cap));
@@ -78,7 +82,6 @@ impl ListenerHandle {
         // the sender's `closed()` resolves once every one has ended.
         let graceful = Arc::new(watch::channel(Drain::Serving).0);
         let downstream = Arc::new(Downstream::new(name, state, settings));
-        let socket = Arc::new(listener);
         let tls = Arc::new(ArcSwapOption::from(tls.map(|t| Arc::new(t.install()))));
         let task = tokio::spawn(accept_loop(
             Arc::clone(&downstream),
@@ -113,8 +116,8 @@ impl ListenerHandle {
     }
 
     /// The listening socket (to hand to a new process).
-    pub fn socket(&self) -> &TcpListener {
-        &self.socket
+    pub fn socket(&self) -> &std::net::TcpListener {
+        self.socket.get_ref()
     }
 
     /// Applies reloaded settings: limits and timeouts of new requests and
@@ -243,7 +246,7 @@ impl AcceptBackoff {
 
 async fn accept_loop(
     downstream: Arc<Downstream>,
-    listener: Arc<TcpListener>,
+    listener: Arc<Listening>,
     (tls, slots): (Arc<ArcSwapOption<ListenerTls>>, Arc<Slots>),
     graceful: Arc<watch::Sender<Drain>>,
     mut stopped: watch::Receiver<Option<(Duration, Drain)>>,
@@ -265,7 +268,7 @@ async fn accept_loop(
             continue;
         };
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = accept(&listener) => match accepted {
                 Ok((stream, client)) => {
                     backoff.reset();
                     let tls = tls.load_full();
@@ -307,6 +310,37 @@ fn drain_of(
     drain.unwrap_or((Duration::ZERO, Drain::Now))
 }
 
+/// A listening socket, watched by the reactor; the connections it accepts
+/// are registered only when they first wait ([`LazyTcpStream`]).
+pub type Listening = AsyncFd<std::net::TcpListener>;
+
+/// `listener` as a listener serves it ([`ListenerHandle::serve`]).
+// `AsyncFd::new` is deprecated because a `T` that does not own its
+// descriptor (a bare number) could be closed under the registration; a
+// `std::net::TcpListener` owns its socket, which closes only when the
+// `AsyncFd` drops it (its safe replacement is `unsafe`, which this
+// workspace forbids).
+#[allow(deprecated)]
+pub fn listening(listener: TcpListener) -> std::io::Result<Listening> {
+    AsyncFd::new(listener.into_std()?)
+}
+
+/// Accepts one connection (non-blocking, close-on-exec), not registered
+/// with the reactor: where tokio's `accept` registers every connection,
+/// one answered without waiting never is.
+async fn accept(listener: &Listening) -> std::io::Result<(LazyTcpStream, SocketAddr)> {
+    let flags = socket2::Type::from(0).nonblocking().cloexec();
+    listener
+        .async_io(Interest::READABLE, |l| {
+            let (socket, peer) = socket2::SockRef::from(l).accept4(flags.into())?;
+            let peer = peer.as_socket().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "a peer that is not IP")
+            })?;
+            Ok((LazyTcpStream::new(socket.into()), peer))
+        })
+        .await
+}
+
 /// Serves one accepted connection; `permit` is its `max_connections` slot.
 /// The deny rules see it first ([`crate::accept::screen`]), then the
 /// PROXY header is read, then its protocol is served.
@@ -314,7 +348,7 @@ fn serve_connection(
     downstream: &Arc<Downstream>,
     tls: Option<Arc<ListenerTls>>,
     draining: watch::Receiver<Drain>,
-    stream: TcpStream,
+    stream: LazyTcpStream,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
 ) {
@@ -385,7 +419,7 @@ fn serve_accepted(
     settings: Arc<ListenerSettings>,
     tls: Option<Arc<ListenerTls>>,
     draining: watch::Receiver<Drain>,
-    stream: TcpStream,
+    stream: LazyTcpStream,
     peer: SocketAddr,
     hold: Weak<ConnectionGuards>,
 ) -> impl Future<Output = ()> + Send + 'static {
@@ -394,11 +428,24 @@ fn serve_accepted(
         let Some((stream, client)) = accepted.await else {
             return;
         };
+        // TCP proxying and TLS wait on the socket from the start.
+        let registered = |stream: LazyTcpStream| {
+            stream
+                .into_tokio()
+                .inspect_err(|e| tracing::debug!(listener = %downstream.name, %client, error = %e, "connection not registered"))
+                .ok()
+        };
         match (settings.protocol, tls) {
             (ListenerProtocol::Tcp, _) => {
+                let Some(stream) = registered(stream) else {
+                    return;
+                };
                 Box::pin(crate::l4::serve(downstream, stream, client, draining)).await
             }
             (ListenerProtocol::Http, Some(tls)) => {
+                let Some(stream) = registered(stream) else {
+                    return;
+                };
                 Box::pin(crate::connection::serve_tls(
                     downstream, tls, stream, client, hold, draining,
                 ))
@@ -438,7 +485,7 @@ mod tests {
             Arc<ListenerSettings>,
             Option<Arc<ListenerTls>>,
             watch::Receiver<Drain>,
-            TcpStream,
+            LazyTcpStream,
             SocketAddr,
             Weak<ConnectionGuards>,
         ) -> S,
@@ -459,8 +506,9 @@ mod tests {
         let task = task_size(&serve_accepted, &closed);
         let accepted = future_size7(&serve_accepted);
         let conn = future_size5(&crate::connection::serve);
-        let h1 = future_size5(&crate::h1serve::serve::<TcpStream>);
-        let hyper = future_size4(&crate::hyper_h1::serve::<crate::h1serve::Prefixed<TcpStream>>);
+        let h1 = future_size5(&crate::h1serve::serve::<LazyTcpStream>);
+        let hyper =
+            future_size4(&crate::hyper_h1::serve::<crate::h1serve::Prefixed<LazyTcpStream>>);
         eprintln!(
             "task {task} B, serve_accepted {accepted} B, connection::serve {conn} B, \
              h1serve::serve {h1} B, hyper_h1::serve {hyper} B"

@@ -133,13 +133,12 @@ impl Proxy {
         // takeover costs the old process's clients nothing.
         let mut sockets = Vec::with_capacity(listener_configs.len());
         for (i, l) in listener_configs.iter().enumerate() {
-            let socket =
-                bind_or_take(inherited, &l.name, l.address, &l.socket).map_err(|source| {
-                    ProxyError::Bind {
-                        what: format!("listeners[{i}].address"),
-                        address: l.address,
-                        source,
-                    }
+            let socket = bind_or_take(inherited, &l.name, l.address, &l.socket)
+                .and_then(crate::listener::listening)
+                .map_err(|source| ProxyError::Bind {
+                    what: format!("listeners[{i}].address"),
+                    address: l.address,
+                    source,
                 })?;
             sockets.push(socket);
         }
@@ -576,7 +575,7 @@ fn bind_or_take(
             tracing::info!(name, address = %socket.local_addr()?, "listening socket taken over");
             tokio::net::TcpListener::from_std(socket)
         }
-        None => Ok(ListenerHandle::bind(address, options)?.0),
+        None => options.bind(address),
     }
 }
 

@@ -70,6 +70,16 @@ pub trait WaitRead {
     fn sent(&self) -> u64 {
         0
     }
+
+    /// Whether the stream is registered with the reactor, so that waiting
+    /// on it costs nothing more; `false` for a [`LazyTcpStream`] not yet
+    /// registered, which the watch for the client leaving while the
+    /// upstream answers waits [`WATCH_AFTER`] before registering.
+    ///
+    /// [`LazyTcpStream`]: crate::lazy_tcp::LazyTcpStream
+    fn registered(&self) -> bool {
+        true
+    }
 }
 
 impl WaitRead for tokio::net::TcpStream {
@@ -91,6 +101,14 @@ impl WaitRead for tokio_rustls::server::TlsStream<crate::tls::Counted> {
 /// Most bytes of a request body left unread after its response that are
 /// read and discarded to keep the connection; a longer rest closes it.
 const DRAIN_MAX: u64 = 64 * 1024;
+
+/// How long a request waits on its upstream before the client is watched
+/// for leaving, on a connection not yet registered with the reactor (one
+/// whose reads and writes have not had to wait: [`WaitRead::registered`]).
+/// Registering costs two system calls and an allocation that a new
+/// connection answered sooner never needs; a client that leaves is then
+/// noticed this much later. A registered connection is watched at once.
+pub const WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The longest a closing connection reads and discards what its client
 /// still sends (lingering close; nginx's `lingering_time` is 30 s, with 5 s
@@ -739,13 +757,23 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
     /// client that closes is seen. `Err` when it closed with nothing
     /// buffered (the request is dropped, as hyper drops it); a close after
     /// pipelined bytes is a half-close (`eof`): those are served first.
-    fn poll_watch(&mut self, ex: &Exchange, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+    fn poll_watch(&mut self, ex: &mut Exchange, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
         if self
             .buf
             .as_ref()
             .is_some_and(|b| b.len() >= ex.max_buffered)
         {
             return Poll::Pending;
+        }
+        if !self.io.registered() {
+            // Watching an unregistered socket would register it: an
+            // upstream that answers within WATCH_AFTER spares that.
+            let after = ex
+                .watch_after
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(WATCH_AFTER)));
+            if after.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
         }
         match poll_fill(&mut self.io, &mut self.buf, &self.gauge, cx) {
             Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(Ok(())),
@@ -828,6 +856,9 @@ struct Exchange {
     continue_flushing: bool,
     /// Closed for `timeouts.send` (counted by the connection's task).
     send_timed_out: bool,
+    /// When the watch for the client leaving starts on a stream not yet
+    /// registered ([`WATCH_AFTER`]); armed at its first wait.
+    watch_after: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Exchange {
@@ -855,6 +886,7 @@ impl Exchange {
             stall_mark: (false, 0, 0),
             continue_flushing: false,
             send_timed_out: false,
+            watch_after: None,
         }
     }
 }
