@@ -124,6 +124,28 @@ impl From<TcpStream> for LazyTcpStream {
     }
 }
 
+/// Bytes of the worker's scratch buffer a direct read goes through.
+const SCRATCH: usize = 16 * 1024;
+
+thread_local! {
+    /// Zeroed once per worker thread: a direct read lands here and is
+    /// copied into the caller's buffer, whose room is uninitialised (this
+    /// workspace has no `unsafe` to read into it, and zeroing the room,
+    /// 8-16 KiB, on every read cost more than copying what was read).
+    static SCRATCH_BUF: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0; SCRATCH].into_boxed_slice());
+}
+
+/// One read of the unregistered socket `s` into `buf`.
+fn read_direct(mut s: &std::net::TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<()> {
+    let want = buf.remaining().min(SCRATCH);
+    SCRATCH_BUF.with_borrow_mut(|scratch| {
+        let n = s.read(&mut scratch[..want])?;
+        buf.put_slice(&scratch[..n]);
+        Ok(())
+    })
+}
+
 fn failed() -> io::Error {
     io::Error::new(
         io::ErrorKind::NotConnected,
@@ -151,13 +173,10 @@ impl AsyncRead for LazyTcpStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let read = this.direct(|mut s| {
-            // The workspace has no `unsafe`, so the room is zeroed first
-            // (only while unregistered: a read or two per connection).
-            let n = s.read(buf.initialize_unfilled())?;
-            buf.advance(n);
-            Ok(())
-        });
+        if let State::Registered(s) = &mut this.state {
+            return Pin::new(s).poll_read(cx, buf);
+        }
+        let read = this.direct(|s| read_direct(s, buf));
         match read {
             Some(done) => Poll::Ready(done),
             None => this.registered()?.poll_read(cx, buf),
@@ -172,6 +191,9 @@ impl AsyncWrite for LazyTcpStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let State::Registered(s) = &mut this.state {
+            return Pin::new(s).poll_write(cx, buf);
+        }
         match this.direct(|mut s| s.write(buf)) {
             Some(done) => Poll::Ready(done),
             None => this.registered()?.poll_write(cx, buf),
@@ -184,6 +206,9 @@ impl AsyncWrite for LazyTcpStream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let State::Registered(s) = &mut this.state {
+            return Pin::new(s).poll_write_vectored(cx, bufs);
+        }
         match this.direct(|mut s| s.write_vectored(bufs)) {
             Some(done) => Poll::Ready(done),
             None => this.registered()?.poll_write_vectored(cx, bufs),

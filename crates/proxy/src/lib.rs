@@ -43,6 +43,7 @@ pub mod sockopt;
 pub mod state;
 pub mod tls;
 pub mod upstream;
+pub mod watch_clock;
 
 pub use config::{ConfigFileError, ProxyConfig};
 pub use proxy::{Proxy, ProxyError};

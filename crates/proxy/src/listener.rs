@@ -253,6 +253,8 @@ async fn accept_loop(
 ) {
     let metrics = &downstream.state.metrics;
     let mut backoff = AcceptBackoff::default();
+    let clock = Arc::clone(&downstream.watch_clock);
+    let ticking = tokio::spawn(async move { clock.run(crate::h1serve::WATCH_AFTER).await });
     let (drain, mode) = loop {
         if slots.permits.available_permits() == 0 {
             metrics.connections_at_limit(&downstream.name);
@@ -296,6 +298,7 @@ async fn accept_loop(
         tracing::warn!(listener = %downstream.name, "drain timeout: closing remaining connections");
     }
     tunnels.close_all();
+    ticking.abort();
 }
 
 fn drain_of(

@@ -102,12 +102,16 @@ impl WaitRead for tokio_rustls::server::TlsStream<crate::tls::Counted> {
 /// read and discarded to keep the connection; a longer rest closes it.
 const DRAIN_MAX: u64 = 64 * 1024;
 
-/// How long a request waits on its upstream before the client is watched
-/// for leaving, on a connection not yet registered with the reactor (one
-/// whose reads and writes have not had to wait: [`WaitRead::registered`]).
-/// Registering costs two system calls and an allocation that a new
-/// connection answered sooner never needs; a client that leaves is then
-/// noticed this much later. A registered connection is watched at once.
+/// How long the first request of a connection not yet registered with the
+/// reactor (one whose reads and writes have not had to wait:
+/// [`WaitRead::registered`]) waits on its upstream before its client is
+/// watched for leaving: at least this, at most twice this (the listener's
+/// [`WatchClock`] ticks once per period). Registering costs two system
+/// calls and an allocation that a new connection answered sooner never
+/// needs. A registered connection, and any later request, is watched at
+/// once.
+///
+/// [`WatchClock`]: crate::watch_clock::WatchClock
 pub const WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The longest a closing connection reads and discards what its client
@@ -140,6 +144,11 @@ struct Conn<I> {
     /// before the current one, it is moved on only when it fires early.
     /// Not one timer registered and removed per request.
     head_timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// No exchange has ended on this connection yet: only the first
+    /// request's watch for the client leaving waits [`WATCH_AFTER`] on a
+    /// connection not yet registered; a kept connection is registered
+    /// (once) by the watch of its next request.
+    first_exchange: bool,
 }
 
 /// What waiting for a head gave. Not boxed: it is moved once per
@@ -184,6 +193,7 @@ where
         eof: false,
         linger: false,
         head_timer: None,
+        first_exchange: true,
     };
     async move {
         let refused = loop {
@@ -490,12 +500,23 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                 })),
             },
         );
-        Box::into_pin(serving)
+        let mut serving = Box::into_pin(serving);
+        if self.first_exchange && !self.io.registered() {
+            let clock = Arc::clone(&downstream.watch_clock);
+            let due = clock.ticks() + 2;
+            serving.as_mut().project().ex.late_watch = Some(LateWatch {
+                clock,
+                due,
+                queued: None,
+            });
+        }
+        serving
     }
 
     /// After an exchange: the write buffer goes back to the pool, and so
     /// does the read buffer unless it holds what follows.
     fn end(&mut self, ex: &mut Exchange) {
+        self.first_exchange = false;
         if let (Some(w), Some(mut out)) = (ex.writer.take(), ex.out.take()) {
             *out = w.into_buffer();
         }
@@ -765,13 +786,17 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
         {
             return Poll::Pending;
         }
-        if !self.io.registered() {
+        if let Some(late) = ex.late_watch.as_mut()
+            && !self.io.registered()
+        {
             // Watching an unregistered socket would register it: an
             // upstream that answers within WATCH_AFTER spares that.
-            let after = ex
-                .watch_after
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(WATCH_AFTER)));
-            if after.as_mut().poll(cx).is_pending() {
+            let now = late.clock.ticks();
+            if now < late.due {
+                if late.queued != Some(now) {
+                    late.queued = Some(now);
+                    late.clock.wake_after_tick(cx.waker());
+                }
                 return Poll::Pending;
             }
         }
@@ -856,9 +881,19 @@ struct Exchange {
     continue_flushing: bool,
     /// Closed for `timeouts.send` (counted by the connection's task).
     send_timed_out: bool,
-    /// When the watch for the client leaving starts on a stream not yet
-    /// registered ([`WATCH_AFTER`]); armed at its first wait.
-    watch_after: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// On the first request of a connection not yet registered: when its
+    /// watch for the client leaving starts ([`WATCH_AFTER`]).
+    late_watch: Option<LateWatch>,
+}
+
+/// The late start of a request's watch for its client leaving.
+struct LateWatch {
+    clock: Arc<crate::watch_clock::WatchClock>,
+    /// The clock's tick from which the watch starts: two ticks after the
+    /// request began, so it has waited at least one whole period.
+    due: u64,
+    /// The tick at which a waker was last handed to the clock.
+    queued: Option<u64>,
 }
 
 impl Exchange {
@@ -886,7 +921,7 @@ impl Exchange {
             stall_mark: (false, 0, 0),
             continue_flushing: false,
             send_timed_out: false,
-            watch_after: None,
+            late_watch: None,
         }
     }
 }

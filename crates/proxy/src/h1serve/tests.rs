@@ -83,6 +83,7 @@ fn conn<I>(io: I) -> (Conn<I>, watch::Sender<Drain>) {
         eof: false,
         linger: false,
         head_timer: None,
+        first_exchange: true,
     };
     (c, tx)
 }

@@ -78,6 +78,10 @@ pub struct Downstream {
     /// its first read: `connection::serve`; a TLS one served by meshless's
     /// HTTP/1), then kept as `connections` is.
     http1_buffers: std::sync::OnceLock<Gauge>,
+    /// When a request on a connection not yet registered with the
+    /// reactor starts watching for its client leaving (ticked by the
+    /// accept loop's clock task).
+    pub watch_clock: Arc<crate::watch_clock::WatchClock>,
 }
 
 /// Clusters whose duration series a listener keeps at hand; past it (a
@@ -95,6 +99,7 @@ impl Downstream {
             tunnels: Arc::default(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             durations: std::sync::RwLock::default(),
+            watch_clock: Arc::default(),
         }
     }
 
