@@ -72,7 +72,10 @@ pub async fn client_address(
         return Some((stream, peer));
     }
     // The header is waited for: the connection is registered at once.
-    let mut stream = stream.into_tokio().ok()?;
+    let mut stream = stream
+        .into_tokio()
+        .inspect_err(|e| tracing::debug!(listener = %downstream.name, %peer, error = %e, "connection not registered"))
+        .ok()?;
     let read = proxy_protocol::accept(&mut stream, peer, accept);
     let reason = match tokio::time::timeout(settings.timeouts.request_headers, read).await {
         Ok(Ok(client)) => {

@@ -62,10 +62,12 @@ pub fn matching(rules: &[DenyRule], ip: IpAddr) -> Option<&DenyRule> {
 /// Closes a denied connection as `action` says. A `drop` is a plain close:
 /// FIN, or RST when the peer's bytes are still unread (the kernel's rule;
 /// nothing is read from a denied peer to avoid it).
-pub fn refuse(stream: impl std::os::fd::AsFd, action: DenyAction) {
-    if action == DenyAction::Reset {
+pub fn refuse(stream: crate::lazy_tcp::LazyTcpStream, action: DenyAction) {
+    if action == DenyAction::Reset
+        && let Some(socket) = stream.socket()
+    {
         // Best effort: if the option cannot be set, a plain close remains.
-        let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+        let _ = socket.set_linger(Some(Duration::ZERO));
     }
     drop(stream);
 }

@@ -14,21 +14,18 @@
 //!   readiness since the failed attempt is reported by epoll (a socket
 //!   registered while ready is reported as ready).
 //! - An unregistered stream cannot tell readiness without reading:
-//!   [`WaitRead::poll_read_ready`] answers ready, and the read tells.
+//!   [`LazyTcpStream::poll_read_ready`] answers ready, and the read tells.
 //!   [`LazyTcpStream::is_registered`] lets a caller that only wants to
 //!   watch the socket (for the client leaving) wait before paying for the
 //!   registration.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-
-use crate::h1serve::WaitRead;
 
 /// An accepted TCP connection, registered with the reactor on first wait.
 #[derive(Debug)]
@@ -95,19 +92,49 @@ impl LazyTcpStream {
     /// Tries `io` on the unregistered socket; registers it when the call
     /// would block (or the stream is registered already) and gives `None`
     /// then, so the caller polls tokio's stream.
+    ///
+    /// A direct call spends the task's budget as tokio's own stream does
+    /// (`Pending` once it is spent, the task woken to go on), so a loop
+    /// that reads while bytes keep coming still yields to the others.
     fn direct<R>(
         &mut self,
+        cx: &mut Context<'_>,
         io: impl FnOnce(&std::net::TcpStream) -> io::Result<R>,
-    ) -> Option<io::Result<R>> {
+    ) -> Poll<Option<io::Result<R>>> {
         let State::Direct(s) = &self.state else {
-            return None;
+            return Poll::Ready(None);
         };
-        match io(s) {
+        let budget = ready!(tokio::task::coop::poll_proceed(cx));
+        Poll::Ready(match io(s) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.register() {
                 Ok(_) => None,
                 Err(e) => Some(Err(e)),
             },
-            done => Some(done),
+            done => {
+                budget.made_progress();
+                Some(done)
+            }
+        })
+    }
+
+    /// Whether bytes may be read: a registered stream asks the reactor; an
+    /// unregistered one cannot tell without reading, so says ready (the
+    /// read tells, and registers it if it would block).
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.state {
+            State::Direct(_) => Poll::Ready(Ok(())),
+            State::Registered(s) => s.poll_read_ready(cx),
+            State::Failed => Poll::Ready(Err(failed())),
+        }
+    }
+
+    /// The socket, for its options; `None` once registering failed (the
+    /// socket is closed then).
+    pub fn socket(&self) -> Option<socket2::SockRef<'_>> {
+        match &self.state {
+            State::Direct(s) => Some(socket2::SockRef::from(s)),
+            State::Registered(s) => Some(socket2::SockRef::from(s)),
+            State::Failed => None,
         }
     }
 
@@ -153,19 +180,6 @@ fn failed() -> io::Error {
     )
 }
 
-impl AsFd for LazyTcpStream {
-    /// # Panics
-    /// Never for a stream in use: only after registering failed, when the
-    /// socket is already closed (callers stop at that error).
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match &self.state {
-            State::Direct(s) => s.as_fd(),
-            State::Registered(s) => s.as_fd(),
-            State::Failed => panic!("a failed LazyTcpStream has no socket"),
-        }
-    }
-}
-
 impl AsyncRead for LazyTcpStream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -176,7 +190,7 @@ impl AsyncRead for LazyTcpStream {
         if let State::Registered(s) = &mut this.state {
             return Pin::new(s).poll_read(cx, buf);
         }
-        let read = this.direct(|s| read_direct(s, buf));
+        let read = ready!(this.direct(cx, |s| read_direct(s, buf)));
         match read {
             Some(done) => Poll::Ready(done),
             None => this.registered()?.poll_read(cx, buf),
@@ -194,7 +208,7 @@ impl AsyncWrite for LazyTcpStream {
         if let State::Registered(s) = &mut this.state {
             return Pin::new(s).poll_write(cx, buf);
         }
-        match this.direct(|mut s| s.write(buf)) {
+        match ready!(this.direct(cx, |mut s| s.write(buf))) {
             Some(done) => Poll::Ready(done),
             None => this.registered()?.poll_write(cx, buf),
         }
@@ -209,7 +223,7 @@ impl AsyncWrite for LazyTcpStream {
         if let State::Registered(s) = &mut this.state {
             return Pin::new(s).poll_write_vectored(cx, bufs);
         }
-        match this.direct(|mut s| s.write_vectored(bufs)) {
+        match ready!(this.direct(cx, |mut s| s.write_vectored(bufs))) {
             Some(done) => Poll::Ready(done),
             None => this.registered()?.poll_write_vectored(cx, bufs),
         }
@@ -230,21 +244,6 @@ impl AsyncWrite for LazyTcpStream {
             State::Registered(s) => Pin::new(s).poll_shutdown(cx),
             State::Failed => Poll::Ready(Err(failed())),
         }
-    }
-}
-
-impl WaitRead for LazyTcpStream {
-    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.state {
-            // Unknown without reading: the read tells (and registers).
-            State::Direct(_) => Poll::Ready(Ok(())),
-            State::Registered(s) => s.poll_read_ready(cx),
-            State::Failed => Poll::Ready(Err(failed())),
-        }
-    }
-
-    fn registered(&self) -> bool {
-        self.is_registered()
     }
 }
 
@@ -270,9 +269,8 @@ mod tests {
         // Until the bytes are in the socket, a read would register.
         let mut ready = false;
         for _ in 0..200 {
-            if let Ok(n) =
-                socket2::SockRef::from(&lazy).peek(&mut [std::mem::MaybeUninit::new(0); 4])
-            {
+            let mut head = [std::mem::MaybeUninit::new(0); 4];
+            if let Some(Ok(n)) = lazy.socket().map(|s| s.peek(&mut head)) {
                 ready = n == 4;
             }
             if ready {

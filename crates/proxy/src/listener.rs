@@ -115,7 +115,8 @@ impl ListenerHandle {
         self.tls.store(tls.map(|t| Arc::new(t.install())));
     }
 
-    /// The listening socket (to hand to a new process).
+    /// The listening socket (to hand to a new process). It must stay
+    /// non-blocking: the accept loop accepts on it directly.
     pub fn socket(&self) -> &std::net::TcpListener {
         self.socket.get_ref()
     }
@@ -359,7 +360,9 @@ fn serve_connection(
     let Some(stream) = crate::accept::screen(downstream, &settings, stream, peer) else {
         return;
     };
-    let _ = settings.socket.apply(socket2::SockRef::from(&stream));
+    if let Some(socket) = stream.socket() {
+        let _ = settings.socket.apply(socket);
+    }
     let open = crate::metrics::OpenConnection::new(&downstream.connections);
     // Shared: a tunnel opened on the connection holds them until it closes.
     let guards = Arc::new(ConnectionGuards::new(open, permit));

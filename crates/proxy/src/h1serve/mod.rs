@@ -88,6 +88,16 @@ impl WaitRead for tokio::net::TcpStream {
     }
 }
 
+impl WaitRead for crate::lazy_tcp::LazyTcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        crate::lazy_tcp::LazyTcpStream::poll_read_ready(self, cx)
+    }
+
+    fn registered(&self) -> bool {
+        self.is_registered()
+    }
+}
+
 impl WaitRead for tokio_rustls::server::TlsStream<crate::tls::Counted> {
     fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
