@@ -847,39 +847,6 @@ async fn connection_cannot_remove_the_host() {
     p.shutdown().await;
 }
 
-/// An upstream that answers every request with a 64 MiB body, written
-/// for as long as the proxy takes it.
-async fn endless_upstream() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let total = 64 << 20;
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
-                if s.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = vec![b'x'; 64 * 1024];
-                for _ in 0..total / chunk.len() {
-                    if s.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 /// A client that stops reading its response holds the exchange (its
 /// upstream connection, its endpoint's load) only until the request's
 /// deadline (`timeouts.request`): the deadline is kept while the writer

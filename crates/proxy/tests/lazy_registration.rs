@@ -431,38 +431,6 @@ async fn a_partial_head_there_at_accept_is_closed_at_request_headers() {
     }
 }
 
-/// An HTTP/1.1 upstream that answers every request with a 64 MiB body.
-async fn endless_upstream() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let total = 64 << 20;
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
-                if s.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = vec![b'x'; 64 * 1024];
-                for _ in 0..total / chunk.len() {
-                    if s.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 /// A request there at accept whose response the client never reads: the
 /// write that would block registers the connection, and the send timeout
 /// still closes it and counts it.
