@@ -77,10 +77,9 @@ impl LazyTcpStream {
     /// Registers the stream if it is not yet; must be called from within
     /// the runtime.
     fn register(&mut self) -> io::Result<&mut TcpStream> {
-        if let State::Direct(_) = self.state {
-            let State::Direct(std) = std::mem::replace(&mut self.state, State::Failed) else {
-                unreachable!("matched above");
-            };
+        if matches!(self.state, State::Direct(_))
+            && let State::Direct(std) = std::mem::replace(&mut self.state, State::Failed)
+        {
             self.state = State::Registered(TcpStream::from_std(std)?);
         }
         match &mut self.state {
