@@ -34,14 +34,10 @@ async fn early_503(early: Arc<AtomicUsize>) -> SocketAddr {
         while let Ok((mut s, _)) = listener.accept().await {
             let early = Arc::clone(&early);
             tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if read_head(&mut s).await.is_none() {
+                    return;
                 }
+                let mut buf = [0u8; 4096];
                 let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
                 if s.write_all(answer).await.is_err() {
                     return;

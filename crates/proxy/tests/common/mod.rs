@@ -401,10 +401,26 @@ async fn gated_answer(
     Ok(resp)
 }
 
+/// Reads from `s` until a request head's end (`\r\n\r\n`): what was
+/// read (the head, and whatever followed it in the same reads), or `None`
+/// if the connection ended or failed first.
+pub async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(head)
+}
+
 /// An upstream that answers every request with a 64 MiB body, written
 /// for as long as the proxy takes it.
 pub async fn endless_upstream() -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -412,13 +428,8 @@ pub async fn endless_upstream() -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if read_head(&mut s).await.is_none() {
+                    return;
                 }
                 let total = 64 << 20;
                 let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
@@ -441,7 +452,7 @@ pub async fn endless_upstream() -> SocketAddr {
 /// (bytes written as they are), then closes it: for truncated bodies and
 /// other broken answers. Returns its address.
 pub async fn raw_upstream(response: &'static [u8]) -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -449,13 +460,8 @@ pub async fn raw_upstream(response: &'static [u8]) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if read_head(&mut s).await.is_none() {
+                    return;
                 }
                 let _ = s.write_all(response).await;
                 let _ = s.flush().await;
