@@ -56,20 +56,27 @@ def tree(pid):
     return [pid] + [p for c in out.split() for p in tree(int(c))]
 
 
-def cpu_seconds(pids):
-    """User + system CPU seconds of the processes (a pid or a list);
+def cpu_split(pids):
+    """(user, system) CPU seconds of the processes (a pid or a list);
     processes already gone count 0."""
     if isinstance(pids, int):
         pids = [pids]
-    total = 0
+    user = system = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime + stime
+            user += int(fields[11])  # utime
+            system += int(fields[12])  # stime
         except (FileNotFoundError, IndexError):
             pass
-    return total / TICKS
+    return user / TICKS, system / TICKS
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds of the processes (a pid or a list);
+    processes already gone count 0."""
+    return sum(cpu_split(pids))
 
 
 def status_kb(pids, key):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import cpu_seconds, haproxy_http_conf, spawn, status_kb, tree, wait_port, stop
+from peers_common import cpu_split, haproxy_http_conf, spawn, status_kb, tree, wait_port, stop
 
 DURATION = int(os.environ.get("DURATION", "5"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -164,7 +164,7 @@ def run_scenario(name, proc, scenario):
         return {"bytes_per_conn": (after - before) * 1024 / max(opened, 1), "failed": IDLE_CONNECTIONS - opened}
     # Warm-up, not measured.
     subprocess.run(["wrk", "-t1", "-c32", "-d1s", f"http://127.0.0.1:{port_h1}/"], capture_output=True)
-    cpu0 = cpu_seconds(pids)
+    user0, sys0 = cpu_split(pids)
     t0 = time.time()
     if scenario == "ka32":
         requests, failed, p50, p99 = wrk(port_h1, 32)
@@ -175,12 +175,15 @@ def run_scenario(name, proc, scenario):
     else:
         requests, failed, p50, p99 = h2load(port_h2)
     elapsed = time.time() - t0
-    cpu = cpu_seconds(pids) - cpu0
+    user1, sys1 = cpu_split(pids)
+    user, system = user1 - user0, sys1 - sys0
     return {
         "rps": requests / elapsed,
         "p50": p50,
         "p99": p99,
-        "cpu_us": cpu * 1e6 / max(requests, 1) if proc else float("nan"),
+        "cpu_us": (user + system) * 1e6 / max(requests, 1) if proc else float("nan"),
+        "user_us": user * 1e6 / max(requests, 1) if proc else float("nan"),
+        "sys_us": system * 1e6 / max(requests, 1) if proc else float("nan"),
         "rss_mb": status_kb(pids, "VmHWM") / 1024 if proc else float("nan"),
         "failed": failed,
     }
@@ -239,7 +242,8 @@ def main():
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"\nMedians of {REPEATS} runs of {DURATION} s; each proxy has one worker thread; "
-          "CPU per request is the proxy process's utime+stime over requests served.\n")
+          "CPU per request is the proxy process's utime+stime over requests served, "
+          "also shown apart (user / system).\n")
     for scenario, title in SCENARIOS:
         print(f"### {title}\n")
         if scenario == "idle":
@@ -256,23 +260,25 @@ def main():
             print()
             continue
         latency = "mean latency (ms)" if scenario == "h2" else "p50 / p99 latency (ms)"
-        print(f"| target | requests/s | {latency} | CPU µs per request | peak RSS (MiB) | failed |")
-        print("|---|---|---|---|---|---|")
+        print(f"| target | requests/s | {latency} | CPU µs per request | user / system µs | peak RSS (MiB) | failed |")
+        print("|---|---|---|---|---|---|---|")
         agg = {}
         for name in TARGETS:
             rs = results.get((name, scenario), [])
-            a = {k: med([r[k] for r in rs]) for k in ("rps", "p50", "p99", "cpu_us", "rss_mb")}
+            a = {k: med([r.get(k, float("nan")) for r in rs])
+                 for k in ("rps", "p50", "p99", "cpu_us", "user_us", "sys_us", "rss_mb")}
             a["failed"] = sum(r["failed"] for r in rs)
             agg[name] = a
             lat = fmt(a["p50"], 3) if scenario == "h2" else f"{fmt(a['p50'], 3)} / {fmt(a['p99'], 3)}"
-            print(f"| {name} | {fmt(a['rps'], 0)} | {lat} | {fmt(a['cpu_us'])} | {fmt(a['rss_mb'])} | {a['failed']} |")
+            split = f"{fmt(a['user_us'])} / {fmt(a['sys_us'])}"
+            print(f"| {name} | {fmt(a['rps'], 0)} | {lat} | {fmt(a['cpu_us'])} | {split} | {fmt(a['rss_mb'])} | {a['failed']} |")
         for mine in ("meshless", "meshless_h1", "meshless_up", "baseline"):
             if mine not in agg or "haproxy" not in agg:
                 continue
             m, h = agg[mine], agg["haproxy"]
             r = lambda k: fmt(m[k] / h[k], 2) if h[k] else "-"
             lat = r("p50") if scenario == "h2" else f"{r('p50')} / {r('p99')}"
-            print(f"| {mine} / haproxy | {r('rps')} | {lat} | {r('cpu_us')} | {r('rss_mb')} | |")
+            print(f"| {mine} / haproxy | {r('rps')} | {lat} | {r('cpu_us')} | {r('user_us')} / {r('sys_us')} | {r('rss_mb')} | |")
         print()
 
 
