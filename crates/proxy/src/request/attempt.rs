@@ -253,7 +253,7 @@ pub fn judge(resp: &Response<ResponseBody>, grpc: bool) -> (Outcome, Option<Retr
     (Outcome::Status(http), on)
 }
 
-/// Sends one attempt to endpoint `index` and waits (up to `timeout`, if
+/// Sends one attempt to endpoint `index` and waits (until `deadline`, if
 /// any) for its response headers. The lease holds the connection until the
 /// response ends.
 ///
@@ -265,7 +265,7 @@ pub async fn send(
     cluster: &UpstreamCluster,
     index: usize,
     (make, upgrade): (impl FnOnce() -> http::Request<UpstreamBody>, bool),
-    timeout: Option<Duration>,
+    deadline: Option<tokio::time::Instant>,
     fault: &ClientFault,
 ) -> Result<(Response<ResponseBody>, Lease), Failure> {
     let pool = &cluster.endpoint_pools[index];
@@ -278,8 +278,9 @@ pub async fn send(
             pool.send_once_connected(make).await
         }
     });
-    let sent = match timeout {
-        Some(t) => tokio::time::timeout(t, exchange).await,
+    // At the deadline itself: no clock read to turn it into a duration.
+    let sent = match deadline {
+        Some(at) => tokio::time::timeout_at(at, exchange).await,
         None => Ok(exchange.await),
     };
     match sent {
