@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import haproxy_http_conf, wait_port
+from peers_common import haproxy_http_conf, nginx_backend_conf, wait_port
 
 N = int(os.environ.get("N", "20000"))
 TOP = int(os.environ.get("TOP", "0"))
@@ -56,15 +56,6 @@ UPSTREAM_HTTP1 = os.environ.get("UPSTREAM_HTTP1")
 # Which proxy runs under callgrind: meshless, or haproxy as the bar.
 PEER = os.environ.get("PEER", "meshless")
 BACKEND, PROXY, ADMIN, BACKEND_H2 = 18100, 18103, 18104, 18110
-
-BACKEND_CONF = """
-worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
-events {{ worker_connections 65000; }}
-http {{
-  access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
-  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "hello from the backend\\n"; }} }}
-}}
-"""
 
 MESHLESS_CONF = """
 admin: {{ address: "127.0.0.1:{admin}" }}
@@ -169,7 +160,7 @@ def measure(pid, workdir, scenario):
 
 def main():
     workdir = tempfile.mkdtemp(prefix="meshless-cg-")
-    open(f"{workdir}/backend.conf", "w").write(BACKEND_CONF.format(dir=workdir, port=BACKEND))
+    open(f"{workdir}/backend.conf", "w").write(nginx_backend_conf(workdir, BACKEND))
     conf = MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND, http1=HTTP1)
     if UPSTREAM_HTTP1:
         conf = conf.replace("  - name: backend\n",

@@ -30,21 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from peers_common import wait_port
+from peers_common import nginx_backend_conf, wait_port
 
 MESHLESS = os.path.abspath(os.environ.get("MESHLESS", "target/release/meshless"))
 TOP = int(os.environ.get("TOP", "20"))
 LIBC = os.environ.get("LIBC", "/usr/lib/x86_64-linux-gnu/libc.so.6")
 BACKEND, PROXY, ADMIN = 18200, 18203, 18204
-
-BACKEND_CONF = """
-worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
-events {{ worker_connections 65000; }}
-http {{
-  access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
-  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "hello from the backend\\n"; }} }}
-}}
-"""
 
 MESHLESS_CONF = """
 admin: {{ address: "127.0.0.1:{admin}" }}
@@ -107,7 +98,7 @@ def main():
     if added.returncode != 0:
         sys.exit(f"perf probe failed (root and uprobes needed):\n{added.stderr}")
     workdir = tempfile.mkdtemp(prefix="meshless-copies-")
-    open(f"{workdir}/backend.conf", "w").write(BACKEND_CONF.format(dir=workdir, port=BACKEND))
+    open(f"{workdir}/backend.conf", "w").write(nginx_backend_conf(workdir, BACKEND))
     open(f"{workdir}/meshless.yaml", "w").write(
         MESHLESS_CONF.format(admin=ADMIN, proxy=PROXY, backend=BACKEND))
     backend = subprocess.Popen(["nginx", "-c", f"{workdir}/backend.conf", "-p", workdir],

@@ -93,6 +93,23 @@ def status_kb(pids, key):
     return total
 
 
+NGINX_BACKEND_CONF = """
+worker_processes 1; daemon off; pid {dir}/backend.pid; error_log {dir}/backend.err;
+events {{ worker_connections 65000; }}
+http {{
+  access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
+  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "hello from the backend\\n"; }} }}
+}}
+"""
+
+
+def nginx_backend_conf(workdir, port):
+    """An nginx backend (one worker, keep-alive without limit) answering
+    every request on 127.0.0.1:`port` with a 23-byte body; its pid and
+    error log in `workdir`."""
+    return NGINX_BACKEND_CONF.format(dir=workdir, port=port)
+
+
 def haproxy_http_conf(binds, backend):
     """HAProxy as the HTTP benchmarks run it (`nbthread 1`, connections to
     the backend reused): one `bind` line per entry of `binds` (an address,
