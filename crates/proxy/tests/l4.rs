@@ -334,10 +334,12 @@ async fn an_idle_flow_is_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_endpoint_fails_over_and_is_ejected() {
     let es = echoes(2).await;
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    // Bound and never listening, for the whole test: connects are refused,
+    // and no other test's listener can be given the port meanwhile (a
+    // port bound and dropped could be, and then answer nothing).
+    let unlistened = TcpSocket::new_v4().unwrap();
+    unlistened.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let dead = unlistened.local_addr().unwrap();
     let addrs = [es[0].addr, es[1].addr, dead];
     let outliers = "    outlier_detection: { consecutive_gateway_errors: 1, max_ejection_percent: 50, base_ejection_time: 60s }\n";
     let (p, addr) = start(&l4_yaml(&addrs, "5s", "", outliers)).await;
@@ -372,7 +374,7 @@ async fn a_down_endpoint_fails_over_and_is_ejected() {
         1.0,
         "no second try of the dead one"
     );
-    drop((first, second));
+    drop((first, second, unlistened));
     p.shutdown().await;
 }
 
