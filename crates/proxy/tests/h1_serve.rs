@@ -480,41 +480,38 @@ async fn hold_half_way(mut s: TcpStream, mut r: Reader) -> (TcpStream, Reader) {
 /// An upstream that answers `/x/hold` with its head and half its body,
 /// the other half once `release` is notified, and anything else at once.
 async fn holding_upstream() -> (SocketAddr, std::sync::Arc<tokio::sync::Notify>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let release = std::sync::Arc::new(tokio::sync::Notify::new());
     let rel = std::sync::Arc::clone(&release);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let rel = std::sync::Arc::clone(&rel);
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                    let hold = head.starts_with(b"GET /x/hold ");
-                    head.drain(..end);
-                    if hold {
-                        let _ = s
-                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
-                            .await;
-                        rel.notified().await;
-                        let _ = s.write_all(b"world").await;
-                    } else {
-                        let _ = s
-                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                            .await;
+    let addr = tcp_server(move |mut s| {
+        let rel = std::sync::Arc::clone(&rel);
+        async move {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-            });
+                let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                let hold = head.starts_with(b"GET /x/hold ");
+                head.drain(..end);
+                if hold {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+                        .await;
+                    rel.notified().await;
+                    let _ = s.write_all(b"world").await;
+                } else {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                }
+            }
         }
-    });
+    })
+    .await;
     (addr, release)
 }
 
@@ -768,30 +765,27 @@ async fn upstream_response_heads_reach_the_client_as_hyper_sends_them() {
 /// request whole (a chunked body to its last chunk and trailers), and
 /// sends each request's bytes on `seen`.
 async fn recording_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                // The test's requests are chunked: they end with the
-                // blank line after the last chunk's trailers.
-                while !(got.windows(3).any(|w| w == b"\r\n0") && got.ends_with(b"\r\n\r\n")) {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+    let addr = tcp_server(move |mut s| {
+        let tx = tx.clone();
+        async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The test's requests are chunked: they end with the blank
+            // line after the last chunk's trailers.
+            while !(got.windows(3).any(|w| w == b"\r\n0") && got.ends_with(b"\r\n\r\n")) {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
                 }
-                let _ = tx.send(got);
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    .await;
-            });
+            }
+            let _ = tx.send(got);
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await;
         }
-    });
+    })
+    .await;
     (addr, rx)
 }
 

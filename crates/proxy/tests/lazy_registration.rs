@@ -504,34 +504,27 @@ async fn responses_larger_than_the_socket_buffers_are_written_whole() {
 /// `delay` with a field `x-pad` of `len` bytes and an empty body (a
 /// response whole once its head is read).
 async fn slow_upstream(delay: Duration, len: usize) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut got = Vec::new();
-                let pad = "a".repeat(len);
-                let answer =
-                    format!("HTTP/1.1 200 OK\r\nX-Pad: {pad}\r\nContent-Length: 0\r\n\r\n")
-                        .into_bytes();
-                loop {
-                    while let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                        got.drain(..i + 4);
-                        tokio::time::sleep(delay).await;
-                        if s.write_all(&answer).await.is_err() {
-                            return;
-                        }
-                    }
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+    tcp_server(move |mut s| async move {
+        let mut buf = [0u8; 4096];
+        let mut got = Vec::new();
+        let pad = "a".repeat(len);
+        let answer =
+            format!("HTTP/1.1 200 OK\r\nX-Pad: {pad}\r\nContent-Length: 0\r\n\r\n").into_bytes();
+        loop {
+            while let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                got.drain(..i + 4);
+                tokio::time::sleep(delay).await;
+                if s.write_all(&answer).await.is_err() {
+                    return;
                 }
-            });
+            }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// The first thing to wait is a write, with nothing else to wake the

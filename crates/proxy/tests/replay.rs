@@ -26,32 +26,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// An endpoint that answers every request 503 as soon as its head came,
 /// then reads (and counts in `early`) whatever else the connection sends.
 async fn early_503(early: Arc<AtomicUsize>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let early = Arc::clone(&early);
-            tokio::spawn(async move {
-                if read_head(&mut s).await.is_none() {
+    tcp_server(move |mut s| {
+        let early = Arc::clone(&early);
+        async move {
+            if read_head(&mut s).await.is_none() {
+                return;
+            }
+            let mut buf = [0u8; 4096];
+            let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+            if s.write_all(answer).await.is_err() {
+                return;
+            }
+            early.fetch_add(1, Ordering::SeqCst);
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
                     return;
                 }
-                let mut buf = [0u8; 4096];
-                let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
-                if s.write_all(answer).await.is_err() {
-                    return;
-                }
-                early.fetch_add(1, Ordering::SeqCst);
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                }
-            });
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// An endpoint that answers 200 with the request's body; counts the

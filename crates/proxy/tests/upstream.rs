@@ -195,22 +195,17 @@ async fn idle_connections_close_after_the_idle_timeout() {
 #[tokio::test]
 async fn an_idle_connection_the_upstream_closed_is_closed_soon() {
     use tokio::io::AsyncWriteExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if common::read_head(&mut s).await.is_none() {
-                    return;
-                }
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
-                    .await;
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                // Closed while idle.
-            });
+    let up = common::tcp_server(|mut s| async move {
+        if common::read_head(&mut s).await.is_none() {
+            return;
         }
-    });
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
+            .await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // Closed while idle.
+    })
+    .await;
     let (p, addr) = proxy_to(&[up], "    timeouts: { idle: 120s }\n").await;
     assert_eq!(get(&client(), addr, "/", &[]).await.0, 200);
     eventually(

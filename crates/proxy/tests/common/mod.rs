@@ -417,35 +417,47 @@ pub async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     Some(head)
 }
 
-/// An upstream that answers every request with a 64 MiB body, written
-/// for as long as the proxy takes it.
-pub async fn endless_upstream() -> SocketAddr {
-    use tokio::io::AsyncWriteExt;
+/// A TCP server on 127.0.0.1 (port 0) that runs `each` on every
+/// connection it accepts, each in a task of its own, for as long as the
+/// runtime lives. Returns its address.
+pub async fn tcp_server<F, Fut>(each: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if read_head(&mut s).await.is_none() {
-                    return;
-                }
-                let total = 64 << 20;
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
-                if s.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = vec![b'x'; 64 * 1024];
-                for _ in 0..total / chunk.len() {
-                    if s.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                }
-            });
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(each(s));
         }
     });
     addr
+}
+
+/// An upstream that answers every request with a 64 MiB body, written
+/// for as long as the proxy takes it.
+pub async fn endless_upstream() -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    tcp_server(|mut s| async move {
+        if read_head(&mut s).await.is_none() {
+            return;
+        }
+        let total = 64 << 20;
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
+        if s.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..total / chunk.len() {
+            if s.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
 }
 
 /// A raw TCP upstream that answers every connection with `response`
@@ -453,24 +465,16 @@ pub async fn endless_upstream() -> SocketAddr {
 /// other broken answers. Returns its address.
 pub async fn raw_upstream(response: &'static [u8]) -> SocketAddr {
     use tokio::io::AsyncWriteExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if read_head(&mut s).await.is_none() {
-                    return;
-                }
-                let _ = s.write_all(response).await;
-                let _ = s.flush().await;
-                // Closing with unread data pending would send RST; the
-                // request is read whole above, so this is a plain close.
-            });
+    tcp_server(move |mut s| async move {
+        if read_head(&mut s).await.is_none() {
+            return;
         }
-    });
-    addr
+        let _ = s.write_all(response).await;
+        let _ = s.flush().await;
+        // Closing with unread data pending would send RST; the request is
+        // read whole above, so this is a plain close.
+    })
+    .await
 }
 
 /// A TCP relay in front of an address: forwards bytes both ways until
