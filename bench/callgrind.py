@@ -187,7 +187,7 @@ def main():
         proxy = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/cg.out.%p",
              f"--cache-sim={'yes' if CACHE_SIM else 'no'}",
-             *command],
+             *os.environ.get("VALGRIND_ARGS", "").split(), *command],
             stdout=subprocess.DEVNULL, stderr=open(f"{workdir}/valgrind.log", "w"))
         wait_port(PROXY, 60)
         print(command[0])
