@@ -227,9 +227,14 @@ async fn serve_h2<I>(
         // and the request's future is kilobytes: unboxed, every one of
         // those moves copies the whole of it. The box is reused per
         // worker thread ([`PooledFuture`]).
-        let req = req.map(Source::Hyper);
+        let (parts, body) = req.into_parts();
         watch.track(PooledFuture::new(|| {
-            crate::request::handle(Arc::clone(&downstream), peer.clone(), req)
+            crate::request::handle(
+                Arc::clone(&downstream),
+                peer.clone(),
+                parts,
+                Source::Hyper(body),
+            )
         }))
     });
     // The streams run in this task, beside the connection (`h2_streams`).

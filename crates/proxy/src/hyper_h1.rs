@@ -42,8 +42,10 @@ pub async fn serve<I>(
                 // The request's future is made inside the block: made
                 // outside and moved in, it would take room twice.
                 Box::pin(async move {
-                    let req = req.map(Source::Hyper);
-                    let mut resp = crate::request::handle(downstream, peer, req).await?;
+                    let (parts, body) = req.into_parts();
+                    let mut resp =
+                        crate::request::handle(downstream, peer, parts, Source::Hyper(body))
+                            .await?;
                     if close.load(Ordering::Acquire)
                         && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
                     {

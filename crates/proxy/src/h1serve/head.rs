@@ -19,52 +19,24 @@ pub struct Head {
     pub raw: Bytes,
 }
 
-/// A parsed head, its fields made, before its bytes leave the buffer.
-struct Found {
-    method: http::Method,
-    uri: http::Uri,
-    version: http::Version,
-    framing: Framing,
-    headers: http::HeaderMap,
-    raw: Bytes,
-    consumed: usize,
-}
-
 /// Takes the request head at the start of `buf` (leading empty lines
 /// included) out of it; `Ok(None)` when it is not whole yet.
+///
+/// One function from the parse to the owned head, its fields made
+/// straight from the parsed ones (no list of where they lie in between,
+/// and no value made first and then moved into the head: each would be a
+/// copy of hundreds of bytes per request).
 pub fn take(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, Error> {
-    let slots = limits.slots();
-    let found = if slots <= STACK_SLOTS {
-        let mut stack = [httparse::EMPTY_HEADER; STACK_SLOTS];
-        find(buf, limits, &mut stack)?
+    let wanted = limits.slots();
+    let mut stack;
+    let mut heap;
+    let slots: &mut [httparse::Header<'_>] = if wanted <= STACK_SLOTS {
+        stack = [httparse::EMPTY_HEADER; STACK_SLOTS];
+        &mut stack
     } else {
-        let mut heap = vec![httparse::EMPTY_HEADER; slots];
-        find(buf, limits, &mut heap)?
+        heap = vec![httparse::EMPTY_HEADER; wanted];
+        &mut heap
     };
-    let Some(f) = found else {
-        return Ok(None);
-    };
-    buf.advance(f.consumed);
-    let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = f.method;
-    parts.uri = f.uri;
-    parts.version = f.version;
-    parts.headers = f.headers;
-    Ok(Some(Head {
-        parts,
-        framing: f.framing,
-        raw: f.raw,
-    }))
-}
-
-/// Parses the head at the start of `buf` into `slots` and makes its
-/// forwarded fields, straight from the parsed ones (no list of where
-/// they lie in between).
-fn find<'b>(
-    buf: &'b [u8],
-    limits: &Limits,
-    slots: &mut [httparse::Header<'b>],
-) -> Result<Option<Found>, Error> {
     let Parsed::Complete { head, consumed } = meshless_h1::request::parse(buf, slots, limits)?
     else {
         return Ok(None);
@@ -76,9 +48,13 @@ fn find<'b>(
     // and a new buffer be allocated, per request).
     let raw = crate::byte_arena::copy(&buf[..consumed]);
     let base = buf.as_ptr() as usize;
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = head.method;
+    parts.uri = head.uri;
+    parts.version = head.version;
     // Room for the fields the proxy adds before forwarding it
     // (`x-forwarded-*`, `x-request-id`, `traceparent`): no regrowth.
-    let mut headers = crate::header_maps::with_capacity(head.headers.len() + 6);
+    parts.headers = crate::header_maps::with_capacity(head.headers.len() + 6);
     for h in head.framing.forwarded(head.headers) {
         let name =
             HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Error::Head("header name"))?;
@@ -87,18 +63,17 @@ fn find<'b>(
             .map_err(|_| Error::Head("header value"))?;
         // A map holds at most 32768 fields (`limits.max_headers` is
         // bounded well below): more is a head too large, never a panic.
-        headers
+        parts
+            .headers
             .try_append(name, value)
             .map_err(|_| Error::HeadTooLarge)?;
     }
-    Ok(Some(Found {
-        method: head.method,
-        uri: head.uri,
-        version: head.version,
-        framing: head.framing,
-        headers,
+    let framing = head.framing;
+    buf.advance(consumed);
+    Ok(Some(Head {
+        parts,
+        framing,
         raw,
-        consumed,
     }))
 }
 

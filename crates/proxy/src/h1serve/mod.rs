@@ -161,15 +161,22 @@ struct Conn<I> {
     first_exchange: bool,
 }
 
-/// What waiting for a head gave. Not boxed: it is moved once per
-/// request, and a box would be an allocation per request.
-#[allow(clippy::large_enum_variant)]
-enum Next {
-    Head(Head),
+/// What waiting for a head gave: what the head was made into
+/// ([`Conn::next_head`]'s `start`), so that the head itself is not moved
+/// through this (a few hundred bytes, copied at each move).
+enum Next<S> {
+    Started(S),
     /// A refused head, answered as the codec's error says and closed.
     Refused(meshless_h1::Error),
     /// The client closed, the head timed out, or the listener drained.
     Closed,
+}
+
+/// What a head is made into: the exchange that serves it, or, for a
+/// request to upgrade, the head itself for hyper (boxed: rare).
+enum Started<S> {
+    Serving(S),
+    Upgrade(Box<Head>),
 }
 
 /// Serves HTTP/1.1 on `io` until the connection closes or its listener
@@ -208,16 +215,23 @@ where
     async move {
         let refused = loop {
             let settings = downstream.settings();
-            let head = match conn.next_head(&settings).await {
-                Next::Head(head) => head,
+            let start = |conn: &mut Conn<I>, head: Head| {
+                if head.framing.upgrade {
+                    // Rare: boxed, so the common case moves a pointer.
+                    Started::Upgrade(Box::new(head))
+                } else {
+                    Started::Serving(conn.begin(&downstream, &peer, head, &settings))
+                }
+            };
+            let mut serving = match conn.next_head(&settings, start).await {
+                Next::Started(Started::Serving(serving)) => serving,
+                Next::Started(Started::Upgrade(head)) => {
+                    Box::pin(conn.hand_over(downstream, peer, *head)).await;
+                    return;
+                }
                 Next::Refused(e) => break Some(e),
                 Next::Closed => break None,
             };
-            if head.framing.upgrade {
-                Box::pin(conn.hand_over(downstream, peer, head)).await;
-                return;
-            }
-            let mut serving = conn.begin(&downstream, &peer, head, &settings);
             // A drain that starts meanwhile is seen when the response head
             // is made and when it ends (`draining_now`): no waiter per
             // request.
@@ -413,14 +427,19 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
     /// Reads until a whole head is buffered, within
     /// `timeouts.request_headers` of starting to wait (so an idle
     /// keep-alive connection closes after it too, as with hyper).
-    async fn next_head(&mut self, settings: &ListenerSettings) -> Next {
+    /// The head is handed to `start` at once, and what it makes returned.
+    async fn next_head<S>(
+        &mut self,
+        settings: &ListenerSettings,
+        start: impl FnOnce(&mut Self, Head) -> S,
+    ) -> Next<S> {
         let deadline =
             crate::limits::deadline_after(Instant::now(), settings.timeouts.request_headers);
         let limits = limits(settings);
         loop {
             if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {
                 match head::take(buf, &limits) {
-                    Ok(Some(h)) => return Next::Head(h),
+                    Ok(Some(h)) => return Next::Started(start(self, h)),
                     Ok(None) => {}
                     Err(e) => return Next::Refused(e),
                 }
@@ -491,7 +510,6 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
             version: parts.version,
             keep_alive: framing.keep_alive,
         };
-        let req = http::Request::from_parts(parts, Source::H1(body));
         // Made in its allocation (`Box::write` into a box taken first),
         // which lets the compiler build it there: `Box::new` of a value
         // built before it copies the whole of it.
@@ -506,7 +524,12 @@ impl<I: AsyncRead + AsyncWrite + WaitRead + Unpin + Send + 'static> Conn<I> {
                     (settings.timeouts.request_headers, settings.timeouts.send),
                 ),
                 fut: Some(PooledFuture::new(|| {
-                    crate::request::handle(Arc::clone(downstream), peer.clone(), req)
+                    crate::request::handle(
+                        Arc::clone(downstream),
+                        peer.clone(),
+                        parts,
+                        Source::H1(body),
+                    )
                 })),
             },
         );

@@ -306,13 +306,17 @@ async fn each_head_wait_ends_its_own_timeout_after_it_began() {
         tokio::time::sleep(100 * WAIT).await;
         drop(client);
     });
-    assert!(matches!(c.next_head(&settings).await, Next::Head(_)));
+    let head = |_: &mut Conn<_>, h: Head| h;
+    assert!(matches!(
+        c.next_head(&settings, head).await,
+        Next::Started(_)
+    ));
     assert_eq!(started.elapsed(), 5 * second, "the head came 5 s in");
     assert!(c.head_timer.is_some(), "the first wait armed the timer");
     tokio::time::sleep(second).await;
     // The timer still holds the first wait's deadline, 4 s ahead.
     let began = Instant::now();
-    assert!(matches!(c.next_head(&settings).await, Next::Closed));
+    assert!(matches!(c.next_head(&settings, head).await, Next::Closed));
     let waited = began.elapsed();
     assert!(waited >= WAIT, "closed {waited:?} into a {WAIT:?} wait");
     assert!(
@@ -322,7 +326,7 @@ async fn each_head_wait_ends_its_own_timeout_after_it_began() {
     // A shorter timeout from a reload applies to the next wait at once.
     settings.timeouts.request_headers = second;
     let began = Instant::now();
-    assert!(matches!(c.next_head(&settings).await, Next::Closed));
+    assert!(matches!(c.next_head(&settings, head).await, Next::Closed));
     let waited = began.elapsed();
     assert!(waited >= second && waited < 2 * second, "{waited:?}");
     sender.abort();

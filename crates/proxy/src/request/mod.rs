@@ -33,12 +33,13 @@ pub mod screen;
 pub mod trace;
 pub mod tunnel;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::upstream::ResponseBody;
-use http::{Request, Response};
+use http::Response;
 use http_body_util::BodyExt;
 use meshless_balance::{InFlight, PickContext};
 use meshless_model::probe_backoff::ProbeBackoff;
@@ -200,94 +201,104 @@ impl Peer {
     }
 }
 
-/// Handles one downstream request received by `downstream`.
-pub async fn handle(
+/// Handles one downstream request received by `downstream`: its head
+/// `parts`, its `body`.
+///
+/// A function returning an async block, not an `async fn`: an `async fn`
+/// stores its arguments in its future and then moves them into the
+/// body's own locals, a copy of the head (hundreds of bytes) per request;
+/// the block uses what it captured in place.
+#[allow(clippy::manual_async_fn)] // see above: the head is not copied
+pub fn handle(
     downstream: Arc<Downstream>,
     peer: Peer,
-    req: Request<Source>,
-) -> Result<Response<ProxyBody>, std::convert::Infallible> {
-    let client = peer.addr;
-    let state = &downstream.state;
-    let snapshot = state.snapshot.load_full();
-    let (mut parts, body) = req.into_parts();
-    let carried = headers::Carried::of(&parts.headers);
-    let mut record = Completion::new(
-        Arc::clone(state),
-        Arc::clone(&downstream.name),
-        &parts,
-        carried,
-    );
-    record.client = Some(client.ip());
-    let settings = downstream.settings();
-    if let Some(reply) = screen::screen(&settings, &parts) {
-        return Ok(reply.respond(record));
-    }
-    if let Some(reply) = path::apply(&settings.paths, &mut parts) {
-        return Ok(reply.respond(record));
-    }
-    let hop_client = carried
-        .forwarded_by
-        .then(|| peer::hop(state, &mut parts.headers, client))
-        .flatten();
-    let hop = hop_client.is_some();
-    let client_ip = hop_client
-        .unwrap_or_else(|| headers::client_ip(&parts.headers, client, &settings.forwarding));
-    record.client = Some(client_ip);
-    let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
-        Ok(r) => r,
-        Err(reply) => return Ok(reply.respond(record)),
-    };
-    record.route = Arc::clone(&routed.route);
-    record.cluster = Arc::clone(&routed.cluster.name);
-    record.duration = Some(downstream.duration_series(&record.cluster));
-    match admit::admit(state, &routed.cluster) {
-        Ok(slot) => record.active = Some(slot),
-        Err(reply) => return Ok(reply.respond(record)),
-    }
-    if routed.upgrade == Some(false) {
-        state.metrics.upgrade_refused(&downstream.name);
-    }
-    let upgrade = match routed.upgrade {
-        Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
-        _ => None,
-    };
-    let forward = headers::Forward {
-        peer: &peer.xff,
-        secure: peer.secure,
-        request_id: record.request_id.value(),
-        upgrading: upgrade.is_some(),
-        forwarding: &settings.forwarding,
-        http2: routed.cluster.config.upstream_protocol == crate::config::UpstreamProtocol::Http2,
-        hop,
-        carried,
-    };
-    // Made once, moved into the last attempt (cloned only for retries).
-    let mut upstream_headers =
-        headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
-    upstream_headers.insert(
-        headers::TRACEPARENT.clone(),
-        headers::traceparent_value(&record.trace.context),
-    );
-    let exchange = Exchange {
-        state,
-        snapshot: &snapshot,
-        parts: &parts,
-        upgrading: upgrade.is_some(),
-        marked: carried.forwarded_by,
-    };
-    // Not boxed here: HTTP/1 boxes the whole request future once
-    // (`connection::serve_http`), and HTTP/2 runs each stream as its own task.
-    let sent = exchange
-        .forward(&routed, body, upstream_headers, &mut record)
-        .await;
-    Ok(match sent {
-        Ok((resp, guard, lease)) => {
-            record.guard = guard;
-            record.upstream = Some(lease);
-            respond::proxied(resp, upgrade, record, &downstream, &peer)
+    mut parts: http::request::Parts,
+    body: Source,
+) -> impl Future<Output = Result<Response<ProxyBody>, std::convert::Infallible>> + Send + 'static {
+    async move {
+        let client = peer.addr;
+        let state = &downstream.state;
+        let snapshot = state.snapshot.load_full();
+        let carried = headers::Carried::of(&parts.headers);
+        let mut record = Completion::new(
+            Arc::clone(state),
+            Arc::clone(&downstream.name),
+            &parts,
+            carried,
+        );
+        record.client = Some(client.ip());
+        let settings = downstream.settings();
+        if let Some(reply) = screen::screen(&settings, &parts) {
+            return Ok(reply.respond(record));
         }
-        Err(reply) => reply.respond(record),
-    })
+        if let Some(reply) = path::apply(&settings.paths, &mut parts) {
+            return Ok(reply.respond(record));
+        }
+        let hop_client = carried
+            .forwarded_by
+            .then(|| peer::hop(state, &mut parts.headers, client))
+            .flatten();
+        let hop = hop_client.is_some();
+        let client_ip = hop_client
+            .unwrap_or_else(|| headers::client_ip(&parts.headers, client, &settings.forwarding));
+        record.client = Some(client_ip);
+        let routed = match route::route(&snapshot, &record.listener, client_ip, &parts) {
+            Ok(r) => r,
+            Err(reply) => return Ok(reply.respond(record)),
+        };
+        record.route = Arc::clone(&routed.route);
+        record.cluster = Arc::clone(&routed.cluster.name);
+        record.duration = Some(downstream.duration_series(&record.cluster));
+        match admit::admit(state, &routed.cluster) {
+            Ok(slot) => record.active = Some(slot),
+            Err(reply) => return Ok(reply.respond(record)),
+        }
+        if routed.upgrade == Some(false) {
+            state.metrics.upgrade_refused(&downstream.name);
+        }
+        let upgrade = match routed.upgrade {
+            Some(true) => parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+            _ => None,
+        };
+        let forward = headers::Forward {
+            peer: &peer.xff,
+            secure: peer.secure,
+            request_id: record.request_id.value(),
+            upgrading: upgrade.is_some(),
+            forwarding: &settings.forwarding,
+            http2: routed.cluster.config.upstream_protocol
+                == crate::config::UpstreamProtocol::Http2,
+            hop,
+            carried,
+        };
+        // Made once, moved into the last attempt (cloned only for retries).
+        let mut upstream_headers =
+            headers::forwarded_headers(std::mem::take(&mut parts.headers), &forward);
+        upstream_headers.insert(
+            headers::TRACEPARENT.clone(),
+            headers::traceparent_value(&record.trace.context),
+        );
+        let exchange = Exchange {
+            state,
+            snapshot: &snapshot,
+            parts: &parts,
+            upgrading: upgrade.is_some(),
+            marked: carried.forwarded_by,
+        };
+        // Not boxed here: HTTP/1 boxes the whole request future once
+        // (`connection::serve_http`), and HTTP/2 runs each stream as its own task.
+        let sent = exchange
+            .forward(&routed, body, upstream_headers, &mut record)
+            .await;
+        Ok(match sent {
+            Ok((resp, guard, lease)) => {
+                record.guard = guard;
+                record.upstream = Some(lease);
+                respond::proxied(resp, upgrade, record, &downstream, &peer)
+            }
+            Err(reply) => reply.respond(record),
+        })
+    }
 }
 
 /// How long the exchange may take: `timeouts.request`, or for a gRPC call
