@@ -618,43 +618,49 @@ impl Exchange {
 /// Sends `req` on `conn` and reads the response head; the response body
 /// reads the rest, and puts the connection back in `pool` when it may be
 /// reused.
-pub async fn exchange(
+///
+/// A function returning its async block: an `async fn` would copy the
+/// request into its body's locals.
+#[allow(clippy::manual_async_fn)] // see above
+pub fn exchange(
     conn: Conn,
     req: Request<UpstreamBody>,
     pool: Arc<EndpointPool>,
-) -> Result<Response<ResponseBody>, ExchangeError> {
-    let method = req.method().clone();
-    let (sending, keep_alive) = Sending::new(req)?;
-    // Boxed once: the response body carries it, and is moved a few
-    // times on its way downstream.
-    let mut ex = Box::new(Exchange {
-        conn,
-        sending,
-        keep_alive,
-    });
-    let limits = ResponseLimits::default();
-    let head = std::future::poll_fn(|cx| poll_head(&mut ex, cx, &method, &limits)).await?;
-    let (parts, framing) = head;
-    if framing.upgrade {
-        return Err(ExchangeError::UnaskedUpgrade);
+) -> impl Future<Output = Result<Response<ResponseBody>, ExchangeError>> + Send {
+    async move {
+        let method = req.method().clone();
+        let (sending, keep_alive) = Sending::new(req)?;
+        // Boxed once: the response body carries it, and is moved a few
+        // times on its way downstream.
+        let mut ex = Box::new(Exchange {
+            conn,
+            sending,
+            keep_alive,
+        });
+        let limits = ResponseLimits::default();
+        let head = std::future::poll_fn(|cx| poll_head(&mut ex, cx, &method, &limits)).await?;
+        let (parts, framing) = head;
+        if framing.upgrade {
+            return Err(ExchangeError::UnaskedUpgrade);
+        }
+        let kind = match framing.body {
+            _ if framing.upgrade => Kind::Done,
+            framing::Body::Empty => Kind::Done,
+            framing::Body::Length(n) => Kind::Length(n),
+            framing::Body::Chunked => Kind::Chunked(Decoder::new(limits.max_headers)),
+            framing::Body::CloseDelimited => Kind::Close,
+        };
+        ex.keep_alive &= framing.keep_alive && !framing.upgrade;
+        let mut body = ResponseBody {
+            ex: Some(ex),
+            kind,
+            pool: Some(pool),
+        };
+        if matches!(body.kind, Kind::Done) {
+            body.finish();
+        }
+        Ok(Response::from_parts(parts, body))
     }
-    let kind = match framing.body {
-        _ if framing.upgrade => Kind::Done,
-        framing::Body::Empty => Kind::Done,
-        framing::Body::Length(n) => Kind::Length(n),
-        framing::Body::Chunked => Kind::Chunked(Decoder::new(limits.max_headers)),
-        framing::Body::CloseDelimited => Kind::Close,
-    };
-    ex.keep_alive &= framing.keep_alive && !framing.upgrade;
-    let mut body = ResponseBody {
-        ex: Some(ex),
-        kind,
-        pool: Some(pool),
-    };
-    if matches!(body.kind, Kind::Done) {
-        body.finish();
-    }
-    Ok(Response::from_parts(parts, body))
 }
 
 /// Writes the request on while reading, until a final response head.

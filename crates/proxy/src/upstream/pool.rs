@@ -300,14 +300,56 @@ impl EndpointPool {
     /// request that does not ask to upgrade is made only after the last
     /// connect: a failure to connect means it was never made. hyper's
     /// client may give a made request back and connect again.
-    pub async fn send_once_connected(
+    ///
+    /// A function returning its async block, with the exchange over a
+    /// connection of meshless's own written out in it (not a future of
+    /// its own awaited here): each future layer copies the one below it
+    /// whole, hundreds of bytes per request, when it starts it.
+    #[allow(clippy::manual_async_fn)] // see above
+    pub fn send_once_connected(
         self: &Arc<Self>,
         make: impl FnOnce() -> Request<UpstreamBody>,
-    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
-        if self.own() {
-            return self.send_own(make).await;
+    ) -> impl Future<Output = Result<(Response<ResponseBody>, Lease), SendError>> {
+        async move {
+            if !self.own() {
+                return self.send_hyper(make, false).await;
+            }
+            // Over a connection of meshless's own, driven by this task;
+            // the response body gives the connection back when it may be
+            // reused. A request that asks to upgrade goes through hyper
+            // instead.
+            let (conn, _) = self
+                .checkout_http1(false)
+                .await
+                .map_err(SendError::Connect)?;
+            let lease = Lease {
+                pool: Arc::clone(self),
+                held: Held::Own,
+            };
+            let conn = match conn {
+                IdleConn::Own(c) => c,
+                other => {
+                    // Unused: back to the pool as it was. The request is
+                    // made once the new connection is there, as every
+                    // request a connection of ours takes: a failure to
+                    // connect means it was never made.
+                    lock(&self.conns).push_idle(other, &self.shared);
+                    drop(lease);
+                    return self.send_hyper(make, true).await;
+                }
+            };
+            let req = make();
+            if upgrading(&req) {
+                // Unused: back to the pool as it was.
+                lock(&self.conns).push_idle(IdleConn::Own(conn), &self.shared);
+                drop(lease);
+                return self.send_hyper(|| req, true).await;
+            }
+            match h1::exchange(conn, req, Arc::clone(self)).await {
+                Ok(resp) => Ok((resp.map(ResponseBody::Own), lease)),
+                Err(e) => Err(SendError::Exchange(e)),
+            }
         }
-        self.send_hyper(make, false).await
     }
 
     /// Whether a request that does not ask to upgrade, sent by
@@ -373,46 +415,6 @@ impl EndpointPool {
                 .checkout(fresh_only)
                 .await
                 .map_err(SendError::Connect)?;
-        }
-    }
-
-    /// Over a connection of meshless's own, driven by this task; the
-    /// response body gives the connection back when it may be reused. A
-    /// request that asks to upgrade goes through hyper instead.
-    async fn send_own(
-        self: &Arc<Self>,
-        make: impl FnOnce() -> Request<UpstreamBody>,
-    ) -> Result<(Response<ResponseBody>, Lease), SendError> {
-        let (conn, _) = self
-            .checkout_http1(false)
-            .await
-            .map_err(SendError::Connect)?;
-        let lease = Lease {
-            pool: Arc::clone(self),
-            held: Held::Own,
-        };
-        let conn = match conn {
-            IdleConn::Own(c) => c,
-            other => {
-                // Unused: back to the pool as it was. The request is made
-                // once the new connection is there, as every request a
-                // connection of ours takes: a failure to connect means it
-                // was never made (`send_once_connected`).
-                lock(&self.conns).push_idle(other, &self.shared);
-                drop(lease);
-                return self.send_hyper(make, true).await;
-            }
-        };
-        let req = make();
-        if upgrading(&req) {
-            // Unused: back to the pool as it was.
-            lock(&self.conns).push_idle(IdleConn::Own(conn), &self.shared);
-            drop(lease);
-            return self.send_hyper(|| req, true).await;
-        }
-        match h1::exchange(conn, req, Arc::clone(self)).await {
-            Ok(resp) => Ok((resp.map(ResponseBody::Own), lease)),
-            Err(e) => Err(SendError::Exchange(e)),
         }
     }
 
