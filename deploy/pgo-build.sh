@@ -10,6 +10,8 @@
 #   deploy/pgo-build.sh                   # the production profile (fat LTO)
 #   PROFILE=release deploy/pgo-build.sh   # quicker to build
 #   OUT=/usr/local/bin/meshless deploy/pgo-build.sh
+#   PROFDATA_OUT=/tmp/meshless.profdata deploy/pgo-build.sh   # keep the profile
+#       (for builds of later changes with `RUSTFLAGS=-Cprofile-use=...`)
 #
 # The training load, through one `meshless proxy --threads 1` with its
 # defaults (HTTP/1 served and sent by meshless's own codec) in front of a
@@ -130,6 +132,9 @@ fi
 
 echo "== 3/4 merging the profile"
 "$profdata" merge -o "$work/meshless.profdata" "$work/profiles"
+if [[ -n ${PROFDATA_OUT:-} ]]; then
+  cp "$work/meshless.profdata" "$PROFDATA_OUT"
+fi
 
 echo "== 4/4 optimised build ($PROFILE, with the profile)"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$work/meshless.profdata" CARGO_INCREMENTAL=0 \
