@@ -15,6 +15,7 @@ use crate::drain::{Drain, drive};
 use crate::limits::ListenerSettings;
 use crate::request::downstream::Source;
 use crate::request::{Downstream, Peer};
+use crate::send_timed::SendTimed;
 
 /// Serves HTTP/1.1 on `io` with hyper's server connection (upgrades
 /// included) until it closes or drains.
@@ -27,6 +28,8 @@ pub async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let settings = downstream.settings();
+    let io = SendTimed::new(io, settings.timeouts.send, Arc::clone(&downstream));
+    let upgraded = io.upgraded();
     let io = TokioIo::new(io);
     {
         {
@@ -39,6 +42,7 @@ pub async fn serve<I>(
             let service = service_fn(move |req| {
                 let (downstream, peer) = (Arc::clone(&downstream), peer.clone());
                 let close = Arc::clone(&close);
+                let upgraded = Arc::clone(&upgraded);
                 // The request's future is made inside the block: made
                 // outside and moved in, it would take room twice.
                 Box::pin(async move {
@@ -46,9 +50,13 @@ pub async fn serve<I>(
                     let mut resp =
                         crate::request::handle(downstream, peer, parts, Source::Hyper(body))
                             .await?;
-                    if close.load(Ordering::Acquire)
-                        && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
-                    {
+                    let upgrading = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+                    if upgrading {
+                        // A tunnel's idle time is `stream_idle`'s, not
+                        // `timeouts.send`'s.
+                        upgraded.store(true, Ordering::Release);
+                    }
+                    if close.load(Ordering::Acquire) && !upgrading {
                         resp.headers_mut().insert(
                             http::header::CONNECTION,
                             http::HeaderValue::from_static("close"),

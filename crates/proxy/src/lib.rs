@@ -38,6 +38,7 @@ pub mod proxy_protocol;
 pub mod rapid_reset;
 pub mod request;
 pub mod router;
+pub mod send_timed;
 pub mod snapshot;
 pub mod sockopt;
 pub mod state;

@@ -880,6 +880,17 @@ async fn a_client_that_stops_reading_is_cut_at_the_request_deadline() {
 /// sockets fill after a few answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_takes_no_byte_is_closed_at_the_send_timeout() {
+    closed_at_the_send_timeout(Http1Server::Meshless).await;
+}
+
+/// The same on hyper's HTTP/1 server (`http1: hyper`): its writes are
+/// bounded by `timeouts.send` too (`send_timed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_takes_no_byte_is_closed_at_the_send_timeout_on_hyper() {
+    closed_at_the_send_timeout(Http1Server::Hyper).await;
+}
+
+async fn closed_at_the_send_timeout(server: Http1Server) {
     const SEND_TIMEOUTS: &str = "meshless_proxy_downstream_send_timeouts_total{listener=\"web\"}";
     let bs = backends(1).await;
     let up = endless_upstream().await;
@@ -889,7 +900,7 @@ async fn a_client_that_takes_no_byte_is_closed_at_the_send_timeout() {
         "  - name: x\n    timeouts: { request: 300s }\n    endpoints:",
     );
     assert!(yaml.contains("request: 300s"));
-    let (p, addr) = proxy_on(&yaml, Http1Server::Meshless).await;
+    let (p, addr) = proxy_on(&yaml, server).await;
     // 2,000 pipelined requests for the backend's short answer; then one
     // for the endless body.
     let pipelined = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n".repeat(2000);
