@@ -1,6 +1,6 @@
 //! Downstream HTTP/1.1 served by hyper's server connection
-//! (`listeners[].http1: hyper`, the default, and every connection the
-//! meshless state machine hands over: upgrades, `CONNECT`).
+//! (`listeners[].http1: hyper`, and every connection the meshless state
+//! machine hands over: upgrades, `CONNECT`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -99,8 +99,8 @@ pub struct ListenerTimeouts {
     /// is closed.
     #[serde(default = "default_stream_idle", with = "duration")]
     pub stream_idle: Duration,
-    /// HTTP/1 (`http1: meshless`): a client that takes no byte of what the
-    /// proxy writes to it (a response, a `100 Continue`, a refusal) for
+    /// HTTP/1 (both servers; on `http1: hyper` through `send_timed`): a
+    /// client that takes no byte of what the proxy writes to it (a response, a `100 Continue`, a refusal) for
     /// this long is closed (nginx's `send_timeout`), whether or not the
     /// response's body is still coming.
     #[serde(default = "default_send", with = "duration")]

@@ -13,9 +13,14 @@
 //! - The timer is armed by the first write that waits, and re-armed from
 //!   that moment by the first one that waits after a write that moved
 //!   bytes; it is one allocation per connection, made on the first stall.
-//! - Once the connection is upgraded ([`SendTimed::upgraded`] set), the
-//!   bound is off: a tunnel's idle time is `stream_idle`'s.
-//! - Reads and shutdown pass through untouched.
+//! - Once the connection is upgraded ([`SendTimed::upgraded`] set, when
+//!   the request is answered `101`), no new wait is bounded: a tunnel's
+//!   idle time is `stream_idle`'s. A wait already under way when it is
+//!   set (the socket full of earlier pipelined answers, the `101` behind
+//!   them) is still cut at its bound.
+//! - Shutting the connection down is bounded as a write is (over TLS it
+//!   writes a `close_notify`).
+//! - Reads pass through untouched.
 
 use std::io;
 use std::pin::Pin;
@@ -71,7 +76,7 @@ impl<I> SendTimed<I> {
     /// A write is waiting: `Ready(TimedOut)` once it has waited `send`
     /// since the wait began, counted; `Pending` otherwise.
     fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        if self.upgraded.load(Ordering::Acquire) {
+        if !self.armed && self.upgraded.load(Ordering::Acquire) {
             return Poll::Pending;
         }
         let Some(until) = Instant::now().checked_add(self.send) else {
@@ -164,7 +169,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for SendTimed<I> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.bounded(polled, cx)
     }
 }
 
@@ -227,6 +234,23 @@ mod tests {
         assert!(started.elapsed() > SEND * 10, "{:?}", started.elapsed());
         assert_eq!(timeouts(&down), 0);
         reader.abort();
+    }
+
+    /// The `101` queued behind earlier answers the client never took:
+    /// the wait under way when the flag is set keeps its bound.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_under_way_when_upgraded_keeps_its_bound() {
+        let (mut io, _peer, down) = timed();
+        io.write_all(&[0; 64]).await.expect("room for 64 bytes");
+        let upgraded = io.upgraded();
+        let started = Instant::now();
+        let write = tokio::spawn(async move { io.write_all(b"HTTP/1.1 101").await });
+        tokio::time::sleep(SEND / 2).await;
+        upgraded.store(true, Ordering::Release);
+        let e = write.await.expect("task").expect_err("cut");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), SEND);
+        assert_eq!(timeouts(&down), 1);
     }
 
     #[tokio::test(start_paused = true)]
