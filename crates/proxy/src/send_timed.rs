@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use crate::h1serve::WaitRead;
 use crate::request::Downstream;
 
 /// `io` with each write bounded by `send` (see the module).
@@ -43,6 +44,10 @@ pub struct SendTimed<I> {
     /// Whether `stall` counts down for the write waiting now (false after
     /// a write that moved bytes: the next stall starts a new wait).
     armed: bool,
+    /// The socket's count of bytes taken when `stall` was last armed
+    /// ([`WaitRead::sent`]): over TLS a flush waits while rustls's records
+    /// reach the socket, and bytes reaching it are progress.
+    sent: u64,
     /// Set when the connection's request was answered `101`: no bound
     /// from then on.
     upgraded: Arc<AtomicBool>,
@@ -57,6 +62,7 @@ impl<I> SendTimed<I> {
             send,
             stall: None,
             armed: false,
+            sent: 0,
             upgraded: Arc::new(AtomicBool::new(false)),
             downstream,
         }
@@ -75,7 +81,16 @@ impl<I> SendTimed<I> {
 
     /// A write is waiting: `Ready(TimedOut)` once it has waited `send`
     /// since the wait began, counted; `Pending` otherwise.
-    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Error>
+    where
+        I: WaitRead,
+    {
+        let sent = self.io.sent();
+        if sent != self.sent {
+            // The socket took bytes since the wait began: a new wait.
+            self.sent = sent;
+            self.armed = false;
+        }
         if !self.armed && self.upgraded.load(Ordering::Acquire) {
             return Poll::Pending;
         }
@@ -106,7 +121,10 @@ impl<I> SendTimed<I> {
         &mut self,
         polled: Poll<io::Result<T>>,
         cx: &mut Context<'_>,
-    ) -> Poll<io::Result<T>> {
+    ) -> Poll<io::Result<T>>
+    where
+        I: WaitRead,
+    {
         match polled {
             Poll::Pending => self.poll_stalled(cx).map(Err),
             ready => {
@@ -137,7 +155,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for SendTimed<I> {
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for SendTimed<I> {
+impl<I: AsyncWrite + WaitRead + Unpin> AsyncWrite for SendTimed<I> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -25,6 +25,24 @@ impl<I> Prefixed<I> {
     }
 }
 
+impl<I: super::WaitRead> super::WaitRead for Prefixed<I> {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.prefix.is_empty() {
+            self.io.poll_read_ready(cx)
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.io.sent()
+    }
+
+    fn registered(&self) -> bool {
+        self.io.registered()
+    }
+}
+
 impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
