@@ -25,7 +25,7 @@ pub async fn serve<I>(
     peer: Peer,
     draining: watch::Receiver<Drain>,
 ) where
-    I: AsyncRead + AsyncWrite + crate::h1serve::WaitRead + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + crate::wait_read::WaitRead + Unpin + Send + 'static,
 {
     let settings = downstream.settings();
     let io = SendTimed::new(io, settings.timeouts.send, Arc::clone(&downstream));

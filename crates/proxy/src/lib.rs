@@ -44,6 +44,7 @@ pub mod sockopt;
 pub mod state;
 pub mod tls;
 pub mod upstream;
+pub mod wait_read;
 pub mod watch_clock;
 
 pub use config::{ConfigFileError, ProxyConfig};

@@ -32,8 +32,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::h1serve::WaitRead;
 use crate::request::Downstream;
+use crate::wait_read::WaitRead;
 
 /// `io` with each write bounded by `send` (see the module).
 pub struct SendTimed<I> {

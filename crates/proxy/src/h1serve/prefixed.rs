@@ -25,7 +25,7 @@ impl<I> Prefixed<I> {
     }
 }
 
-impl<I: super::WaitRead> super::WaitRead for Prefixed<I> {
+impl<I: crate::wait_read::WaitRead> crate::wait_read::WaitRead for Prefixed<I> {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         if self.prefix.is_empty() {
             self.io.poll_read_ready(cx)
