@@ -74,13 +74,9 @@ impl<I> SendTimed<I> {
         Arc::clone(&self.upgraded)
     }
 
-    /// A write that moved bytes (or failed): the next stall is a new wait.
-    fn progressed(&mut self) {
-        self.armed = false;
-    }
-
     /// A write is waiting: `Ready(TimedOut)` once it has waited `send`
-    /// since the wait began, counted; `Pending` otherwise.
+    /// since the wait began, counted; `Pending` otherwise. The clock is
+    /// read only when a wait begins (as `h1serve`'s own bound does).
     fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Error>
     where
         I: WaitRead,
@@ -91,20 +87,20 @@ impl<I> SendTimed<I> {
             self.sent = sent;
             self.armed = false;
         }
-        if !self.armed && self.upgraded.load(Ordering::Acquire) {
-            return Poll::Pending;
-        }
-        let Some(until) = Instant::now().checked_add(self.send) else {
-            // A bound too far away to represent: none.
-            return Poll::Pending;
-        };
-        let stall = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
         if !self.armed {
-            stall.as_mut().reset(until);
+            if self.upgraded.load(Ordering::Acquire) {
+                return Poll::Pending;
+            }
+            let until = crate::limits::deadline_after(Instant::now(), self.send);
+            match &mut self.stall {
+                Some(stall) => stall.as_mut().reset(until),
+                None => self.stall = Some(Box::pin(tokio::time::sleep_until(until))),
+            }
             self.armed = true;
         }
+        let Some(stall) = self.stall.as_mut() else {
+            unreachable!("armed above")
+        };
         ready!(stall.as_mut().poll(cx));
         self.downstream
             .state
@@ -128,7 +124,8 @@ impl<I> SendTimed<I> {
         match polled {
             Poll::Pending => self.poll_stalled(cx).map(Err),
             ready => {
-                self.progressed();
+                // Moved bytes (or failed): the next stall is a new wait.
+                self.armed = false;
                 ready
             }
         }
